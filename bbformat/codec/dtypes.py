@@ -1,0 +1,134 @@
+"""Element types, their bit patterns, and exact rounding from float64.
+
+A tensor travels as `RawTensor`: its dtype name and an unsigned-integer array of
+its bit patterns (uint16 for float16/bfloat16, uint32 for float32).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+
+DTYPE_CODES = {"float16": 1, "bfloat16": 2, "float32": 3}
+DTYPE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
+DTYPE_BITS = {"float16": 16, "bfloat16": 16, "float32": 32}
+_UINT = {16: np.dtype("<u2"), 32: np.dtype("<u4")}
+
+
+def bits_of(dtype: str) -> int:
+    try:
+        return DTYPE_BITS[dtype]
+    except KeyError:
+        raise InputError(f"unsupported element type {dtype!r}") from None
+
+
+def uint_dtype(bits: int) -> np.dtype:
+    return _UINT[bits]
+
+
+@dataclass
+class RawTensor:
+    """A tensor as bit patterns: `bits` has the tensor's shape and an unsigned dtype."""
+
+    dtype: str
+    bits: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.bits.shape)
+
+    def to_f64(self) -> np.ndarray:
+        return bits_to_f64(self.bits, self.dtype)
+
+    @classmethod
+    def from_f64(cls, x: np.ndarray, dtype: str) -> "RawTensor":
+        return cls(dtype, f64_to_bits(x, dtype))
+
+    def tobytes(self) -> bytes:
+        return np.ascontiguousarray(self.bits).astype(self.bits.dtype.newbyteorder("<")).tobytes()
+
+    def equal(self, other: "RawTensor") -> bool:
+        return (
+            self.dtype == other.dtype
+            and self.shape == other.shape
+            and bool(np.array_equal(self.bits, other.bits))
+        )
+
+
+def bits_to_f64(bits: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "float16":
+        return bits.astype(np.uint16).view(np.float16).astype(np.float64)
+    if dtype == "bfloat16":
+        return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
+    if dtype == "float32":
+        return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+    raise InputError(f"unsupported element type {dtype!r}")
+
+
+def _f64_to_f32_round_to_odd(x: np.ndarray) -> np.ndarray:
+    """float64 -> float32 bits, rounding toward zero and setting the last bit if inexact.
+
+    Rounding to odd first and then to nearest-even in the narrower type gives the
+    correctly rounded result, with no double-rounding error.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = x.astype(np.float32)
+    too_big = np.abs(r.astype(np.float64)) > np.abs(x)
+    r = np.where(too_big, np.nextafter(r, np.float32(0)), r)
+    b = r.view(np.uint32).copy()
+    inexact = (r.astype(np.float64) != x) & ~np.isnan(x)
+    b |= inexact.astype(np.uint32)
+    return b
+
+
+def f64_to_bits(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Round float64 values to `dtype` (IEEE round-to-nearest-even), returning bit patterns."""
+    x = np.asarray(x, dtype=np.float64)
+    if dtype == "float16":
+        with np.errstate(over="ignore", invalid="ignore"):
+            return x.astype(np.float16).view(np.uint16)
+    if dtype == "float32":
+        with np.errstate(over="ignore", invalid="ignore"):
+            return x.astype(np.float32).view(np.uint32)
+    if dtype == "bfloat16":
+        b = _f64_to_f32_round_to_odd(x).astype(np.uint64)
+        nan = np.isnan(x)
+        rounded = ((b + np.uint64(0x7FFF) + ((b >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)).astype(
+            np.uint16
+        )
+        return np.where(nan, np.uint16(0x7FC0), rounded).astype(np.uint16)
+    raise InputError(f"unsupported element type {dtype!r}")
+
+
+def bits_to_ordinal(bits: np.ndarray, width: int) -> np.ndarray:
+    """Map sign-magnitude bit patterns to integers that order like the values (+0 -> 0, -0 -> -1)."""
+    b = bits.astype(np.int64)
+    sign = np.int64(1) << np.int64(width - 1)
+    mag = b & (sign - 1)
+    return np.where(b & sign, -mag - 1, mag)
+
+
+def ordinal_to_bits(o: np.ndarray, width: int) -> np.ndarray:
+    o = np.asarray(o, dtype=np.int64)
+    sign = np.int64(1) << np.int64(width - 1)
+    b = np.where(o < 0, (-o - 1) | sign, o)
+    return b.astype(uint_dtype(width))
+
+
+def tensor_to_symbols(t: RawTensor, symbol_bits: int) -> np.ndarray:
+    """A tensor's little-endian bytes in C order, read as `symbol_bits`-wide symbols."""
+    return np.frombuffer(t.tobytes(), dtype=uint_dtype(symbol_bits)).copy()
+
+
+def symbols_to_tensor(sym: np.ndarray, dtype: str, shape: tuple[int, ...], symbol_bits: int) -> RawTensor:
+    data = np.ascontiguousarray(sym.astype(uint_dtype(symbol_bits))).tobytes()
+    bits = np.frombuffer(data, dtype=uint_dtype(bits_of(dtype))).reshape(shape).copy()
+    return RawTensor(dtype, bits)
+
+
+def wide_dtype(symbol_bits: int) -> np.dtype:
+    """Eigenvalues travel as floats twice the symbol width."""
+    return np.dtype("<f4") if symbol_bits == 16 else np.dtype("<f8")

@@ -1,0 +1,268 @@
+"""Encode one chunk: plan its program, run it forwards, simulate the decoder, and
+store plainly any site that does not pay for itself."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import InputError
+from . import rotation as rot
+from .dtypes import RawTensor, bits_of, bits_to_f64, tensor_to_symbols, uint_dtype, wide_dtype
+from .layout import ChunkLayout, SiteSpec
+from .program import (
+    OP_PUSH,
+    OP_SITE,
+    SITE_PAPER,
+    SITE_PLAIN,
+    BlockProgram,
+    FollowerEntry,
+    Op,
+    SimulatingCorrector,
+    SiteEntry,
+    TensorEntry,
+    decode_program,
+)
+from .sections import KIND_PAYLOAD, NO_SITE, Section, build_site_sections
+from .stack import SymbolStack
+
+SCHEMES = ("paper", "symmetric")
+Rotations = dict[tuple[str, int], np.ndarray]
+
+
+def touched_in_scheme(site: SiteSpec, scheme: str) -> list[str]:
+    """Tensors the random rotation touches: all of them (symmetric) or the anchor (paper)."""
+    if scheme == "paper":
+        return [site.anchor.tensor]
+    return [a.tensor for a in site.touched()]
+
+
+def choose_symbol_dtype(entries: list[TensorEntry]) -> str:
+    narrow = min(bits_of(t.dtype) for t in entries)
+    return next(t.dtype for t in entries if bits_of(t.dtype) == narrow)
+
+
+def plan_ops(layout: ChunkLayout, scheme: str) -> list[Op]:
+    """Place each site just before the first tensor of this chunk that it touches."""
+    index = {n: i for i, n in enumerate(layout.tensors)}
+    first: dict[int, int] = {}
+    for s_idx, s in enumerate(layout.sites):
+        if s.anchor.tensor not in index:
+            raise InputError(f"site {s.name}: anchor {s.anchor.tensor} is not in chunk {layout.name}")
+        local = [index[t] for t in touched_in_scheme(s, scheme) if t in index]
+        first[s_idx] = min(local)
+    ops: list[Op] = []
+    for t_idx in range(len(layout.tensors)):
+        for s_idx in sorted(k for k, v in first.items() if v == t_idx):
+            ops.append(Op(OP_SITE, s_idx))
+        ops.append(Op(OP_PUSH, t_idx))
+    return ops
+
+
+@dataclass
+class SiteReport:
+    name: str
+    dim: int
+    plain_reason: str | None
+    gain_bits: int
+    side_bytes: int
+    corrected: int
+    sign_bits: int
+
+
+@dataclass
+class EncodedChunk:
+    program: BlockProgram
+    payload: np.ndarray
+    sections: list[Section]
+    intended: dict[str, RawTensor]
+    outgoing: Rotations
+    reports: list[SiteReport] = field(default_factory=list)
+
+
+def canonical_rotation(anchor: np.ndarray, axis: int) -> np.ndarray:
+    """U0 with (anchor U0)^T (anchor U0) diagonal, eigenvalues ascending (Alg. 1)."""
+    _, u0 = rot.eigh(rot.gram(rot.axis_matrix(anchor, axis)))
+    return u0
+
+
+def _rotate(x: np.ndarray, rots: list[tuple[int, np.ndarray]]) -> np.ndarray:
+    for axis, r in rots:
+        x = rot.rotate_axis(x, axis, r)
+    return x
+
+
+def encode_chunk(
+    layout: ChunkLayout,
+    tensors: dict[str, RawTensor],
+    incoming: Rotations,
+    scheme: str,
+    tolerance: float,
+    canonical: dict[str, np.ndarray] | None = None,
+) -> EncodedChunk:
+    """Encode one chunk. `incoming` rotates axes touched by sites of earlier chunks
+    (paper: also later ones); `canonical` caches U0 per site name."""
+    if scheme not in SCHEMES:
+        raise InputError(f"unknown scheme {scheme!r}")
+    canonical = {} if canonical is None else canonical
+    entries = [TensorEntry(n, tensors[n].dtype, tensors[n].shape) for n in layout.tensors]
+    sym_dtype = choose_symbol_dtype(entries)
+    w = bits_of(sym_dtype)
+    ops = plan_ops(layout, scheme)
+    index = {n: i for i, n in enumerate(layout.tensors)}
+
+    # Inputs in float64 with rotations from other chunks already applied.
+    base: dict[str, np.ndarray] = {}
+    rotated_in: set[str] = set()
+    for n in layout.tensors:
+        rots = [(ax, r) for (t, ax), r in incoming.items() if t == n]
+        base[n] = _rotate(tensors[n].to_f64(), rots) if rots else tensors[n].to_f64()
+        if rots:
+            rotated_in.add(n)
+    for s in layout.sites:
+        if s.name not in canonical:
+            canonical[s.name] = canonical_rotation(base[s.anchor.tensor], s.anchor.axis)
+
+    plain: dict[int, str] = {}
+    for _ in range(len(layout.sites) + 1):
+        result = _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain)
+        newly = {k: v for k, v in result[1].items() if k not in plain}
+        if not newly:
+            return result[0]
+        plain.update(newly)
+    raise AssertionError("site planning did not converge")
+
+
+def _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain):  # type: ignore[no-untyped-def]
+    paper = scheme == "paper"
+    stack = SymbolStack(w)
+    anchor_rot: dict[int, np.ndarray] = {}
+    follower_rot: dict[int, np.ndarray | None] = {}
+    true_x: dict[int, np.ndarray] = {}
+    true_signs: dict[int, np.ndarray] = {}
+    true_anchor: dict[int, RawTensor] = {}
+    new_plain: dict[int, str] = dict(plain)
+    stored: dict[str, RawTensor] = {}
+    sites = layout.sites
+
+    paper_q: dict[int, np.ndarray] = {}
+
+    def final_value(name: str) -> RawTensor:
+        dtype = tensors[name].dtype
+        rots: list[tuple[int, np.ndarray]] = []
+        q: tuple[int, int] | None = None
+        for s_idx, s in enumerate(sites):
+            for a in s.touched():
+                if a.tensor != name:
+                    continue
+                if a == s.anchor:
+                    if s_idx in anchor_rot:
+                        rots.append((a.axis, anchor_rot[s_idx]))
+                    if s_idx in paper_q:
+                        q = (s_idx, a.axis)
+                elif follower_rot.get(s_idx) is not None:
+                    rots.append((a.axis, follower_rot[s_idx]))  # type: ignore[arg-type]
+        if rots or name in rotated_in:
+            t = RawTensor.from_f64(_rotate(base[name], rots), dtype)
+        else:
+            t = tensors[name]
+        if q is not None:
+            # paper: W' = fp(W_c Q) with the canonical W_c = fp(W U0) and Q = V (Alg. 1, 5)
+            true_anchor[q[0]] = t
+            t = RawTensor.from_f64(rot.rotate_axis(t.to_f64(), q[1], paper_q[q[0]]), dtype)
+        return t
+
+    for op in ops:
+        if op.kind == OP_PUSH:
+            name = layout.tensors[op.index]
+            t = final_value(name)
+            stored[name] = t
+            stack.push(tensor_to_symbols(t, w))
+            continue
+        s_idx = op.index
+        s = sites[s_idx]
+        u0 = canonical[s.name]
+        reason = new_plain.get(s_idx)
+        n_pop = rot.block_size(s.dim)
+        if reason is None and len(stack) < n_pop:
+            reason = "no bits source" if len(stack) == 0 else "too few symbols below"
+        x = None
+        if reason is None:
+            block = stack.peek(n_pop)
+            xv = bits_to_f64(block, sym_dtype)
+            if not np.all(np.isfinite(xv)):
+                reason = "non-finite popped values"
+            else:
+                x = rot.block_to_matrix(xv, s.dim)
+                mu, v = rot.eigh(x)
+                mu_w = mu.astype(wide_dtype(w))
+                if not np.all(np.isfinite(mu_w)):
+                    reason = "eigenvalues overflow"
+        if reason is not None:
+            new_plain[s_idx] = reason
+            # paper: the canonical direction is applied regardless (Alg. 1)
+            anchor_rot[s_idx] = u0 if paper else np.eye(s.dim)
+            follower_rot[s_idx] = u0 if paper else None
+            if not paper:
+                anchor_rot.pop(s_idx)
+            continue
+        true_x[s_idx] = stack.pop(n_pop)
+        stack.push(np.frombuffer(mu_w.tobytes(), dtype=uint_dtype(w)))
+        if paper:
+            true_signs[s_idx] = rot.paper_signs(v)
+            anchor_rot[s_idx] = u0
+            paper_q[s_idx] = v
+            follower_rot[s_idx] = u0
+        else:
+            anchor_rot[s_idx] = u0 @ v.T
+            follower_rot[s_idx] = u0 @ v.T
+
+    program = BlockProgram(
+        layout.name,
+        sym_dtype,
+        entries,
+        [
+            SiteEntry(
+                s.name,
+                s.dim,
+                index[s.anchor.tensor],
+                s.anchor.axis,
+                (SITE_PAPER if paper else 0) | (SITE_PLAIN if i in new_plain else 0),
+                tuple(FollowerEntry(f.tensor, f.axis) for f in s.followers),
+            )
+            for i, s in enumerate(sites)
+        ],
+        list(ops),
+    )
+    payload = stack.symbols()
+    sim = SimulatingCorrector(sym_dtype, tolerance, true_x, true_signs, true_anchor)
+    intended = decode_program(program, payload, sim)
+    sections = [Section(KIND_PAYLOAD, NO_SITE, payload.astype(payload.dtype.newbyteorder("<")).tobytes())]
+    reports: list[SiteReport] = []
+    newly: dict[int, str] = {}
+    for s_idx, s in enumerate(sites):
+        gain = (rot.block_size(s.dim) - 2 * s.dim) * w
+        if s_idx in new_plain:
+            reports.append(SiteReport(s.name, s.dim, new_plain[s_idx], 0, 0, 0, 0))
+            continue
+        fix = sim.fixes.get(s_idx)
+        secs = build_site_sections(program, s_idx, fix) if fix is not None else []
+        side = sum(c.cost for c in secs)
+        corrected = int(fix.x_mask.sum()) if fix is not None and fix.x_mask is not None else 0
+        if fix is not None and fix.anchor_mask is not None:
+            corrected += int(fix.anchor_mask.sum())
+        if side * 8 >= gain:
+            newly[s_idx] = f"side information ({side} B) would not pay for the {gain // 8} B saved"
+        reports.append(SiteReport(s.name, s.dim, None, gain, side, corrected, s.dim if paper else 0))
+        sections.extend(secs)
+    outgoing: Rotations = {}
+    local = set(layout.tensors)
+    for s_idx, s in enumerate(sites):
+        r = follower_rot.get(s_idx)
+        if r is None:
+            continue
+        for f in s.followers:
+            if f.tensor not in local:
+                outgoing[(f.tensor, f.axis)] = r
+    enc = EncodedChunk(program, payload, [sec.finish(sec.kind != KIND_PAYLOAD) for sec in sections], intended, outgoing, reports)
+    return enc, newly

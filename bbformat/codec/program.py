@@ -1,0 +1,262 @@
+"""Block programs: the self-describing recipe of one chunk, run forwards (encode)
+and backwards (decode).
+
+A program lists the chunk's tensors, its rotation sites and its ops. Encoding runs
+the ops in order on a symbol stack: PUSH t pushes tensor t's symbols; SITE s pops
+the D(D+1)/2-symbol block X, pushes X's eigenvalues mu as 2D symbols, and fixes the
+rotation applied to the tensors pushed after it. Decoding runs the ops backwards.
+The final stack is the chunk's payload.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import FormatError
+from . import rotation as rot
+from .dtypes import (
+    RawTensor,
+    bits_of,
+    bits_to_f64,
+    f64_to_bits,
+    symbols_to_tensor,
+    uint_dtype,
+    wide_dtype,
+)
+from .stack import SymbolStack
+
+OP_PUSH = 1
+OP_SITE = 2
+
+SITE_PLAIN = 0x1  # no pop, no push, no rotation recovery
+SITE_PAPER = 0x2  # paper mode: sign bits, X~ = E^T diag(mu) E, anchor un-rotated
+SITE_FLAGS_KNOWN = SITE_PLAIN | SITE_PAPER
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    def symbols(self, symbol_bits: int) -> int:
+        return self.numel * (bits_of(self.dtype) // symbol_bits)
+
+
+@dataclass(frozen=True)
+class FollowerEntry:
+    tensor: str
+    axis: int
+
+
+@dataclass(frozen=True)
+class SiteEntry:
+    name: str
+    dim: int
+    anchor: int  # index into the program's tensors
+    anchor_axis: int
+    flags: int
+    followers: tuple[FollowerEntry, ...] = ()
+
+    @property
+    def plain(self) -> bool:
+        return bool(self.flags & SITE_PLAIN)
+
+    @property
+    def paper(self) -> bool:
+        return bool(self.flags & SITE_PAPER)
+
+    @property
+    def n_pop(self) -> int:
+        return rot.block_size(self.dim)
+
+    @property
+    def n_mu(self) -> int:
+        return 2 * self.dim
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: int
+    index: int
+
+
+@dataclass
+class BlockProgram:
+    name: str
+    symbol_dtype: str
+    tensors: list[TensorEntry]
+    sites: list[SiteEntry]
+    ops: list[Op]
+
+    @property
+    def symbol_bits(self) -> int:
+        return bits_of(self.symbol_dtype)
+
+    def payload_symbols(self) -> int:
+        """The number of symbols the final stack must hold."""
+        w = self.symbol_bits
+        n = sum(t.symbols(w) for t in self.tensors)
+        for s in self.sites:
+            if not s.plain:
+                n += s.n_mu - s.n_pop
+        return n
+
+    def validate(self) -> None:
+        """Structural rules a reader checks before decoding (SPEC.md section 6)."""
+        w = self.symbol_bits
+        if self.symbol_dtype not in ("float16", "bfloat16", "float32"):
+            raise FormatError(f"unknown symbol dtype {self.symbol_dtype}", "E_DTYPE")
+        names = set()
+        for t in self.tensors:
+            if t.name in names:
+                raise FormatError(f"duplicate tensor name {t.name!r}", "E_DESCRIPTOR")
+            names.add(t.name)
+            if bits_of(t.dtype) % w:
+                raise FormatError(f"tensor {t.name!r} is narrower than the symbols", "E_DTYPE")
+        pushed = [0] * len(self.tensors)
+        seen_site = [0] * len(self.sites)
+        pos_push: dict[int, int] = {}
+        pos_site: dict[int, int] = {}
+        for k, op in enumerate(self.ops):
+            if op.kind == OP_PUSH:
+                if not 0 <= op.index < len(self.tensors):
+                    raise FormatError("PUSH names a tensor that does not exist", "E_DESCRIPTOR")
+                pushed[op.index] += 1
+                pos_push[op.index] = k
+            elif op.kind == OP_SITE:
+                if not 0 <= op.index < len(self.sites):
+                    raise FormatError("SITE names a site that does not exist", "E_DESCRIPTOR")
+                seen_site[op.index] += 1
+                pos_site[op.index] = k
+            else:
+                raise FormatError(f"unknown opcode {op.kind}", "E_DESCRIPTOR")
+        if any(c != 1 for c in pushed):
+            raise FormatError("every tensor must be pushed exactly once", "E_DESCRIPTOR")
+        if any(c != 1 for c in seen_site):
+            raise FormatError("every site must appear exactly once", "E_DESCRIPTOR")
+        for i, s in enumerate(self.sites):
+            if s.flags & ~SITE_FLAGS_KNOWN:
+                raise FormatError(f"site {s.name!r} has reserved flag bits set", "E_RESERVED")
+            if not 0 <= s.anchor < len(self.tensors):
+                raise FormatError(f"site {s.name!r} anchor does not exist", "E_SITE")
+            a = self.tensors[s.anchor]
+            if not 0 <= s.anchor_axis < len(a.shape) or a.shape[s.anchor_axis] != s.dim or s.dim < 2:
+                raise FormatError(f"site {s.name!r} does not fit its anchor {a.name!r}", "E_SITE")
+            if pos_push[s.anchor] < pos_site[i]:
+                raise FormatError(f"site {s.name!r}: anchor pushed before the site", "E_SITE")
+
+
+class Corrector(Protocol):
+    """Supplies what the decoder cannot compute: sign bits and corrections."""
+
+    def signs(self, site: int) -> np.ndarray: ...
+
+    def correct_x(self, site: int, approx: np.ndarray) -> np.ndarray: ...
+
+    def correct_anchor(self, site: int, approx: RawTensor) -> RawTensor: ...
+
+
+def recover_basis(anchor: RawTensor, site: SiteEntry, signs: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Eigenvectors of the stored anchor's Gram matrix (ascending), sign-fixed in paper mode."""
+    m = rot.axis_matrix(anchor.to_f64(), site.anchor_axis)
+    _, e = rot.eigh(rot.gram(m))
+    if site.paper:
+        assert signs is not None
+        e = rot.apply_paper_signs(e, signs)
+    return m, e
+
+
+def decode_program(program: BlockProgram, payload: np.ndarray, corrector: Corrector) -> dict[str, RawTensor]:
+    """Run the program backwards from the final stack; return the decoded tensors."""
+    w = program.symbol_bits
+    stack = SymbolStack(w, payload)
+    out: dict[str, RawTensor] = {}
+    for op in reversed(program.ops):
+        if op.kind == OP_PUSH:
+            t = program.tensors[op.index]
+            out[t.name] = symbols_to_tensor(stack.pop(t.symbols(w)), t.dtype, t.shape, w)
+            continue
+        s = program.sites[op.index]
+        if s.plain:
+            continue
+        mu = np.frombuffer(stack.pop(s.n_mu).tobytes(), dtype=wide_dtype(w)).astype(np.float64)
+        anchor_name = program.tensors[s.anchor].name
+        anchor = out[anchor_name]
+        signs = corrector.signs(op.index) if s.paper else None
+        m, e = recover_basis(anchor, s, signs)
+        x = rot.regenerate(e, mu, s.paper)
+        approx = f64_to_bits(rot.matrix_to_block(x), program.symbol_dtype)
+        stack.push(corrector.correct_x(op.index, approx))
+        if s.paper:
+            canon = RawTensor.from_f64(rot.from_axis_matrix(m @ e, anchor.shape, s.anchor_axis), anchor.dtype)
+            out[anchor_name] = corrector.correct_anchor(op.index, canon)
+    if len(stack):
+        raise FormatError(f"{len(stack)} payload symbols left over after decoding", "E_SYMBOL_COUNT")
+    return out
+
+
+def needs_fix(approx: np.ndarray, true: np.ndarray, dtype: str, tolerance: float) -> np.ndarray:
+    """Which regenerated values the encoder must correct."""
+    if tolerance <= 0:
+        return approx != true
+    a = bits_to_f64(approx, dtype)
+    t = bits_to_f64(true, dtype)
+    with np.errstate(invalid="ignore"):
+        far = ~(np.abs(a - t) <= tolerance)
+    return far & (approx != true)
+
+
+@dataclass
+class SiteFix:
+    """What the encoder found the decoder needs for one site."""
+
+    signs: np.ndarray | None = None
+    x_mask: np.ndarray | None = None
+    x_true: np.ndarray | None = None
+    x_approx: np.ndarray | None = None
+    anchor_mask: np.ndarray | None = None
+    anchor_true: np.ndarray | None = None
+
+
+@dataclass
+class SimulatingCorrector:
+    """The encoder's stand-in for stored side information: it knows the truth."""
+
+    dtype: str
+    tolerance: float
+    true_x: dict[int, np.ndarray]
+    true_signs: dict[int, np.ndarray]
+    true_anchor: dict[int, RawTensor]
+    fixes: dict[int, SiteFix] = field(default_factory=dict)
+
+    def _fix(self, site: int) -> SiteFix:
+        return self.fixes.setdefault(site, SiteFix())
+
+    def signs(self, site: int) -> np.ndarray:
+        self._fix(site).signs = self.true_signs[site]
+        return self.true_signs[site]
+
+    def correct_x(self, site: int, approx: np.ndarray) -> np.ndarray:
+        true = self.true_x[site]
+        mask = needs_fix(approx, true, self.dtype, self.tolerance)
+        f = self._fix(site)
+        f.x_mask, f.x_true, f.x_approx = mask, true, approx
+        return np.where(mask, true, approx).astype(approx.dtype)
+
+    def correct_anchor(self, site: int, approx: RawTensor) -> RawTensor:
+        true = self.true_anchor[site]
+        mask = needs_fix(approx.bits, true.bits, approx.dtype, self.tolerance)
+        f = self._fix(site)
+        f.anchor_mask, f.anchor_true = mask, true.bits
+        return RawTensor(approx.dtype, np.where(mask, true.bits, approx.bits).astype(approx.bits.dtype))
+
+
+def push_symbols_of(t: RawTensor, w: int) -> np.ndarray:
+    return np.frombuffer(t.tobytes(), dtype=uint_dtype(w))

@@ -1,0 +1,194 @@
+"""Side-information sections: sign bitmaps and corrections, to and from bytes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import zstandard
+
+from ..errors import FormatError, LimitError
+from .dtypes import RawTensor, bits_of, bits_to_ordinal, ordinal_to_bits, uint_dtype
+from .program import BlockProgram, SiteFix
+from .varint import decode_varints, encode_varints, unzigzag, zigzag
+
+KIND_PAYLOAD = 1
+KIND_SIGNS = 2
+KIND_X_RESIDUALS = 3
+KIND_X_PATCHES = 4
+KIND_ANCHOR_PATCHES = 5
+KIND_NAMES = {1: "payload", 2: "signs", 3: "x_residuals", 4: "x_patches", 5: "anchor_patches"}
+
+CODEC_RAW = 0
+CODEC_ZSTD = 1
+ZSTD_LEVEL = 19
+NO_SITE = 0xFFFFFFFF
+SECTION_ENTRY_BYTES = 32
+
+
+@dataclass
+class Section:
+    kind: int
+    site: int
+    data: bytes  # decoded bytes
+    codec: int = CODEC_RAW
+    stored: bytes = b""
+
+    def finish(self, allow_zstd: bool = True) -> "Section":
+        """Choose the smaller of raw and zstd for storage (deterministic)."""
+        self.codec, self.stored = CODEC_RAW, self.data
+        if allow_zstd and len(self.data) > 64:
+            z = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, write_checksum=False)
+            comp = z.compress(self.data)
+            if len(comp) < len(self.data):
+                self.codec, self.stored = CODEC_ZSTD, comp
+        return self
+
+    @property
+    def cost(self) -> int:
+        return len(self.stored) + SECTION_ENTRY_BYTES
+
+
+def encode_patches(mask: np.ndarray, true_bits: np.ndarray, value_bits: int) -> bytes:
+    pos = np.flatnonzero(mask.reshape(-1)).astype(np.int64)
+    gaps = np.diff(np.concatenate(([-1], pos))) - 1
+    vals = true_bits.reshape(-1)[pos].astype(uint_dtype(value_bits))
+    return encode_varints(np.array([pos.size], np.uint64)) + encode_varints(gaps.astype(np.uint64)) + vals.tobytes()
+
+
+def decode_patches(data: bytes, n_total: int, value_bits: int) -> tuple[np.ndarray, np.ndarray]:
+    b = np.frombuffer(data, dtype=np.uint8)
+    # the count is the first varint
+    end = int(np.argmax((b & 0x80) == 0)) if b.size else -1
+    if b.size == 0 or (b[end] & 0x80):
+        raise FormatError("patch section has no count", "E_SECTION_CONTENT")
+    count = int(decode_varints(data[: end + 1], 1)[0])
+    vbytes = value_bits // 8
+    if count > n_total or count * vbytes > len(data) - end - 1:
+        raise FormatError("patch count exceeds the values it can correct", "E_SECTION_CONTENT")
+    gap_bytes = len(data) - end - 1 - count * vbytes
+    gaps = decode_varints(data[end + 1 : end + 1 + gap_bytes], count)
+    pos = np.cumsum(gaps.astype(np.int64) + 1) - 1
+    if count and (pos[-1] >= n_total or np.any(gaps > np.uint64(n_total))):
+        raise FormatError("patch position out of range", "E_SECTION_CONTENT")
+    vals = np.frombuffer(data, dtype=uint_dtype(value_bits), count=count, offset=end + 1 + gap_bytes)
+    return pos, vals
+
+
+def encode_residuals(mask: np.ndarray, true_bits: np.ndarray, approx_bits: np.ndarray, width: int) -> bytes:
+    r = np.where(mask, bits_to_ordinal(true_bits, width) - bits_to_ordinal(approx_bits, width), 0)
+    return encode_varints(zigzag(r))
+
+
+def build_site_sections(program: BlockProgram, site: int, fix: SiteFix) -> list[Section]:
+    s = program.sites[site]
+    w = program.symbol_bits
+    out: list[Section] = []
+    if s.paper:
+        assert fix.signs is not None
+        out.append(Section(KIND_SIGNS, site, np.packbits(fix.signs, bitorder="little").tobytes()).finish(False))
+    if fix.x_mask is not None and fix.x_mask.any():
+        assert fix.x_true is not None and fix.x_approx is not None
+        cands = [Section(KIND_X_PATCHES, site, encode_patches(fix.x_mask, fix.x_true, w)).finish()]
+        if not s.paper:
+            res = encode_residuals(fix.x_mask, fix.x_true, fix.x_approx, w)
+            cands.append(Section(KIND_X_RESIDUALS, site, res).finish())
+        out.append(min(cands, key=lambda c: (c.cost, c.kind)))
+    if s.paper and fix.anchor_mask is not None and fix.anchor_mask.any():
+        assert fix.anchor_true is not None
+        vb = bits_of(program.tensors[s.anchor].dtype)
+        out.append(Section(KIND_ANCHOR_PATCHES, site, encode_patches(fix.anchor_mask, fix.anchor_true, vb)).finish())
+    return out
+
+
+def decoded_limit(program: BlockProgram, kind: int, site: int) -> int:
+    """The largest decoded size a section of this kind may declare (SPEC.md 5.4)."""
+    w = program.symbol_bits
+    if kind == KIND_PAYLOAD:
+        return program.payload_symbols() * (w // 8)
+    s = program.sites[site]
+    if kind == KIND_SIGNS:
+        return (s.dim + 7) // 8
+    if kind == KIND_X_RESIDUALS:
+        return s.n_pop * (3 if w == 16 else 5)
+    if kind == KIND_X_PATCHES:
+        return 10 + s.n_pop * (10 + w // 8)
+    if kind == KIND_ANCHOR_PATCHES:
+        a = program.tensors[s.anchor]
+        return 10 + a.numel * (10 + bits_of(a.dtype) // 8)
+    raise FormatError(f"unknown section kind {kind}", "E_SECTION_KIND")
+
+
+def decompress(stored: bytes, codec: int, declared: int, limit: int) -> bytes:
+    if declared > limit:
+        raise LimitError(f"section declares {declared} decoded bytes, limit is {limit}", "E_LIMIT_SECTION")
+    if codec == CODEC_RAW:
+        if len(stored) != declared:
+            raise FormatError("raw section length differs from its declared size", "E_SECTION_SIZE")
+        return stored
+    if codec != CODEC_ZSTD:
+        raise FormatError(f"unknown section codec {codec}", "E_CODEC")
+    try:
+        params = zstandard.get_frame_parameters(stored)
+    except zstandard.ZstdError as exc:
+        raise FormatError(f"bad zstd frame: {exc}", "E_ZSTD") from None
+    if params.content_size != declared:
+        raise FormatError("zstd frame content size differs from the declared size", "E_SECTION_SIZE")
+    try:
+        dobj = zstandard.ZstdDecompressor().decompressobj()
+        data = dobj.decompress(stored)
+        if not dobj.eof or dobj.unused_data:
+            raise FormatError("zstd section is not exactly one frame", "E_ZSTD")
+    except zstandard.ZstdError as exc:
+        raise FormatError(f"bad zstd data: {exc}", "E_ZSTD") from None
+    if len(data) != declared:
+        raise FormatError("zstd section decodes to a size other than declared", "E_SECTION_SIZE")
+    return data
+
+
+class StoredCorrector:
+    """The decoder's corrector: reads sign and correction sections."""
+
+    def __init__(self, program: BlockProgram, sections: dict[tuple[int, int], bytes]) -> None:
+        self.program = program
+        self.sections = sections
+        for s_idx, s in enumerate(program.sites):
+            if s.plain:
+                continue
+            if s.paper and (KIND_SIGNS, s_idx) not in sections:
+                raise FormatError(f"site {s.name!r} has no sign section", "E_SECTION_MISSING")
+
+    def signs(self, site: int) -> np.ndarray:
+        d = self.program.sites[site].dim
+        data = self.sections[(KIND_SIGNS, site)]
+        bits = np.unpackbits(np.frombuffer(data, np.uint8), bitorder="little")
+        if np.any(bits[d:]):
+            raise FormatError("sign bitmap padding bits must be zero", "E_RESERVED")
+        return bits[:d].astype(bool)
+
+    def correct_x(self, site: int, approx: np.ndarray) -> np.ndarray:
+        w = self.program.symbol_bits
+        n = approx.size
+        res = self.sections.get((KIND_X_RESIDUALS, site))
+        if res is not None:
+            r = unzigzag(decode_varints(res, n))
+            o = bits_to_ordinal(approx, w) + r
+            lim = 1 << (w - 1)
+            if np.any(o < -lim) or np.any(o >= lim):
+                raise FormatError("residual moves a value out of range", "E_SECTION_CONTENT")
+            return ordinal_to_bits(o, w)
+        pat = self.sections.get((KIND_X_PATCHES, site))
+        if pat is not None:
+            pos, vals = decode_patches(pat, n, w)
+            out = approx.copy()
+            out[pos] = vals
+            return out
+        return approx
+
+    def correct_anchor(self, site: int, approx: RawTensor) -> RawTensor:
+        pat = self.sections.get((KIND_ANCHOR_PATCHES, site))
+        if pat is None:
+            return approx
+        flat = approx.bits.reshape(-1).copy()
+        pos, vals = decode_patches(pat, flat.size, bits_of(approx.dtype))
+        flat[pos] = vals
+        return RawTensor(approx.dtype, flat.reshape(approx.shape))

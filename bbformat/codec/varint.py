@@ -1,0 +1,58 @@
+"""Vectorised LEB128 varints and zigzag, used by correction sections."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import FormatError
+
+MAX_VARINT_BYTES = 10
+
+
+def zigzag(v: np.ndarray) -> np.ndarray:
+    v = np.asarray(v, dtype=np.int64)
+    return ((v << np.int64(1)) ^ (v >> np.int64(63))).astype(np.uint64)
+
+
+def unzigzag(u: np.ndarray) -> np.ndarray:
+    u = np.asarray(u, dtype=np.uint64)
+    return ((u >> np.uint64(1)).astype(np.int64)) ^ (-(u & np.uint64(1)).astype(np.int64))
+
+
+def encode_varints(u: np.ndarray) -> bytes:
+    u = np.asarray(u, dtype=np.uint64).reshape(-1)
+    if u.size == 0:
+        return b""
+    nbytes = np.ones(u.size, dtype=np.int64)
+    t = u >> np.uint64(7)
+    while np.any(t):
+        nbytes += (t != 0)
+        t = t >> np.uint64(7)
+    ends = np.cumsum(nbytes)
+    starts = ends - nbytes
+    out = np.zeros(int(ends[-1]), dtype=np.uint8)
+    rem = u.copy()
+    for k in range(int(nbytes.max())):
+        active = nbytes > k
+        idx = starts[active] + k
+        last = nbytes[active] == k + 1
+        byte = (rem[active] & np.uint64(0x7F)).astype(np.uint8)
+        out[idx] = byte | np.where(last, np.uint8(0), np.uint8(0x80))
+        rem[active] >>= np.uint64(7)
+    return out.tobytes()
+
+
+def decode_varints(data: bytes, count: int) -> np.ndarray:
+    """Decode exactly `count` varints filling `data` exactly; reject anything else."""
+    b = np.frombuffer(data, dtype=np.uint8)
+    ends = np.flatnonzero((b & 0x80) == 0)
+    if ends.size != count or (count and ends[-1] != b.size - 1) or (count == 0 and b.size):
+        raise FormatError("varint stream does not hold the declared number of values", "E_SECTION_CONTENT")
+    starts = np.concatenate(([0], ends[:-1] + 1)) if count else np.zeros(0, np.int64)
+    lens = ends - starts + 1
+    if count and int(lens.max()) > MAX_VARINT_BYTES:
+        raise FormatError("varint longer than 10 bytes", "E_SECTION_CONTENT")
+    out = np.zeros(count, dtype=np.uint64)
+    for k in range(int(lens.max()) if count else 0):
+        active = lens > k
+        out[active] |= (b[starts[active] + k].astype(np.uint64) & np.uint64(0x7F)) << np.uint64(7 * k)
+    return out
