@@ -1,0 +1,38 @@
+"""bbformat: bits-back coding of rotation-symmetric transformer weights (SliceGPT)."""
+from __future__ import annotations
+
+from .api import PackReport, open_container, pack, read_tensors, unpack
+from .errors import (
+    BBFormatError,
+    FormatError,
+    InputError,
+    IntegrityError,
+    LimitError,
+    UnsupportedModelError,
+    VerifyError,
+)
+from .inspect import inspect
+from .reader import DecodedBlock, Reader, iter_stream
+from .writer import Writer
+
+__version__ = "1.0.0"
+
+__all__ = [
+    "BBFormatError",
+    "DecodedBlock",
+    "FormatError",
+    "InputError",
+    "IntegrityError",
+    "LimitError",
+    "PackReport",
+    "Reader",
+    "UnsupportedModelError",
+    "VerifyError",
+    "Writer",
+    "inspect",
+    "iter_stream",
+    "open_container",
+    "pack",
+    "read_tensors",
+    "unpack",
+]

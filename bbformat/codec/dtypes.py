@@ -58,6 +58,11 @@ class RawTensor:
 
 
 def bits_to_f64(bits: np.ndarray, dtype: str) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        return _bits_to_f64(bits, dtype)
+
+
+def _bits_to_f64(bits: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "float16":
         return bits.astype(np.uint16).view(np.float16).astype(np.float64)
     if dtype == "bfloat16":

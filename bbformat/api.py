@@ -1,0 +1,192 @@
+"""The public API: pack, unpack, open_container, inspect."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .codec import rotation as rot
+from .codec.dtypes import RawTensor, bits_of
+from .codec.encoder import EncodedChunk, SiteReport, canonical_rotation, encode_chunk
+from .codec.layout import ModelLayout
+from .errors import InputError, VerifyError
+from .reader import Reader
+from .tensors import raw_to_torch, torch_to_raw
+from .writer import Writer
+
+DEFAULT_TOLERANCE = {("paper", "opt"): 0.01, ("paper", "llama"): 0.005}
+FORMAT_VERSION = "1.0"
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class PackReport:
+    path: str
+    scheme: str
+    tolerance: float
+    architecture: str
+    plain_bytes: int
+    container_bytes: int
+    metadata_bytes: int
+    gross_bound_bits: int
+    sites: list[SiteReport] = field(default_factory=list)
+
+    @property
+    def saved_bits(self) -> int:
+        return 8 * (self.plain_bytes - (self.container_bytes - self.metadata_bytes))
+
+
+def _digest(t: RawTensor) -> str:
+    return hashlib.sha256(t.tobytes()).hexdigest()
+
+
+def _encode_files(files: dict[str, bytes]) -> dict[str, str]:
+    return {name: base64.b64encode(data).decode("ascii") for name, data in sorted(files.items())}
+
+
+def _decode_files(files: dict[str, str]) -> dict[str, bytes]:
+    return {name: base64.b64decode(data) for name, data in files.items()}
+
+
+def pack(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    scheme: str = "symmetric",
+    tolerance: float | None = None,
+    verify: bool = False,
+    progress: Progress | None = None,
+) -> PackReport:
+    """Encode a SliceGPT checkpoint directory (TransformerCompression layout) into `dst`."""
+    from .adapters import plan
+    from .adapters.tc_layout import read_checkpoint
+
+    if scheme not in ("paper", "symmetric"):
+        raise InputError(f"unknown scheme {scheme!r} (choose 'paper' or 'symmetric')")
+    ckpt = read_checkpoint(Path(src))
+    layout = plan(ckpt, scheme)
+    if tolerance is None:
+        tolerance = DEFAULT_TOLERANCE.get((scheme, layout.architecture), 0.0)
+    if not (tolerance >= 0 and np.isfinite(tolerance)):
+        raise InputError(f"tolerance must be a finite number >= 0, got {tolerance}")
+    metadata = {
+        "format": "bbformat",
+        "format_version": FORMAT_VERSION,
+        "architecture": layout.architecture,
+        "scheme": scheme,
+        "tolerance": tolerance,
+        "stem": ckpt.stem,
+        "keys": list(ckpt.state_dict.keys()),
+        "files": _encode_files(ckpt.extra_files),
+    }
+    sd = ckpt.state_dict
+    report = PackReport(str(dst), scheme, tolerance, layout.architecture, 0, 0, 0, 0)
+    digests: list[dict[str, str]] = []
+    with Writer(dst, scheme, len(layout.chunks), metadata) as w:
+        report.metadata_bytes = w.metadata_bytes
+        for chunk, enc in _encode_all(layout, lambda n: torch_to_raw(sd[n], n), scheme, tolerance, progress):
+            w.add_chunk(enc.program, enc.sections)
+            digests.append({n: _digest(t) for n, t in enc.intended.items()})
+            report.sites.extend(enc.reports)
+            report.plain_bytes += sum(t.numel * bits_of(t.dtype) // 8 for t in enc.program.tensors)
+            report.gross_bound_bits += sum(s.dim * (s.dim - 1) // 2 * enc.program.symbol_bits for s in enc.program.sites)
+        report.container_bytes = w.close()
+    if verify:
+        verify_container(dst, digests)
+    return report
+
+
+def _encode_all(layout: ModelLayout, get: Callable[[str], RawTensor], scheme: str, tolerance: float, progress: Progress | None):  # type: ignore[no-untyped-def]
+    """Encode chunks in order, carrying rotations forward (and, in the paper scheme,
+    the canonical rotations of later sites backward)."""
+    where = {n: i for i, c in enumerate(layout.chunks) for n in c.tensors}
+    canonical: dict[str, np.ndarray] = {}
+    pending: dict[tuple[str, int], np.ndarray] = {}
+    for ci, chunk in enumerate(layout.chunks):
+        local = set(chunk.tensors)
+        for later in layout.chunks[ci + 1 :]:
+            for s in later.sites:
+                hits = [f for f in s.followers if f.tensor in local]
+                if not hits:
+                    continue
+                if scheme != "paper":
+                    raise InputError(f"site {s.name} touches {hits[0].tensor}, which is stored before it")
+                if s.name not in canonical:
+                    canonical[s.name] = canonical_rotation(get(s.anchor.tensor).to_f64(), s.anchor.axis)
+                for f in hits:
+                    pending[(f.tensor, f.axis)] = canonical[s.name]
+        tensors = {n: get(n) for n in chunk.tensors}
+        incoming = {k: v for k, v in pending.items() if k[0] in local}
+        enc = encode_chunk(chunk, tensors, incoming, scheme, tolerance, canonical)
+        for k in incoming:
+            pending.pop(k, None)
+        for k, r in enc.outgoing.items():
+            if where.get(k[0], -1) > ci:
+                pending[k] = r
+        if progress is not None:
+            progress(ci + 1, len(layout.chunks), chunk.name)
+        yield chunk, enc
+
+
+def verify_container(path: str | os.PathLike[str], digests: list[dict[str, str]]) -> None:
+    with Reader(path) as r:
+        if len(r) != len(digests):
+            raise VerifyError("chunk count differs from what was encoded")
+        for block in r.iter_blocks():
+            want = digests[block.index]
+            got = {n: _digest(t) for n, t in block.tensors.items()}
+            if got != want:
+                bad = sorted(n for n in want if got.get(n) != want[n])
+                raise VerifyError(f"block {block.name}: decoded tensors differ from the encoder's intent: {', '.join(bad[:5])}")
+
+
+def open_container(path: str | os.PathLike[str]) -> Reader:
+    """A streaming reader: `iter_blocks()` decodes one block at a time."""
+    return Reader(path)
+
+
+def read_tensors(path: str | os.PathLike[str]) -> dict[str, "object"]:
+    """Decode a whole container into an ordered dict of torch tensors."""
+    with Reader(path) as r:
+        out: dict[str, RawTensor] = {}
+        for block in r.iter_blocks("reverse"):
+            out.update(block.tensors)
+        keys = r.metadata.get("keys") or list(out)
+    return {k: raw_to_torch(out[k]) for k in keys}
+
+
+def unpack(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    fmt: str = "pt",
+    progress: Progress | None = None,
+) -> Path:
+    """Write the TransformerCompression layout back: <stem>.pt (or .safetensors) and the JSON files."""
+    from .adapters.tc_layout import Checkpoint, write_checkpoint
+
+    if fmt not in ("pt", "safetensors"):
+        raise InputError(f"unknown output format {fmt!r} (choose 'pt' or 'safetensors')")
+    with Reader(src) as r:
+        meta = r.metadata
+        decoded: dict[str, RawTensor] = {}
+        n = len(r)
+        for k, block in enumerate(r.iter_blocks("reverse")):
+            decoded.update(block.tensors)
+            if progress is not None:
+                progress(k + 1, n, block.name)
+    keys = meta.get("keys") or list(decoded)
+    missing = [k for k in keys if k not in decoded]
+    if missing:
+        raise InputError(f"container lacks tensors listed in its metadata: {missing[:3]}")
+    files = _decode_files(meta.get("files", {}))
+    ckpt = Checkpoint.from_parts(meta.get("stem", "model"), {k: raw_to_torch(decoded[k]) for k in keys}, files)
+    out = Path(dst)
+    write_checkpoint(ckpt, out, fmt=fmt)
+    return out

@@ -1,0 +1,137 @@
+"""bbformat command line: pack, unpack, inspect, demo.
+
+Errors print one line on stderr and exit with the error's status (see README).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable, Sequence
+
+from .errors import BBFormatError
+
+EXIT_USAGE = 64
+EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"bbformat: usage error: {message}\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _progress(quiet: bool, verb: str) -> Callable[[int, int, str], None] | None:
+    if quiet or not sys.stderr.isatty():
+        return None
+
+    def show(done: int, total: int, name: str) -> None:
+        width = 30
+        fill = width * done // max(total, 1)
+        sys.stderr.write(f"\r{verb} [{'#' * fill}{'.' * (width - fill)}] {done}/{total} {name[:24]:<24}")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return show
+
+
+def _cmd_pack(a: argparse.Namespace) -> int:
+    from .api import pack
+    from .inspect import format_summary, inspect
+
+    rep = pack(a.src, a.out, scheme=a.scheme, tolerance=a.tolerance, verify=a.verify, progress=_progress(a.quiet, "pack"))
+    info = inspect(a.out)
+    if a.json:
+        print(json.dumps(info["totals"], indent=2))
+    elif not a.quiet:
+        t = info["totals"]
+        print(
+            f"wrote {a.out}: {t['container_bytes']:,} B for {t['plain_bytes']:,} B plain "
+            f"({t['saved_pct_of_plain']:.2f}% saved, {t['saved_pct_of_bound']:.1f}% of the bits-back bound; "
+            f"scheme {rep.scheme}, tolerance {rep.tolerance}{', verified' if a.verify else ''})"
+        )
+    return 0
+
+
+def _cmd_unpack(a: argparse.Namespace) -> int:
+    from .api import unpack
+
+    out = unpack(a.src, a.dst, fmt=a.format, progress=_progress(a.quiet, "unpack"))
+    if not a.quiet:
+        print(f"wrote {out}")
+    return 0
+
+
+def _cmd_inspect(a: argparse.Namespace) -> int:
+    from .inspect import format_summary, inspect
+
+    info = inspect(a.src)
+    print(json.dumps(info, indent=2) if a.json else format_summary(info))
+    return 0 if info["totals"]["all_crc_ok"] else 5
+
+
+def _cmd_demo(a: argparse.Namespace) -> int:
+    from .adapters.tc_layout import write_checkpoint
+    from .testing import make_tiny_checkpoint
+
+    ckpt = make_tiny_checkpoint(a.arch, seed=a.seed, layers=a.layers)
+    write_checkpoint(ckpt, a.out)
+    if not a.quiet:
+        print(f"wrote a tiny sliced {a.arch} model ({a.layers} layers) to {a.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="bbformat", description="Bits-back container for SliceGPT-sliced transformer weights.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    pk = sub.add_parser("pack", help="encode a SliceGPT checkpoint directory into a .bb container")
+    pk.add_argument("src", help="directory in TransformerCompression layout (<stem>.pt or .safetensors, <stem>.json, config.json)")
+    pk.add_argument("out", help="output .bb file (written atomically)")
+    pk.add_argument("--scheme", choices=("symmetric", "paper"), default="symmetric")
+    pk.add_argument("--tolerance", type=float, default=None, help="max error of regenerated values (default: 0 = exact for symmetric; paper: 0.01 OPT, 0.005 Llama)")
+    pk.add_argument("--verify", action="store_true", help="decode the result and check it bit for bit against the encoder's intent")
+    pk.add_argument("--quiet", action="store_true")
+    pk.add_argument("--json", action="store_true", help="print the size totals as JSON")
+    pk.set_defaults(func=_cmd_pack)
+    up = sub.add_parser("unpack", help="decode a container back to the TransformerCompression layout")
+    up.add_argument("src")
+    up.add_argument("dst", help="output directory")
+    up.add_argument("--format", choices=("pt", "safetensors"), default="pt")
+    up.add_argument("--quiet", action="store_true")
+    up.set_defaults(func=_cmd_unpack)
+    ins = sub.add_parser("inspect", help="summarise a container")
+    ins.add_argument("src")
+    ins.add_argument("--json", action="store_true")
+    ins.set_defaults(func=_cmd_inspect)
+    dm = sub.add_parser("demo", help="write a tiny built-in sliced model to try pack/inspect/unpack on")
+    dm.add_argument("out")
+    dm.add_argument("--arch", choices=("llama", "opt"), default="llama")
+    dm.add_argument("--layers", type=int, default=4)
+    dm.add_argument("--seed", type=int, default=0)
+    dm.add_argument("--quiet", action="store_true")
+    dm.set_defaults(func=_cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except BBFormatError as exc:
+        sys.stderr.write(f"bbformat: error [{exc.code}]: {exc}\n")
+        return exc.exit_status
+    except KeyboardInterrupt:
+        sys.stderr.write("bbformat: interrupted\n")
+        return EXIT_INTERRUPTED
+    except MemoryError:
+        sys.stderr.write("bbformat: error [E_MEMORY]: out of memory\n")
+        return EXIT_INTERNAL
+    except Exception as exc:  # a bug: still one line, no traceback
+        sys.stderr.write(f"bbformat: internal error: {type(exc).__name__}: {exc}\n")
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

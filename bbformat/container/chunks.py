@@ -1,0 +1,208 @@
+"""Chunk bytes <-> (block program, sections), with every MUST-reject check."""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import construct
+import numpy as np
+
+from ..codec.dtypes import DTYPE_CODES, DTYPE_NAMES, uint_dtype
+from ..codec.program import BlockProgram, FollowerEntry, Op, SiteEntry, TensorEntry
+from ..codec.sections import (
+    CODEC_RAW,
+    CODEC_ZSTD,
+    KIND_ANCHOR_PATCHES,
+    KIND_NAMES,
+    KIND_PAYLOAD,
+    KIND_SIGNS,
+    KIND_X_PATCHES,
+    KIND_X_RESIDUALS,
+    NO_SITE,
+    Section,
+    decoded_limit,
+    decompress,
+)
+from ..errors import FormatError, IntegrityError, LimitError
+from . import records as R
+from .crc import crc32c
+
+
+def _program_to_record(p: BlockProgram) -> dict:
+    return dict(
+        name=p.name,
+        symbol_dtype=DTYPE_CODES[p.symbol_dtype],
+        reserved0=0,
+        reserved1=0,
+        tensors=[dict(name=t.name, dtype=DTYPE_CODES[t.dtype], ndim=len(t.shape), reserved=0, dims=list(t.shape)) for t in p.tensors],
+        sites=[
+            dict(
+                name=s.name,
+                dim=s.dim,
+                anchor=s.anchor,
+                anchor_axis=s.anchor_axis,
+                flags=s.flags,
+                reserved=0,
+                followers=[dict(tensor=f.tensor, axis=f.axis, reserved=0) for f in s.followers],
+            )
+            for s in p.sites
+        ],
+        ops=[dict(kind=o.kind, reserved0=0, reserved1=0, index=o.index) for o in p.ops],
+    )
+
+
+def build_chunk(index: int, program: BlockProgram, sections: list[Section]) -> bytes:
+    desc = R.DESCRIPTOR.build(_program_to_record(program))
+    table_end = R.CHUNK_FIXED_SIZE + len(desc) + R.SECTION_ENTRY_SIZE * len(sections)
+    entries = []
+    off = table_end
+    for s in sections:
+        entries.append(
+            R.SECTION_ENTRY.build(
+                dict(kind=s.kind, codec=s.codec, reserved=0, site=s.site, offset=off, stored_length=len(s.stored), decoded_length=len(s.data))
+            )
+        )
+        off += len(s.stored)
+    length = off + 4
+    head = R.CHUNK_FIXED.build(
+        dict(reserved0=0, chunk_length=length, chunk_index=index, descriptor_length=len(desc), section_count=len(sections), reserved1=0)
+    )
+    body = b"".join([head, desc, *entries, *(s.stored for s in sections)])
+    return body + crc32c(body).to_bytes(4, "little")
+
+
+@dataclass
+class ParsedChunk:
+    index: int
+    program: BlockProgram
+    payload: np.ndarray
+    side: dict[tuple[int, int], bytes]
+    sections: list[dict]  # table entries, for inspection
+    crc: int
+
+
+def _check_reserved(value: int, what: str) -> None:
+    if value != 0:
+        raise FormatError(f"reserved field {what} is not zero", "E_RESERVED")
+
+
+def _parse_descriptor(data: bytes) -> BlockProgram:
+    try:
+        stream = io.BytesIO(data)
+        rec = R.DESCRIPTOR.parse_stream(stream)
+        used = stream.tell()
+    except (construct.ConstructError, UnicodeDecodeError, OverflowError) as exc:
+        raise FormatError(f"malformed chunk descriptor: {str(exc).splitlines()[0]}", "E_DESCRIPTOR") from None
+    if used != len(data):
+        raise FormatError("chunk descriptor length does not match its contents", "E_DESCRIPTOR")
+    _check_reserved(rec.reserved0 | rec.reserved1, "descriptor")
+    if rec.symbol_dtype not in DTYPE_NAMES:
+        raise FormatError(f"unknown symbol dtype code {rec.symbol_dtype}", "E_DTYPE")
+    if len(rec.tensors) > R.MAX_TENSORS_PER_CHUNK or len(rec.sites) > R.MAX_SITES_PER_CHUNK:
+        raise LimitError("too many tensors or sites in one chunk", "E_LIMIT_COUNT")
+    tensors = []
+    for t in rec.tensors:
+        _check_reserved(t.reserved, "tensor")
+        if t.dtype not in DTYPE_NAMES:
+            raise FormatError(f"tensor {t.name!r} has unknown dtype code {t.dtype}", "E_DTYPE")
+        if t.ndim > R.MAX_NDIM:
+            raise LimitError(f"tensor {t.name!r} has {t.ndim} dimensions", "E_LIMIT_NDIM")
+        numel = 1
+        for d in t.dims:
+            numel *= d
+        if numel > R.MAX_TENSOR_ELEMENTS:
+            raise LimitError(f"tensor {t.name!r} is too large", "E_LIMIT_TENSOR")
+        tensors.append(TensorEntry(t.name, DTYPE_NAMES[t.dtype], tuple(int(d) for d in t.dims)))
+    sites = []
+    for s in rec.sites:
+        _check_reserved(s.reserved, "site")
+        for f in s.followers:
+            _check_reserved(f.reserved, "follower")
+        if s.dim > R.MAX_SITE_DIM:
+            raise LimitError(f"site {s.name!r} dimension {s.dim} exceeds {R.MAX_SITE_DIM}", "E_LIMIT_DIM")
+        sites.append(
+            SiteEntry(s.name, int(s.dim), int(s.anchor), int(s.anchor_axis), int(s.flags), tuple(FollowerEntry(f.tensor, int(f.axis)) for f in s.followers))
+        )
+    ops = []
+    for o in rec.ops:
+        _check_reserved(o.reserved0 | o.reserved1, "op")
+        ops.append(Op(int(o.kind), int(o.index)))
+    program = BlockProgram(rec.name, DTYPE_NAMES[rec.symbol_dtype], tensors, sites, ops)
+    program.validate()
+    return program
+
+
+def parse_chunk(
+    data: bytes, expected_index: int | None = None, expected_crc: int | None = None, check_crc: bool = True
+) -> ParsedChunk:
+    """Parse and validate one chunk's bytes (the whole chunk, CRC included)."""
+    if len(data) < R.CHUNK_FIXED_SIZE + 4:
+        raise FormatError("chunk is truncated", "E_TRUNCATED")
+    if data[:4] != R.CHUNK_MAGIC:
+        raise FormatError("bad chunk magic", "E_MAGIC")
+    head = R.CHUNK_FIXED.parse(data[: R.CHUNK_FIXED_SIZE])
+    _check_reserved(head.reserved0 | head.reserved1, "chunk header")
+    if head.chunk_length != len(data):
+        raise FormatError("chunk length field disagrees with its extent", "E_BOUNDS")
+    stored_crc = int.from_bytes(data[-4:], "little")
+    if check_crc and crc32c(data[:-4]) != stored_crc:
+        raise IntegrityError(f"chunk {head.chunk_index}: CRC32C mismatch", "E_CRC_CHUNK")
+    if check_crc and expected_crc is not None and expected_crc != stored_crc:
+        raise IntegrityError(f"chunk {head.chunk_index}: index CRC differs from the chunk's", "E_CRC_INDEX_ENTRY")
+    if expected_index is not None and head.chunk_index != expected_index:
+        raise FormatError(f"chunk number {head.chunk_index} found where {expected_index} was expected", "E_CHUNK_ORDER")
+    if head.descriptor_length > R.MAX_DESCRIPTOR or head.section_count > R.MAX_SECTIONS_PER_CHUNK:
+        raise LimitError("chunk descriptor or section table too large", "E_LIMIT_COUNT")
+    table_off = R.CHUNK_FIXED_SIZE + head.descriptor_length
+    table_end = table_off + R.SECTION_ENTRY_SIZE * head.section_count
+    if table_end > len(data) - 4:
+        raise FormatError("chunk descriptor or section table runs past the chunk", "E_BOUNDS")
+    program = _parse_descriptor(bytes(data[R.CHUNK_FIXED_SIZE:table_off]))
+    entries = [R.SECTION_ENTRY.parse(data[table_off + i * 32 : table_off + (i + 1) * 32]) for i in range(head.section_count)]
+    pos = table_end
+    payload = None
+    side: dict[tuple[int, int], bytes] = {}
+    seen: set[tuple[int, int]] = set()
+    for e in entries:
+        _check_reserved(e.reserved, "section")
+        if e.kind not in KIND_NAMES:
+            raise FormatError(f"unknown section kind {e.kind}", "E_SECTION_KIND")
+        if e.codec not in (CODEC_RAW, CODEC_ZSTD):
+            raise FormatError(f"unknown section codec {e.codec}", "E_CODEC")
+        if e.offset != pos or e.stored_length > len(data) - 4 - pos:
+            raise FormatError("sections must be contiguous, in table order, inside the chunk", "E_BOUNDS")
+        pos += e.stored_length
+        if e.kind == KIND_PAYLOAD:
+            if e.site != NO_SITE:
+                raise FormatError("payload section must not name a site", "E_SECTION_KIND")
+        elif e.site >= len(program.sites):
+            raise FormatError("section names a site that does not exist", "E_SECTION_KIND")
+        else:
+            site = program.sites[e.site]
+            allowed = {KIND_X_RESIDUALS, KIND_X_PATCHES}
+            if site.paper:
+                allowed |= {KIND_SIGNS, KIND_ANCHOR_PATCHES}
+                allowed.discard(KIND_X_RESIDUALS)
+            if site.plain or e.kind not in allowed:
+                raise FormatError(f"section kind {KIND_NAMES[e.kind]} not allowed for site {site.name!r}", "E_SECTION_KIND")
+        key = (e.kind, e.site)
+        if key in seen or (e.kind in (KIND_X_RESIDUALS, KIND_X_PATCHES) and ({(KIND_X_RESIDUALS, e.site), (KIND_X_PATCHES, e.site)} & seen)):
+            raise FormatError("duplicate section", "E_SECTION_DUPLICATE")
+        seen.add(key)
+        limit = decoded_limit(program, e.kind, e.site)
+        raw = decompress(bytes(data[e.offset : e.offset + e.stored_length]), e.codec, e.decoded_length, limit)
+        if e.kind == KIND_PAYLOAD:
+            if e.decoded_length != limit:
+                raise FormatError(
+                    f"payload holds {e.decoded_length} bytes; the program needs {limit}", "E_SYMBOL_COUNT"
+                )
+            payload = np.frombuffer(raw, dtype=uint_dtype(program.symbol_bits)).copy()
+        elif e.kind == KIND_SIGNS and e.decoded_length != limit:
+            raise FormatError("sign bitmap has the wrong size", "E_SECTION_SIZE")
+        else:
+            side[key] = raw
+    if pos != len(data) - 4:
+        raise FormatError("bytes between the last section and the chunk CRC", "E_BOUNDS")
+    if payload is None:
+        raise FormatError("chunk has no payload section", "E_SECTION_MISSING")
+    return ParsedChunk(int(head.chunk_index), program, payload, side, [dict(e) for e in entries], stored_crc)

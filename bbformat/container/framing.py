@@ -1,0 +1,154 @@
+"""Header, index and footer bytes."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import construct
+
+from ..errors import FormatError, IntegrityError, LimitError
+from . import records as R
+from .crc import crc32c
+
+
+@dataclass
+class Header:
+    scheme: str
+    chunk_count: int
+    metadata: dict
+    major: int = R.VERSION_MAJOR
+    minor: int = R.VERSION_MINOR
+    length: int = 0
+
+
+def build_header(scheme: str, chunk_count: int, metadata: dict) -> bytes:
+    meta = json.dumps(metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    fixed = R.HEADER_FIXED.build(
+        dict(
+            major=R.VERSION_MAJOR,
+            minor=R.VERSION_MINOR,
+            required_flags=0,
+            optional_flags=0,
+            scheme=R.SCHEME_CODES[scheme],
+            reserved0=0,
+            reserved1=0,
+            chunk_count=chunk_count,
+            metadata_length=len(meta),
+        )
+    )
+    body = fixed + meta
+    return body + crc32c(body).to_bytes(4, "little")
+
+
+def check_version(major: int, minor: int) -> None:
+    if major != R.VERSION_MAJOR:
+        raise FormatError(f"unsupported major version {major}.{minor}", "E_VERSION")
+
+
+def parse_header_fixed(data: bytes) -> construct.Container:
+    if len(data) < R.HEADER_FIXED_SIZE:
+        raise FormatError("file is too short for a header", "E_TRUNCATED")
+    if data[:8] != R.FILE_MAGIC:
+        raise FormatError("not a bbformat file (bad leading magic)", "E_MAGIC")
+    h = R.HEADER_FIXED.parse(data[: R.HEADER_FIXED_SIZE])
+    check_version(h.major, h.minor)
+    if h.required_flags & ~R.REQUIRED_FLAGS_KNOWN:
+        raise FormatError(f"unknown required flags 0x{h.required_flags:08x}", "E_REQUIRED_FLAG")
+    if h.reserved0 or h.reserved1:
+        raise FormatError("reserved header field is not zero", "E_RESERVED")
+    if h.scheme not in R.SCHEME_NAMES:
+        raise FormatError(f"unknown scheme code {h.scheme}", "E_SCHEME")
+    if h.chunk_count > R.MAX_CHUNKS:
+        raise LimitError(f"{h.chunk_count} chunks exceeds the limit {R.MAX_CHUNKS}", "E_LIMIT_COUNT")
+    if h.metadata_length > R.MAX_METADATA:
+        raise LimitError("metadata exceeds 64 MiB", "E_LIMIT_METADATA")
+    return h
+
+
+def header_length(fixed: construct.Container) -> int:
+    return R.HEADER_FIXED_SIZE + fixed.metadata_length + 4
+
+
+def parse_header(data: bytes) -> Header:
+    """`data` is exactly the header bytes (fixed part, metadata, CRC)."""
+    h = parse_header_fixed(data)
+    n = header_length(h)
+    if len(data) != n:
+        raise FormatError("header is truncated", "E_TRUNCATED")
+    if crc32c(data[:-4]) != int.from_bytes(data[-4:], "little"):
+        raise IntegrityError("header CRC32C mismatch", "E_CRC_HEADER")
+    try:
+        meta = json.loads(data[R.HEADER_FIXED_SIZE:-4].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"metadata is not UTF-8 JSON: {exc}", "E_METADATA") from None
+    if not isinstance(meta, dict):
+        raise FormatError("metadata must be a JSON object", "E_METADATA")
+    return Header(R.SCHEME_NAMES[h.scheme], h.chunk_count, meta, h.major, h.minor, n)
+
+
+@dataclass
+class IndexEntry:
+    offset: int
+    length: int
+    crc: int
+
+
+def build_index(entries: list[IndexEntry]) -> bytes:
+    out = [R.INDEX_FIXED.build(dict(chunk_count=len(entries)))]
+    out += [R.INDEX_ENTRY.build(dict(offset=e.offset, length=e.length, crc=e.crc, reserved=0)) for e in entries]
+    return b"".join(out)
+
+
+def parse_index(data: bytes, chunk_count: int, first_offset: int, index_offset: int) -> list[IndexEntry]:
+    if len(data) < R.INDEX_FIXED_SIZE or data[:4] != R.INDEX_MAGIC:
+        raise FormatError("bad index magic", "E_MAGIC")
+    n = R.INDEX_FIXED.parse(data[: R.INDEX_FIXED_SIZE]).chunk_count
+    if n != chunk_count:
+        raise FormatError(f"index lists {n} chunks, header says {chunk_count}", "E_INDEX")
+    if len(data) != R.INDEX_FIXED_SIZE + n * R.INDEX_ENTRY_SIZE:
+        raise FormatError("index length does not match its chunk count", "E_INDEX")
+    out = []
+    pos = first_offset
+    for i in range(n):
+        off = R.INDEX_FIXED_SIZE + i * R.INDEX_ENTRY_SIZE
+        e = R.INDEX_ENTRY.parse(data[off : off + R.INDEX_ENTRY_SIZE])
+        if e.reserved:
+            raise FormatError("reserved index field is not zero", "E_RESERVED")
+        if e.offset != pos or e.length < 36 or e.length > index_offset - pos:
+            raise FormatError(f"index entry {i} is out of bounds or overlapping", "E_BOUNDS")
+        pos += e.length
+        out.append(IndexEntry(e.offset, e.length, e.crc))
+    if pos != index_offset:
+        raise FormatError("chunks do not end where the index starts", "E_BOUNDS")
+    return out
+
+
+def build_footer(index_offset: int, index: bytes) -> bytes:
+    part = R.FOOTER.build(
+        dict(
+            index_offset=index_offset,
+            index_length=len(index),
+            index_crc=crc32c(index),
+            major=R.VERSION_MAJOR,
+            minor=R.VERSION_MINOR,
+            reserved=0,
+            footer_crc=0,
+            magic=R.FOOTER_MAGIC,
+        )
+    )
+    crc = crc32c(part[:28])
+    return part[:28] + crc.to_bytes(4, "little") + R.FOOTER_MAGIC
+
+
+def parse_footer(data: bytes) -> construct.Container:
+    if len(data) != R.FOOTER_SIZE:
+        raise FormatError("file is too short for a footer", "E_TRUNCATED")
+    if data[-8:] != R.FOOTER_MAGIC:
+        raise FormatError("bad trailing magic (truncated or not a bbformat file)", "E_MAGIC")
+    f = R.FOOTER.parse(data)
+    if crc32c(data[:28]) != f.footer_crc:
+        raise IntegrityError("footer CRC32C mismatch", "E_CRC_FOOTER")
+    check_version(f.major, f.minor)
+    if f.reserved:
+        raise FormatError("reserved footer field is not zero", "E_RESERVED")
+    return f

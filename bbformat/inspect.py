@@ -1,0 +1,141 @@
+"""A readable summary of a container, computed from its bytes alone."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from .codec.dtypes import bits_of
+from .codec.sections import KIND_ANCHOR_PATCHES, KIND_NAMES, KIND_SIGNS, KIND_X_PATCHES, KIND_X_RESIDUALS
+from .codec.varint import decode_varints
+from .container.chunks import parse_chunk
+from .container.crc import crc32c
+from .errors import FormatError
+from .reader import Reader
+
+
+def _count_corrections(kind: int, data: bytes, n: int) -> int:
+    if kind == KIND_X_RESIDUALS:
+        return int(np.count_nonzero(decode_varints(data, n)))
+    if kind in (KIND_X_PATCHES, KIND_ANCHOR_PATCHES):
+        end = next(i for i, b in enumerate(data) if not b & 0x80)
+        return int(decode_varints(data[: end + 1], 1)[0])
+    return 0
+
+
+def inspect(path: str | os.PathLike[str]) -> dict[str, Any]:
+    with Reader(path) as r:
+        meta = r.metadata
+        blocks = []
+        tot_plain = tot_bound = 0
+        for i, e in enumerate(r.entries):
+            raw = r._read_at(e.offset, e.length)
+            crc_ok = crc32c(raw[:-4]) == int.from_bytes(raw[-4:], "little") == e.crc
+            ch = parse_chunk(raw, expected_index=i, check_crc=False)
+            p = ch.program
+            w = p.symbol_bits
+            plain = sum(t.numel * bits_of(t.dtype) // 8 for t in p.tensors)
+            bound = sum(s.dim * (s.dim - 1) // 2 * w for s in p.sites)
+            sign_bits = corrections = corr_bytes = 0
+            per_site = {k: {"corrections": 0, "correction_bytes": 0} for k in range(len(p.sites))}
+            for sec in ch.sections:
+                if sec["kind"] == KIND_SIGNS:
+                    sign_bits += p.sites[sec["site"]].dim
+                elif sec["kind"] in (KIND_X_RESIDUALS, KIND_X_PATCHES, KIND_ANCHOR_PATCHES):
+                    s = p.sites[sec["site"]]
+                    n = s.n_pop if sec["kind"] != KIND_ANCHOR_PATCHES else p.tensors[s.anchor].numel
+                    c = _count_corrections(sec["kind"], ch.side[(sec["kind"], sec["site"])], n)
+                    corrections += c
+                    corr_bytes += sec["stored_length"]
+                    per_site[sec["site"]]["corrections"] += c
+                    per_site[sec["site"]]["correction_bytes"] += sec["stored_length"]
+            payload = next(s for s in ch.sections if s["kind"] == 1)
+            blocks.append(
+                {
+                    "index": i,
+                    "name": p.name,
+                    "symbol_dtype": p.symbol_dtype,
+                    "tensors": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in p.tensors],
+                    "rotations": [
+                        {
+                            "name": s.name,
+                            "dim": s.dim,
+                            "anchor": p.tensors[s.anchor].name,
+                            "mode": "paper" if s.paper else "symmetric",
+                            "stored_plainly": s.plain,
+                            **per_site[k],
+                        }
+                        for k, s in enumerate(p.sites)
+                    ],
+                    "plain_bytes": plain,
+                    "chunk_bytes": e.length,
+                    "payload_bytes": payload["stored_length"],
+                    "sign_bits": sign_bits,
+                    "corrections": corrections,
+                    "correction_bytes": corr_bytes,
+                    "sections": [
+                        {"kind": KIND_NAMES[s["kind"]], "codec": ["raw", "zstd"][s["codec"]], "site": s["site"] if s["kind"] != 1 else None,
+                         "stored_bytes": s["stored_length"], "decoded_bytes": s["decoded_length"]}
+                        for s in ch.sections
+                    ],
+                    "gross_bound_bits": bound,
+                    "crc": "ok" if crc_ok else "MISMATCH",
+                }
+            )
+            tot_plain += plain
+            tot_bound += bound
+        container = r.file_size
+        header = r.header.length
+    weights = container - header
+    saved = 8 * (tot_plain - weights)
+    return {
+        "file": str(path),
+        "version": f"{r.header.major}.{r.header.minor}",
+        "architecture": meta.get("architecture"),
+        "scheme": r.header.scheme,
+        "tolerance": meta.get("tolerance"),
+        "dtypes": sorted({t["dtype"] for b in blocks for t in b["tensors"]}),
+        "blocks": blocks,
+        "totals": {
+            "plain_bytes": tot_plain,
+            "container_bytes": container,
+            "metadata_bytes": header,
+            "weights_bytes": weights,
+            "saved_bits": saved,
+            "saved_pct_of_plain": 100.0 * saved / (8 * tot_plain) if tot_plain else 0.0,
+            "gross_bound_bits": tot_bound,
+            "saved_pct_of_bound": 100.0 * saved / tot_bound if tot_bound else 0.0,
+            "rotations": sum(len(b["rotations"]) for b in blocks),
+            "rotations_stored_plainly": sum(x["stored_plainly"] for b in blocks for x in b["rotations"]),
+            "sign_bits": sum(b["sign_bits"] for b in blocks),
+            "corrections": sum(b["corrections"] for b in blocks),
+            "correction_bytes": sum(b["correction_bytes"] for b in blocks),
+            "all_crc_ok": all(b["crc"] == "ok" for b in blocks),
+        },
+    }
+
+
+def format_summary(info: dict[str, Any]) -> str:
+    t = info["totals"]
+    lines = [
+        f"bbformat {info['version']}  {info['file']}",
+        f"architecture {info['architecture']}  scheme {info['scheme']}  tolerance {info['tolerance']}  dtypes {','.join(info['dtypes'])}",
+        "",
+        f"{'#':>3} {'block':<14} {'tensors':>7} {'rotations (dim)':<22} {'plain B':>11} {'payload B':>11} {'sign b':>6} {'corr':>7} {'corr B':>8} {'crc':>5}",
+    ]
+    for b in info["blocks"]:
+        rots = " ".join(f"{r['dim']}{'P' if r['stored_plainly'] else ''}" for r in b["rotations"]) or "-"
+        lines.append(
+            f"{b['index']:>3} {b['name'][:14]:<14} {len(b['tensors']):>7} {rots[:22]:<22} {b['plain_bytes']:>11,} {b['payload_bytes']:>11,} "
+            f"{b['sign_bits']:>6} {b['corrections']:>7} {b['correction_bytes']:>8,} {b['crc']:>5}"
+        )
+    lines += [
+        "",
+        "P = rotation stored plainly (did not pay for itself, or no bits source)",
+        f"plain array layout  {t['plain_bytes']:>14,} B",
+        f"container           {t['container_bytes']:>14,} B  (metadata/header {t['metadata_bytes']:,} B, weights {t['weights_bytes']:,} B)",
+        f"bits saved          {t['saved_bits']:>14,} b  = {t['saved_pct_of_plain']:.3f}% of plain, {t['saved_pct_of_bound']:.1f}% of the gross bits-back bound ({t['gross_bound_bits']:,} b)",
+        f"rotations {t['rotations']} ({t['rotations_stored_plainly']} plain)  sign bits {t['sign_bits']}  corrections {t['corrections']:,} ({t['correction_bytes']:,} B)  CRC {'all ok' if t['all_crc_ok'] else 'MISMATCH'}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""Container reader: random access from a file (footer first), or forward from a stream.
+
+Every size and offset is checked against the file before anything is allocated.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from .codec.dtypes import RawTensor
+from .codec.program import decode_program
+from .codec.sections import StoredCorrector
+from .container import records as R
+from .container.chunks import ParsedChunk, parse_chunk
+from .container.crc import crc32c
+from .container.framing import (
+    Header,
+    IndexEntry,
+    build_index,
+    header_length,
+    parse_footer,
+    parse_header,
+    parse_header_fixed,
+    parse_index,
+)
+from .errors import FormatError, IntegrityError, InputError
+
+
+@dataclass
+class DecodedBlock:
+    index: int
+    name: str
+    tensors: dict[str, RawTensor]
+
+
+def decode_parsed(chunk: ParsedChunk) -> dict[str, RawTensor]:
+    return decode_program(chunk.program, chunk.payload, StoredCorrector(chunk.program, chunk.side))
+
+
+class Reader:
+    """Random-access reader over a seekable file."""
+
+    def __init__(self, source: str | os.PathLike[str] | BinaryIO) -> None:
+        if isinstance(source, (str, os.PathLike)):
+            try:
+                self._f: BinaryIO = open(source, "rb")
+            except OSError as exc:
+                raise InputError(f"cannot open {source}: {exc.strerror}") from None
+            self._own = True
+        else:
+            self._f, self._own = source, False
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _read_at(self, offset: int, n: int) -> bytes:
+        self._f.seek(offset)
+        data = self._f.read(n)
+        if len(data) != n:
+            raise FormatError("unexpected end of file", "E_TRUNCATED")
+        return data
+
+    def _open(self) -> None:
+        self._f.seek(0, os.SEEK_END)
+        size = self._f.tell()
+        self.file_size = size
+        if size < R.HEADER_FIXED_SIZE + 4 + R.INDEX_FIXED_SIZE + R.FOOTER_SIZE:
+            raise FormatError("file is too short to be a container", "E_TRUNCATED")
+        fixed = parse_header_fixed(self._read_at(0, R.HEADER_FIXED_SIZE))
+        hlen = header_length(fixed)
+        if hlen > size - R.FOOTER_SIZE - R.INDEX_FIXED_SIZE:
+            raise FormatError("header runs past the end of the file", "E_BOUNDS")
+        self.header: Header = parse_header(self._read_at(0, hlen))
+        footer = parse_footer(self._read_at(size - R.FOOTER_SIZE, R.FOOTER_SIZE))
+        if footer.major != self.header.major or footer.minor != self.header.minor:
+            raise FormatError("header and footer versions differ", "E_VERSION")
+        end = size - R.FOOTER_SIZE
+        if footer.index_offset < hlen or footer.index_length > end - footer.index_offset or footer.index_offset + footer.index_length != end:
+            raise FormatError("index offset or length out of bounds", "E_BOUNDS")
+        index = self._read_at(footer.index_offset, footer.index_length)
+        if crc32c(index) != footer.index_crc:
+            raise IntegrityError("index CRC32C mismatch", "E_CRC_INDEX")
+        self.entries: list[IndexEntry] = parse_index(index, self.header.chunk_count, hlen, footer.index_offset)
+        self.metadata = self.header.metadata
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def read_chunk(self, i: int) -> ParsedChunk:
+        if not 0 <= i < len(self.entries):
+            raise IndexError(i)
+        e = self.entries[i]
+        return parse_chunk(self._read_at(e.offset, e.length), expected_index=i, expected_crc=e.crc)
+
+    def decode_block(self, i: int) -> DecodedBlock:
+        chunk = self.read_chunk(i)
+        return DecodedBlock(i, chunk.program.name, decode_parsed(chunk))
+
+    def iter_blocks(self, order: str = "forward") -> Iterator[DecodedBlock]:
+        """Decode one block at a time; memory is bounded by about one block."""
+        idx = range(len(self.entries))
+        if order == "reverse":
+            idx = reversed(idx)  # type: ignore[assignment]
+        elif order != "forward":
+            raise ValueError("order must be 'forward' or 'reverse'")
+        for i in idx:
+            yield self.decode_block(i)
+
+    def close(self) -> None:
+        if self._own:
+            self._f.close()
+
+    def __enter__(self) -> "Reader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _read_exact(f: BinaryIO, n: int, what: str) -> bytes:
+    """Read n bytes in bounded pieces, so a lying length cannot allocate much."""
+    parts = []
+    left = n
+    while left:
+        part = f.read(min(left, 1 << 24))
+        if not part:
+            raise FormatError(f"stream ends inside the {what}", "E_TRUNCATED")
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+def iter_stream(f: BinaryIO) -> Iterator[DecodedBlock | Header]:
+    """Read forward from a non-seekable stream: yields the Header, then each block;
+    finally checks the index and footer against what was read."""
+    fixed_bytes = _read_exact(f, R.HEADER_FIXED_SIZE, "header")
+    fixed = parse_header_fixed(fixed_bytes)
+    hlen = header_length(fixed)
+    header = parse_header(fixed_bytes + _read_exact(f, hlen - R.HEADER_FIXED_SIZE, "header"))
+    yield header
+    pos = hlen
+    entries: list[IndexEntry] = []
+    for i in range(header.chunk_count):
+        head = _read_exact(f, R.CHUNK_FIXED_SIZE, "chunk header")
+        if head[:4] != R.CHUNK_MAGIC:
+            raise FormatError("bad chunk magic", "E_MAGIC")
+        length = R.CHUNK_FIXED.parse(head).chunk_length
+        if length < R.CHUNK_FIXED_SIZE + 4:
+            raise FormatError("chunk length too small", "E_BOUNDS")
+        data = head + _read_exact(f, length - R.CHUNK_FIXED_SIZE, "chunk")
+        chunk = parse_chunk(data, expected_index=i)
+        entries.append(IndexEntry(pos, length, chunk.crc))
+        pos += length
+        yield DecodedBlock(i, chunk.program.name, decode_parsed(chunk))
+    index = build_index(entries)
+    got = _read_exact(f, len(index) + R.FOOTER_SIZE, "index and footer")
+    if got[: len(index)] != index:
+        raise FormatError("index disagrees with the chunks read", "E_INDEX")
+    footer = parse_footer(got[len(index) :])
+    if footer.index_offset != pos or footer.index_length != len(index) or footer.index_crc != crc32c(index):
+        raise FormatError("footer disagrees with the stream", "E_INDEX")
+    if f.read(1):
+        raise FormatError("bytes after the footer", "E_TRAILING")

@@ -1,0 +1,29 @@
+"""torch <-> RawTensor, bit for bit."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .codec.dtypes import RawTensor
+from .errors import UnsupportedModelError
+
+_TO_NAME = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+_TO_TORCH = {v: k for k, v in _TO_NAME.items()}
+_INT_VIEW = {16: (torch.int16, np.uint16), 32: (torch.int32, np.uint32)}
+
+
+def torch_to_raw(t: torch.Tensor, name: str = "") -> RawTensor:
+    dtype = _TO_NAME.get(t.dtype)
+    if dtype is None:
+        raise UnsupportedModelError(f"tensor {name!r} has dtype {t.dtype}; only float16, bfloat16 and float32 are stored")
+    width = 16 if dtype != "float32" else 32
+    tv, nv = _INT_VIEW[width]
+    bits = t.detach().contiguous().cpu().view(tv).numpy().view(nv).copy()
+    return RawTensor(dtype, bits)
+
+
+def raw_to_torch(r: RawTensor) -> torch.Tensor:
+    width = 16 if r.dtype != "float32" else 32
+    tv, nv = _INT_VIEW[width]
+    ints = np.ascontiguousarray(r.bits.astype(nv)).view(np.int16 if width == 16 else np.int32)
+    return torch.from_numpy(ints.copy()).view(_TO_TORCH[r.dtype])

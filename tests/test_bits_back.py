@@ -1,0 +1,123 @@
+"""The bits-back invariant, craystack style: a site's push followed by its pop
+returns the stack to exactly its previous state."""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bbformat.codec import rotation as rot
+from bbformat.codec.dtypes import RawTensor, tensor_to_symbols
+from bbformat.codec.encoder import encode_chunk
+from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec
+from bbformat.codec.program import OP_SITE, decode_program
+from bbformat.codec.sections import StoredCorrector, decoded_limit, decompress
+
+
+def _stored_decode(enc):  # type: ignore[no-untyped-def]
+    side = {
+        (s.kind, s.site): decompress(s.stored, s.codec, len(s.data), decoded_limit(enc.program, s.kind, s.site))
+        for s in enc.sections
+        if s.kind != 1
+    }
+    return decode_program(enc.program, enc.payload, StoredCorrector(enc.program, side))
+
+
+def _case(seed: int, d: int, rows: int, dtype: str, scale: float):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(seed)
+    prefix = RawTensor.from_f64(rng.normal(0, scale, (d + 3, d)), dtype)  # the stack before the site
+    anchor = RawTensor.from_f64(rng.normal(0, scale, (d, rows)), dtype)
+    follower = RawTensor.from_f64(rng.normal(0, scale, (5, d)), dtype)
+    layout = ChunkLayout(
+        "c", ("prefix", "anchor", "follower"), (SiteSpec("s", d, AxisRef("anchor", 0), (AxisRef("follower", 1),)),)
+    )
+    return layout, {"prefix": prefix, "anchor": anchor, "follower": follower}
+
+
+dims = st.integers(4, 40)
+dtypes = st.sampled_from(["float16", "bfloat16", "float32"])
+schemes = st.sampled_from(["symmetric", "paper"])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), d=dims, extra=st.integers(0, 20), dtype=dtypes, scheme=schemes)
+def test_pop_after_push_restores_the_stack_exactly(seed: int, d: int, extra: int, dtype: str, scheme: str) -> None:
+    layout, tensors = _case(seed, d, d + extra, dtype, 0.05)
+    enc = encode_chunk(layout, tensors, {}, scheme, 0.0)
+    dec = _stored_decode(enc)
+    # the symbols below the site (the stack it borrowed from) come back bit for bit
+    assert np.array_equal(tensor_to_symbols(dec["prefix"], enc.program.symbol_bits), tensor_to_symbols(tensors["prefix"], enc.program.symbol_bits))
+    for name, t in enc.intended.items():
+        assert dec[name].equal(t)
+    site = enc.program.sites[0]
+    if not site.plain:
+        # the payload really is shorter: D(D+1)/2 popped, 2D pushed back
+        plain = sum(t.bits.size * t.bits.itemsize * 8 // enc.program.symbol_bits for t in tensors.values())
+        assert enc.payload.size == plain - rot.block_size(d) + 2 * d
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), d=st.integers(8, 32), dtype=dtypes)
+def test_symmetric_rotation_preserves_products(seed: int, d: int, dtype: str) -> None:
+    """Anchor and follower rotate together, so anchor^T-follower products are invariant."""
+    layout, tensors = _case(seed, d, d + 4, dtype, 0.05)
+    enc = encode_chunk(layout, tensors, {}, "symmetric", 0.0)
+    a0, f0 = tensors["anchor"].to_f64(), tensors["follower"].to_f64()
+    a1, f1 = enc.intended["anchor"].to_f64(), enc.intended["follower"].to_f64()
+    ref = f0 @ a0
+    eps = {"float16": 2e-3, "bfloat16": 2e-2, "float32": 1e-6}[dtype]
+    assert np.abs(f1 @ a1 - ref).max() <= eps * max(1.0, np.abs(ref).max()) * d
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), d=st.integers(8, 32), tol=st.sampled_from([1e-4, 1e-3, 1e-2]))
+def test_tolerance_bounds_regenerated_error(seed: int, d: int, tol: float) -> None:
+    layout, tensors = _case(seed, d, d + 4, "float16", 0.05)
+    enc = encode_chunk(layout, tensors, {}, "symmetric", tol)
+    dec = _stored_decode(enc)
+    err = np.abs(dec["prefix"].to_f64() - tensors["prefix"].to_f64()).max()
+    assert err <= tol
+    assert dec["anchor"].equal(enc.intended["anchor"])
+
+
+def test_site_without_enough_symbols_is_stored_plainly() -> None:
+    rng = np.random.default_rng(1)
+    small = RawTensor.from_f64(rng.normal(size=(2, 3)), "float16")
+    anchor = RawTensor.from_f64(rng.normal(size=(16, 20)), "float16")
+    layout = ChunkLayout("c", ("small", "anchor"), (SiteSpec("s", 16, AxisRef("anchor", 0)),))
+    enc = encode_chunk(layout, {"small": small, "anchor": anchor}, {}, "symmetric", 0.0)
+    assert enc.program.sites[0].plain
+    assert enc.reports[0].plain_reason == "too few symbols below"
+    assert enc.intended["anchor"].equal(anchor)  # untouched: plain sites perturb nothing
+    dec = _stored_decode(enc)
+    assert dec["small"].equal(small) and dec["anchor"].equal(anchor)
+
+
+def test_non_finite_popped_values_make_the_site_plain() -> None:
+    rng = np.random.default_rng(2)
+    prefix = RawTensor.from_f64(rng.normal(size=(40, 8)), "float16")
+    prefix.bits[-1, -1] = 0x7E00  # NaN on top of the stack
+    anchor = RawTensor.from_f64(rng.normal(size=(8, 9)), "float16")
+    layout = ChunkLayout("c", ("prefix", "anchor"), (SiteSpec("s", 8, AxisRef("anchor", 0)),))
+    enc = encode_chunk(layout, {"prefix": prefix, "anchor": anchor}, {}, "symmetric", 0.0)
+    assert enc.program.sites[0].plain and "non-finite" in (enc.reports[0].plain_reason or "")
+    assert _stored_decode(enc)["prefix"].equal(prefix)
+
+
+def test_degenerate_spectrum_does_not_pay_and_is_plain() -> None:
+    """An anchor whose Gram matrix is a multiple of the identity has no recoverable basis."""
+    d = 24
+    prefix = RawTensor.from_f64(np.random.default_rng(3).normal(0, 0.05, (60, d)), "float16")
+    anchor = RawTensor.from_f64(np.eye(d), "float16")
+    layout = ChunkLayout("c", ("prefix", "anchor"), (SiteSpec("s", d, AxisRef("anchor", 0)),))
+    enc = encode_chunk(layout, {"prefix": prefix, "anchor": anchor}, {}, "symmetric", 0.0)
+    assert enc.program.sites[0].plain
+    assert "would not pay" in (enc.reports[0].plain_reason or "")
+    assert _stored_decode(enc)["prefix"].equal(prefix)
+
+
+def test_site_ops_come_before_touched_tensors() -> None:
+    layout, tensors = _case(0, 8, 10, "float16", 0.05)
+    enc = encode_chunk(layout, tensors, {}, "symmetric", 0.0)
+    kinds = [(o.kind, o.index) for o in enc.program.ops]
+    assert kinds.index((OP_SITE, 0)) == 1

@@ -1,0 +1,98 @@
+"""Element types: exact rounding, ordinals, varints."""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bbformat.codec.dtypes import (
+    RawTensor,
+    bits_to_f64,
+    bits_to_ordinal,
+    f64_to_bits,
+    ordinal_to_bits,
+    symbols_to_tensor,
+    tensor_to_symbols,
+)
+from bbformat.codec.varint import decode_varints, encode_varints, unzigzag, zigzag
+
+finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
+
+
+def _nearest_even_reference(x: float, dtype: str) -> int:
+    """Brute force: the representable value nearest to x (ties to even bits), by exact fractions."""
+    width = 32 if dtype == "float32" else 16
+    cands = np.arange(0, 1 << (width - 1), dtype=np.uint64)
+    vals = bits_to_f64(cands.astype(np.uint16), dtype)
+    mag = abs(x)
+    finite_mask = np.isfinite(vals)
+    v = vals[finite_mask]
+    b = cands[finite_mask]
+    i = int(np.searchsorted(v, mag))
+    best = None
+    for j in (i - 1, i):
+        if 0 <= j < v.size:
+            d = abs(Fraction(float(v[j])) - Fraction(mag))
+            key = (d, int(b[j]) & 1)
+            if best is None or key < best[0]:
+                best = (key, int(b[j]))
+    assert best is not None
+    top = Fraction(float(v[-1]))
+    ulp = top - Fraction(float(v[-2]))
+    if Fraction(mag) >= top + ulp / 2:
+        # overflow: IEEE rounds to infinity at or beyond the halfway point to the next binade step
+        bits = 0x7C00 if dtype == "float16" else 0x7F80
+    else:
+        bits = best[1]
+    return bits | (0x8000 if np.signbit(x) else 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(finite, st.floats(min_value=-1e-3, max_value=1e-3), st.floats(min_value=-70000, max_value=70000)))
+def test_round_to_nearest_even_matches_brute_force(x: float) -> None:
+    for dtype in ("float16", "bfloat16"):
+        got = int(f64_to_bits(np.array([x]), dtype)[0])
+        assert got == _nearest_even_reference(x, dtype), (x, dtype, hex(got))
+
+
+def test_bfloat16_has_no_double_rounding() -> None:
+    # 1 + 2^-8 + 2^-30 lies just above a bf16 halfway point; rounding through
+    # float32 first would land exactly on the halfway point and round to even (down).
+    x = 1.0 + 2.0**-8 + 2.0**-30
+    assert int(f64_to_bits(np.array([x]), "bfloat16")[0]) == 0x3F81
+    assert int(torch.tensor(x, dtype=torch.float64).float().bfloat16().view(torch.int16)) & 0xFFFF == 0x3F80
+
+
+@given(st.lists(st.integers(0, 0xFFFF), min_size=1, max_size=64))
+def test_ordinal_is_a_monotone_bijection_16(bits: list[int]) -> None:
+    b = np.array(bits, dtype=np.uint16)
+    o = bits_to_ordinal(b, 16)
+    assert np.array_equal(ordinal_to_bits(o, 16), b)
+    v = bits_to_f64(b, "float16")
+    ok = np.isfinite(v)
+    vs, os_ = v[ok], o[ok]
+    for i in range(vs.size):
+        for j in range(vs.size):
+            if vs[i] < vs[j]:
+                assert os_[i] < os_[j]
+
+
+@given(st.lists(st.integers(-(2**40), 2**40), max_size=200))
+def test_zigzag_varint_round_trip(values: list[int]) -> None:
+    v = np.array(values, dtype=np.int64)
+    data = encode_varints(zigzag(v))
+    assert np.array_equal(unzigzag(decode_varints(data, v.size)), v)
+
+
+@given(st.sampled_from(["float16", "bfloat16", "float32"]), st.sampled_from([16, 32]), st.integers(1, 7), st.integers(0, 2**31))
+def test_tensor_symbol_round_trip(dtype: str, w: int, n: int, seed: int) -> None:
+    if dtype != "float32" and w == 32:
+        return
+    rng = np.random.default_rng(seed)
+    t = RawTensor.from_f64(rng.normal(size=(n, 3)), dtype)
+    s = tensor_to_symbols(t, w)
+    assert s.size == t.bits.size * (t.bits.dtype.itemsize * 8 // w)
+    assert symbols_to_tensor(s, dtype, t.shape, w).equal(t)
