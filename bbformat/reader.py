@@ -68,14 +68,19 @@ class Reader:
         self._f.seek(0, os.SEEK_END)
         size = self._f.tell()
         self.file_size = size
+        if size < 8 or self._read_at(0, 8) != R.FILE_MAGIC:
+            raise FormatError("not a bbformat file (bad leading magic)", "E_MAGIC")
         if size < R.HEADER_FIXED_SIZE + 4 + R.INDEX_FIXED_SIZE + R.FOOTER_SIZE:
             raise FormatError("file is too short to be a container", "E_TRUNCATED")
+        tail = self._read_at(size - R.FOOTER_SIZE, R.FOOTER_SIZE)
+        if tail[-8:] != R.FOOTER_MAGIC:
+            raise FormatError("no footer magic at the end: the file is truncated or its footer is damaged", "E_TRUNCATED")
         fixed = parse_header_fixed(self._read_at(0, R.HEADER_FIXED_SIZE))
         hlen = header_length(fixed)
         if hlen > size - R.FOOTER_SIZE - R.INDEX_FIXED_SIZE:
             raise FormatError("header runs past the end of the file", "E_BOUNDS")
         self.header: Header = parse_header(self._read_at(0, hlen))
-        footer = parse_footer(self._read_at(size - R.FOOTER_SIZE, R.FOOTER_SIZE))
+        footer = parse_footer(tail)
         if footer.major != self.header.major or footer.minor != self.header.minor:
             raise FormatError("header and footer versions differ", "E_VERSION")
         end = size - R.FOOTER_SIZE

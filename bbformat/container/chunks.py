@@ -190,12 +190,10 @@ def parse_chunk(
             raise FormatError("duplicate section", "E_SECTION_DUPLICATE")
         seen.add(key)
         limit = decoded_limit(program, e.kind, e.site)
+        if e.kind == KIND_PAYLOAD and e.decoded_length != limit:
+            raise FormatError(f"payload holds {e.decoded_length} bytes; the program needs {limit}", "E_SYMBOL_COUNT")
         raw = decompress(bytes(data[e.offset : e.offset + e.stored_length]), e.codec, e.decoded_length, limit)
         if e.kind == KIND_PAYLOAD:
-            if e.decoded_length != limit:
-                raise FormatError(
-                    f"payload holds {e.decoded_length} bytes; the program needs {limit}", "E_SYMBOL_COUNT"
-                )
             payload = np.frombuffer(raw, dtype=uint_dtype(program.symbol_bits)).copy()
         elif e.kind == KIND_SIGNS and e.decoded_length != limit:
             raise FormatError("sign bitmap has the wrong size", "E_SECTION_SIZE")

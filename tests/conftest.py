@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from bbformat.codec.dtypes import RawTensor
+from bbformat.codec.encoder import encode_chunk
+from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec
+from bbformat.writer import Writer
+
+
+def sample_container(scheme: str = "symmetric", tolerance: float = 0.0, seed: int = 7) -> bytes:
+    """Two chunks: a float16 chunk with one rotation site, and a float32 chunk without."""
+    rng = np.random.default_rng(seed)
+    t0 = {
+        "src": RawTensor.from_f64(rng.normal(0, 0.05, (24, 12)), "float16"),
+        "anchor": RawTensor.from_f64(rng.normal(0, 0.05, (12, 16)), "float16"),
+        "follower": RawTensor.from_f64(rng.normal(0, 0.05, (3, 12)), "float16"),
+    }
+    l0 = ChunkLayout("block0", ("src", "anchor", "follower"), (SiteSpec("site0", 12, AxisRef("anchor", 0), (AxisRef("follower", 1),)),))
+    t1 = {"bias": RawTensor.from_f64(rng.normal(0, 1, (3, 4)), "float32")}
+    l1 = ChunkLayout("block1", ("bias",), ())
+    buf = io.BytesIO()
+    w = Writer(buf, scheme, 2, {"format": "bbformat", "scheme": scheme, "tolerance": tolerance})
+    for lay, ts in ((l0, t0), (l1, t1)):
+        enc = encode_chunk(lay, ts, {}, scheme, tolerance)
+        w.add_chunk(enc.program, enc.sections)
+    w.close()
+    return buf.getvalue()
+
+
+@pytest.fixture
+def sample_bytes() -> bytes:
+    return sample_container()

@@ -1,0 +1,407 @@
+"""The container bytes: round trips, golden bytes, and every MUST-reject rule."""
+from __future__ import annotations
+
+import hashlib
+import io
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bbformat import FormatError, Reader, iter_stream
+from bbformat.codec.program import OP_PUSH
+from bbformat.codec.sections import CODEC_ZSTD, KIND_PAYLOAD, Section
+from bbformat.container import records as R
+from bbformat.container.chunks import build_chunk, parse_chunk
+from bbformat.container.crc import CHECK_VALUE, crc32c
+from bbformat.container.rebuild import Parts, join, reseal_chunk, reseal_header, split
+from bbformat.errors import IntegrityError, LimitError
+from bbformat.writer import Writer, WriterStateError
+
+from conftest import sample_container
+
+HERE = Path(__file__).parent
+
+
+def _read(data: bytes, tmp_path: Path) -> list:
+    p = tmp_path / "x.bb"
+    p.write_bytes(data)
+    with Reader(p) as r:
+        return list(r.iter_blocks("reverse"))
+
+
+def _stream(data: bytes) -> list:
+    return list(iter_stream(io.BytesIO(data)))
+
+
+def _code(data: bytes, tmp_path: Path) -> str:
+    with pytest.raises(FormatError) as ei:
+        _read(data, tmp_path)
+    return ei.value.code
+
+
+def test_crc32c_check_value() -> None:
+    assert crc32c(b"123456789") == CHECK_VALUE == 0xE3069283
+
+
+def test_round_trip_and_stream_agree(sample_bytes: bytes, tmp_path: Path) -> None:
+    blocks = _read(sample_bytes, tmp_path)
+    streamed = [b for b in _stream(sample_bytes)[1:]]
+    assert [b.name for b in blocks] == ["block1", "block0"]
+    a = {n: t for b in blocks for n, t in b.tensors.items()}
+    s = {n: t for b in streamed for n, t in b.tensors.items()}
+    assert a.keys() == s.keys() == {"src", "anchor", "follower", "bias"}
+    assert all(a[n].equal(s[n]) for n in a)
+
+
+def test_output_is_deterministic() -> None:
+    assert sample_container() == sample_container()
+
+
+def test_golden_bytes(sample_bytes: bytes) -> None:
+    """The committed fixture pins exact bytes; it must decode forever (numcodecs style)."""
+    golden = HERE / "fixtures" / "sample_v1_0.bb"
+    assert golden.read_bytes() == sample_bytes
+    assert hashlib.sha256(sample_bytes).hexdigest() == (HERE / "fixtures" / "sample_v1_0.sha256").read_text().split()[0]
+
+
+def test_writer_state_machine(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    w = Writer(buf, "symmetric", 0, {})
+    w.close()
+    with pytest.raises(WriterStateError):
+        w.close()
+    w2 = Writer(io.BytesIO(), "symmetric", 1, {})
+    with pytest.raises(WriterStateError):
+        w2.close()  # a declared chunk is missing
+
+
+def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path) -> None:
+    out = tmp_path / "m.bb"
+    with pytest.raises(RuntimeError):
+        with Writer(out, "symmetric", 1, {}):
+            raise RuntimeError("interrupted")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_empty_container_round_trips(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    Writer(buf, "paper", 0, {"a": 1}).close()
+    p = tmp_path / "e.bb"
+    p.write_bytes(buf.getvalue())
+    with Reader(p) as r:
+        assert len(r) == 0 and r.header.scheme == "paper" and r.metadata == {"a": 1}
+
+
+# ---- MUST-reject rules (SPEC.md section 10) ---------------------------------------
+
+
+def _patch(data: bytes, offset: int, new: bytes) -> bytes:
+    return data[:offset] + new + data[offset + len(new) :]
+
+
+def _with_header(data: bytes, offset: int, new: bytes) -> bytes:
+    p = split(data)
+    return join(Parts(reseal_header(_patch(p.header, offset, new)), p.chunks))
+
+
+def _with_chunk(data: bytes, i: int, offset: int, new: bytes) -> bytes:
+    p = split(data)
+    p.chunks[i] = reseal_chunk(_patch(p.chunks[i], offset, new))
+    return join(p)
+
+
+def _rebuild_chunk(data: bytes, i: int, edit) -> bytes:  # type: ignore[no-untyped-def]
+    p = split(data)
+    ch = parse_chunk(p.chunks[i])
+    secs = []
+    for e in ch.sections:
+        raw = ch.payload.tobytes() if e["kind"] == KIND_PAYLOAD else ch.side[(e["kind"], e["site"])]
+        s = Section(e["kind"], e["site"], raw)
+        s.codec, s.stored = e["codec"], p.chunks[i][e["offset"] : e["offset"] + e["stored_length"]]
+        secs.append(s)
+    program, secs = edit(ch.program, secs)
+    p.chunks[i] = build_chunk(i, program, secs)
+    return join(p)
+
+
+def test_reject_bad_leading_magic(sample_bytes: bytes, tmp_path: Path) -> None:
+    assert _code(b"X" + sample_bytes[1:], tmp_path) == "E_MAGIC"
+
+
+def test_reject_bad_trailing_magic(sample_bytes: bytes, tmp_path: Path) -> None:
+    assert _code(sample_bytes[:-1] + b"X", tmp_path) == "E_TRUNCATED"
+
+
+def test_reject_unknown_major_version(sample_bytes: bytes, tmp_path: Path) -> None:
+    assert _code(_with_header(sample_bytes, 8, struct.pack("<H", 2)), tmp_path) == "E_VERSION"
+
+
+def test_accept_newer_minor_version(sample_bytes: bytes, tmp_path: Path) -> None:
+    # the footer repeats the version; both must change together
+    data = _with_header(sample_bytes, 10, struct.pack("<H", 7))
+    footer = bytearray(data[-40:])
+    footer[22:24] = struct.pack("<H", 7)
+    footer[28:32] = crc32c(bytes(footer[:28])).to_bytes(4, "little")
+    assert len(_read(data[:-40] + bytes(footer), tmp_path)) == 2
+
+
+def test_reject_unknown_required_flag(sample_bytes: bytes, tmp_path: Path) -> None:
+    assert _code(_with_header(sample_bytes, 12, struct.pack("<I", 1)), tmp_path) == "E_REQUIRED_FLAG"
+
+
+def test_ignore_unknown_optional_flag(sample_bytes: bytes, tmp_path: Path) -> None:
+    assert len(_read(_with_header(sample_bytes, 16, struct.pack("<I", 0x80)), tmp_path)) == 2
+
+
+@pytest.mark.parametrize("offset", [21, 22])
+def test_reject_reserved_header_bits(sample_bytes: bytes, tmp_path: Path, offset: int) -> None:
+    assert _code(_with_header(sample_bytes, offset, b"\x01"), tmp_path) == "E_RESERVED"
+
+
+def test_reject_unknown_scheme(sample_bytes: bytes, tmp_path: Path) -> None:
+    assert _code(_with_header(sample_bytes, 20, b"\x09"), tmp_path) == "E_SCHEME"
+
+
+@pytest.mark.parametrize("offset", [4, 28])
+def test_reject_reserved_chunk_header_bits(sample_bytes: bytes, tmp_path: Path, offset: int) -> None:
+    assert _code(_with_chunk(sample_bytes, 0, offset, b"\x01"), tmp_path) == "E_RESERVED"
+
+
+def test_reject_header_crc_mismatch(sample_bytes: bytes, tmp_path: Path) -> None:
+    p = split(sample_bytes)
+    hdr = _patch(p.header, 40, bytes([p.header[40] ^ 1]))
+    assert _code(join(Parts(hdr, p.chunks)), tmp_path) == "E_CRC_HEADER"
+
+
+@pytest.mark.parametrize("i", [0, 1])
+def test_reject_chunk_crc_mismatch(sample_bytes: bytes, tmp_path: Path, i: int) -> None:
+    p = split(sample_bytes)
+    c = p.chunks[i]
+    p.chunks[i] = _patch(c, len(c) - 10, bytes([c[len(c) - 10] ^ 0x10]))
+    data = join(p)  # the index is rebuilt from the (stale) chunk CRC field
+    with pytest.raises(IntegrityError) as ei:
+        _read(data, tmp_path)
+    assert ei.value.code == "E_CRC_CHUNK"
+    with pytest.raises(IntegrityError):
+        _stream(data)
+
+
+def test_reject_index_entry_crc_mismatch(sample_bytes: bytes, tmp_path: Path) -> None:
+    p = split(sample_bytes)
+    data = bytearray(join(p))
+    index_off = struct.unpack("<Q", data[-40:-32])[0]
+    data[index_off + 8 + 16] ^= 1  # first entry's crc
+    idx = bytes(data[index_off:-40])
+    footer = bytearray(data[-40:])
+    footer[16:20] = crc32c(idx).to_bytes(4, "little")
+    footer[28:32] = crc32c(bytes(footer[:28])).to_bytes(4, "little")
+    assert _code(bytes(data[:-40]) + bytes(footer), tmp_path) == "E_CRC_INDEX_ENTRY"
+
+
+def test_reject_index_crc_mismatch(sample_bytes: bytes, tmp_path: Path) -> None:
+    data = bytearray(sample_bytes)
+    index_off = struct.unpack("<Q", data[-40:-32])[0]
+    data[index_off + 8 + 20] ^= 1  # a reserved byte inside the index, caught by the CRC first
+    assert _code(bytes(data), tmp_path) == "E_CRC_INDEX"
+
+
+def test_reject_footer_crc_mismatch(sample_bytes: bytes, tmp_path: Path) -> None:
+    data = bytearray(sample_bytes)
+    data[-16] ^= 1  # inside the reserved word, covered by the footer CRC
+    assert _code(bytes(data), tmp_path) == "E_CRC_FOOTER"
+
+
+def test_reject_reserved_footer_bits(sample_bytes: bytes, tmp_path: Path) -> None:
+    footer = bytearray(sample_bytes[-40:])
+    footer[24] = 1
+    footer[28:32] = crc32c(bytes(footer[:28])).to_bytes(4, "little")
+    assert _code(sample_bytes[:-40] + bytes(footer), tmp_path) == "E_RESERVED"
+
+
+def _boundaries(data: bytes) -> list[int]:
+    p = split(data)
+    cuts = [0, 8, R.HEADER_FIXED_SIZE, len(p.header) - 4, len(p.header)]
+    pos = len(p.header)
+    for c in p.chunks:
+        ch = parse_chunk(c)
+        d_len = struct.unpack("<I", c[20:24])[0]
+        cuts += [pos + R.CHUNK_FIXED_SIZE, pos + R.CHUNK_FIXED_SIZE + d_len]
+        cuts += [pos + e["offset"] for e in ch.sections]
+        pos += len(c)
+        cuts += [pos - 4, pos]
+    cuts += [len(data) - 40, len(data) - 8, len(data) - 1]
+    return sorted(set(cuts))
+
+
+def test_reject_truncation_at_every_boundary(sample_bytes: bytes, tmp_path: Path) -> None:
+    for cut in _boundaries(sample_bytes):
+        data = sample_bytes[:cut]
+        code = _code(data, tmp_path)
+        assert code in ("E_TRUNCATED", "E_MAGIC"), (cut, code)
+        if cut >= 8:
+            assert code == "E_TRUNCATED", cut
+        with pytest.raises(FormatError) as ei:
+            _stream(data)
+        assert ei.value.code in ("E_TRUNCATED", "E_MAGIC"), (cut, ei.value.code)
+
+
+def _with_footer(data: bytes, index_offset: int | None = None, index_length: int | None = None) -> bytes:
+    footer = bytearray(data[-40:])
+    if index_offset is not None:
+        footer[0:8] = struct.pack("<Q", index_offset)
+    if index_length is not None:
+        footer[8:16] = struct.pack("<Q", index_length)
+    footer[28:32] = crc32c(bytes(footer[:28])).to_bytes(4, "little")
+    return data[:-40] + bytes(footer)
+
+
+@pytest.mark.parametrize("off,length", [(2**64 - 1, None), (None, 2**64 - 8), (10**9, None), (3, None)])
+def test_reject_index_pointer_out_of_bounds(sample_bytes: bytes, tmp_path: Path, off, length) -> None:  # type: ignore[no-untyped-def]
+    assert _code(_with_footer(sample_bytes, off, length), tmp_path) == "E_BOUNDS"
+
+
+def _with_index_entry(data: bytes, i: int, offset: int | None = None, length: int | None = None) -> bytes:
+    d = bytearray(data)
+    index_off = struct.unpack("<Q", d[-40:-32])[0]
+    base = index_off + 8 + 24 * i
+    if offset is not None:
+        d[base : base + 8] = struct.pack("<Q", offset)
+    if length is not None:
+        d[base + 8 : base + 16] = struct.pack("<Q", length)
+    idx = bytes(d[index_off:-40])
+    footer = bytearray(d[-40:])
+    footer[16:20] = crc32c(idx).to_bytes(4, "little")
+    footer[28:32] = crc32c(bytes(footer[:28])).to_bytes(4, "little")
+    return bytes(d[:-40]) + bytes(footer)
+
+
+@pytest.mark.parametrize("i,off,length", [(0, 0, None), (1, 2**64 - 16, None), (0, None, 2**64 - 1), (1, None, 10**8), (0, None, 40)])
+def test_reject_overlapping_or_overflowing_chunks(sample_bytes: bytes, tmp_path: Path, i, off, length) -> None:  # type: ignore[no-untyped-def]
+    assert _code(_with_index_entry(sample_bytes, i, off, length), tmp_path) == "E_BOUNDS"
+
+
+def test_reject_zstd_size_lie(tmp_path: Path) -> None:
+    data = sample_container()
+
+    def edit(program, secs):  # type: ignore[no-untyped-def]
+        for s in secs:
+            if s.codec == CODEC_ZSTD:
+                s.data = s.data + b"\x00"  # declared decoded length now one byte too many
+                return program, secs
+        raise AssertionError("sample has no zstd section")
+
+    assert _code(_rebuild_chunk(data, 0, edit), tmp_path) == "E_SECTION_SIZE"
+
+
+def test_reject_decompression_bomb(tmp_path: Path) -> None:
+    import zstandard
+
+    def edit(program, secs):  # type: ignore[no-untyped-def]
+        s = next(s for s in secs if s.kind == 3)
+        s.data = bytes(100_000_000)
+        s.codec, s.stored = CODEC_ZSTD, zstandard.ZstdCompressor(level=1).compress(s.data)
+        return program, secs
+
+    with pytest.raises(LimitError) as ei:
+        _read(_rebuild_chunk(sample_container(), 0, edit), tmp_path)
+    assert ei.value.code == "E_LIMIT_SECTION"
+
+
+def test_reject_site_that_does_not_fit(sample_bytes: bytes, tmp_path: Path) -> None:
+    def edit(program, secs):  # type: ignore[no-untyped-def]
+        from dataclasses import replace
+
+        program.sites[0] = replace(program.sites[0], dim=program.sites[0].dim + 1)
+        return program, secs
+
+    assert _code(_rebuild_chunk(sample_bytes, 0, edit), tmp_path) == "E_SITE"
+
+
+def test_reject_anchor_pushed_before_site(sample_bytes: bytes, tmp_path: Path) -> None:
+    def edit(program, secs):  # type: ignore[no-untyped-def]
+        program.ops = [o for o in program.ops if o.kind == OP_PUSH] + [o for o in program.ops if o.kind != OP_PUSH]
+        return program, secs
+
+    assert _code(_rebuild_chunk(sample_bytes, 0, edit), tmp_path) == "E_SITE"
+
+
+def test_reject_symbol_count_that_does_not_add_up(sample_bytes: bytes, tmp_path: Path) -> None:
+    def edit(program, secs):  # type: ignore[no-untyped-def]
+        s = next(s for s in secs if s.kind == KIND_PAYLOAD)
+        s.data = s.stored = s.data + b"\x00\x00"
+        return program, secs
+
+    assert _code(_rebuild_chunk(sample_bytes, 0, edit), tmp_path) == "E_SYMBOL_COUNT"
+
+
+def test_reject_tensor_pushed_twice(sample_bytes: bytes, tmp_path: Path) -> None:
+    def edit(program, secs):  # type: ignore[no-untyped-def]
+        program.ops = program.ops + [program.ops[-1]]
+        return program, secs
+
+    assert _code(_rebuild_chunk(sample_bytes, 0, edit), tmp_path) == "E_DESCRIPTOR"
+
+
+def test_reject_unknown_section_kind_and_codec(sample_bytes: bytes, tmp_path: Path) -> None:
+    def kind(program, secs):  # type: ignore[no-untyped-def]
+        secs[-1].kind = 9
+        return program, secs
+
+    def codec(program, secs):  # type: ignore[no-untyped-def]
+        secs[-1].codec = 7
+        return program, secs
+
+    assert _code(_rebuild_chunk(sample_bytes, 0, kind), tmp_path) == "E_SECTION_KIND"
+    assert _code(_rebuild_chunk(sample_bytes, 0, codec), tmp_path) == "E_CODEC"
+
+
+def test_reject_duplicate_section(sample_bytes: bytes, tmp_path: Path) -> None:
+    def edit(program, secs):  # type: ignore[no-untyped-def]
+        return program, secs + [secs[-1]]
+
+    assert _code(_rebuild_chunk(sample_bytes, 0, edit), tmp_path) == "E_SECTION_DUPLICATE"
+
+
+def test_reject_missing_sign_section(tmp_path: Path) -> None:
+    data = sample_container("paper", 0.005)
+
+    def edit(program, secs):  # type: ignore[no-untyped-def]
+        return program, [s for s in secs if s.kind != 2]
+
+    assert _code(_rebuild_chunk(data, 0, edit), tmp_path) == "E_SECTION_MISSING"
+
+
+def test_reject_unknown_dtype(sample_bytes: bytes, tmp_path: Path) -> None:
+    p = split(sample_bytes)
+    c = p.chunks[1]
+    # descriptor: name (u16 len + bytes), symbol dtype byte follows
+    name_len = struct.unpack("<H", c[32:34])[0]
+    assert _code(_with_chunk(sample_bytes, 1, 34 + name_len, b"\x09"), tmp_path) == "E_DTYPE"
+
+
+def test_reject_trailing_bytes_in_stream(sample_bytes: bytes) -> None:
+    with pytest.raises(FormatError) as ei:
+        _stream(sample_bytes + b"\x00")
+    assert ei.value.code == "E_TRAILING"
+
+
+def test_reject_chunk_out_of_order(sample_bytes: bytes, tmp_path: Path) -> None:
+    p = split(sample_bytes)
+    p.chunks = [reseal_chunk(_patch(c, 16, struct.pack("<I", 1 - i))) for i, c in enumerate(p.chunks)]
+    assert _code(join(p), tmp_path) == "E_CHUNK_ORDER"
+
+
+def test_reject_residual_that_leaves_the_range(tmp_path: Path) -> None:
+    from bbformat.codec.varint import encode_varints, zigzag
+
+    def edit(program, secs):  # type: ignore[no-untyped-def]
+        s = next(s for s in secs if s.kind in (3, 4))
+        n = program.sites[0].n_pop
+        s.kind = 3
+        s.data = s.stored = encode_varints(zigzag(np.full(n, 70000)))
+        s.codec = 0
+        return program, secs
+
+    assert _code(_rebuild_chunk(sample_container(), 0, edit), tmp_path) in ("E_SECTION_CONTENT", "E_LIMIT_SECTION")
