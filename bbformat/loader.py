@@ -1,0 +1,168 @@
+"""Build a torch model that runs a SliceGPT-sliced Llama, and fill it from a container
+block by block (never holding the decoded model twice).
+
+The model is a transformers LlamaForCausalLM whose decoder layers carry the
+shortcut matrices and parameter-free RMS norms, as TransformerCompression's
+compressed layers do. Written from the architecture, with no dependency on
+TransformerCompression.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from .errors import InputError, UnsupportedModelError
+
+RMSN_EPS = 1e-5
+
+
+class RMSN(nn.Module):
+    """Parameter-free RMS norm over the (possibly sliced) last dim, with the mean taken
+    over the model's full hidden size (TransformerCompression's RMSN)."""
+
+    def __init__(self, mean_dim: int, eps: float = RMSN_EPS) -> None:
+        super().__init__()
+        self.mean_dim = mean_dim
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        if dtype in (torch.float16, torch.bfloat16):
+            x = x.float()
+        var = x.pow(2).sum(-1, keepdim=True) / self.mean_dim
+        return (x * torch.rsqrt(var + self.eps)).to(dtype)
+
+
+def _linear(n_in: int, n_out: int, bias: bool) -> nn.Linear:
+    return nn.Linear(n_in, n_out, bias=bias)
+
+
+class SlicedLlamaDecoderLayer(nn.Module):
+    """x -> x Q_att + attn(norm(x)) -> h Q_mlp + mlp(norm(h))."""
+
+    def __init__(self, config: Any, layer_idx: int, d_in: int, d_attn: int, d_mlp: int) -> None:
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP
+
+        self.self_attn = LlamaAttention(config, layer_idx)
+        a = self.self_attn
+        hd = a.head_dim
+        bias = bool(getattr(config, "attention_bias", False))
+        a.q_proj = _linear(d_in, config.num_attention_heads * hd, bias)
+        a.k_proj = _linear(d_in, config.num_key_value_heads * hd, bias)
+        a.v_proj = _linear(d_in, config.num_key_value_heads * hd, bias)
+        a.o_proj = _linear(config.num_attention_heads * hd, d_attn, bias)
+        self.mlp = LlamaMLP(config)
+        mb = bool(getattr(config, "mlp_bias", False))
+        self.mlp.gate_proj = _linear(d_attn, config.intermediate_size, mb)
+        self.mlp.up_proj = _linear(d_attn, config.intermediate_size, mb)
+        self.mlp.down_proj = _linear(config.intermediate_size, d_mlp, mb)
+        self.input_layernorm = RMSN(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSN(config.hidden_size, config.rms_norm_eps)
+        self.attn_shortcut_Q = nn.Parameter(torch.empty(d_in, d_attn), requires_grad=False)
+        self.mlp_shortcut_Q = nn.Parameter(torch.empty(d_attn, d_mlp), requires_grad=False)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: Any = None, position_ids: Any = None,
+                past_key_values: Any = None, use_cache: Any = False, position_embeddings: Any = None, **kwargs: Any) -> torch.Tensor:
+        residual = hidden_states
+        h, _ = self.self_attn(
+            hidden_states=self.input_layernorm(hidden_states),
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+        h = torch.matmul(residual, self.attn_shortcut_Q.to(residual.dtype)) + h
+        residual = h
+        h = self.mlp(self.post_attention_layernorm(h))
+        return torch.matmul(residual, self.mlp_shortcut_Q.to(residual.dtype)) + h
+
+
+def _dims(sc: dict, key: str, i: int, default: int) -> int:
+    d = sc.get(key) or {}
+    return int(d.get(str(i), d.get(i, default)))  # type: ignore[call-overload]
+
+
+def build_sliced_llama(hf_config: dict, slicing_config: dict, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """An empty (uninitialised) sliced Llama with the shapes of `slicing_config`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    if hf_config.get("model_type") != "llama":
+        raise UnsupportedModelError(f"load_model supports Llama models; this is {hf_config.get('model_type')!r}")
+    cfg = {k: v for k, v in hf_config.items() if k != "quantization_config"}
+    cfg["tie_word_embeddings"] = False
+    config = LlamaConfig(**cfg)
+    config._attn_implementation = "sdpa"
+    hidden = config.hidden_size
+    n = config.num_hidden_layers
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+        d_emb = _dims(slicing_config, "embedding_dimensions", 0, hidden)
+        model.model.embed_tokens = nn.Embedding(config.vocab_size, d_emb)
+        layers = []
+        for i in range(n):
+            d_in = _dims(slicing_config, "attention_input_dimensions", i, hidden)
+            d_attn = _dims(slicing_config, "attention_output_dimensions", i, hidden)
+            d_mlp = _dims(slicing_config, "mlp_output_dimensions", i, hidden)
+            layers.append(SlicedLlamaDecoderLayer(config, i, d_in, d_attn, d_mlp))
+        model.model.layers = nn.ModuleList(layers)
+        model.model.norm = RMSN(hidden, config.rms_norm_eps)
+        d_head = slicing_config.get("head_dimension") or hidden
+        model.lm_head = nn.Linear(int(d_head), config.vocab_size, bias=False)
+    model = model.to_empty(device="cpu").to(dtype)
+    model.model.rotary_emb = LlamaRotaryEmbedding(config=config)  # real buffers, not meta
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def _fill(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], expected: set[str]) -> None:
+    params = dict(model.named_parameters())
+    for name, t in tensors:
+        if name not in params:
+            raise InputError(f"checkpoint tensor {name!r} has no place in the model")
+        p = params[name]
+        if tuple(p.shape) != tuple(t.shape):
+            raise InputError(f"{name}: shape {tuple(t.shape)} does not match the model's {tuple(p.shape)}")
+        with torch.no_grad():
+            p.copy_(t.to(p.dtype))
+        expected.discard(name)
+
+
+def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A runnable torch model from a .bb container or a sliced checkpoint directory.
+
+    Containers are decoded one block at a time straight into the model's parameters.
+    """
+    from .adapters.tc_layout import read_checkpoint
+    from .reader import Reader
+    from .tensors import raw_to_torch
+
+    p = Path(path)
+    if p.is_file() and p.suffix == ".bb":
+        with Reader(p) as r:
+            files = {k: __import__("base64").b64decode(v) for k, v in r.metadata.get("files", {}).items()}
+            stem = r.metadata.get("stem", "model")
+            hf = json.loads(files["config.json"])
+            sc = json.loads(files[f"{stem}.json"])
+            model = build_sliced_llama(hf, sc, dtype)
+            expected = {n for n, _ in model.named_parameters()}
+            for block in r.iter_blocks("reverse"):
+                _fill(model, ((n, raw_to_torch(t)) for n, t in block.tensors.items()), expected)
+                del block
+    else:
+        ckpt = read_checkpoint(p)
+        model = build_sliced_llama(ckpt.hf_config, ckpt.slicing_config, dtype)
+        expected = {n for n, _ in model.named_parameters()}
+        _fill(model, ckpt.state_dict.items(), expected)
+    if expected:
+        raise InputError(f"checkpoint lacks {len(expected)} model tensors, e.g. {sorted(expected)[:3]}")
+    return model
