@@ -73,14 +73,37 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 
 
 def _cmd_demo(a: argparse.Namespace) -> int:
-    from .adapters.tc_layout import write_checkpoint
-    from .testing import make_tiny_checkpoint
+    """Make a tiny sliced model, pack it (verified), inspect, unpack, and check the logits."""
+    import tempfile
+    from pathlib import Path
 
-    ckpt = make_tiny_checkpoint(a.arch, seed=a.seed, layers=a.layers)
-    write_checkpoint(ckpt, a.out)
-    if not a.quiet:
-        print(f"wrote a tiny sliced {a.arch} model ({a.layers} layers) to {a.out}")
-    return 0
+    import numpy as np
+
+    from .adapters.tc_layout import read_checkpoint, write_checkpoint
+    from .api import pack, unpack
+    from .inspect import format_summary, inspect
+    from .testing import make_tiny_checkpoint, reference_logits
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(a.keep) if a.keep else Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        src, out, back = root / "model", root / "model.bb", root / "unpacked"
+        ckpt = make_tiny_checkpoint(a.arch, seed=a.seed, layers=a.layers)
+        write_checkpoint(ckpt, src)
+        print(f"1. wrote a tiny sliced {a.arch} model ({a.layers} layers) to {src}")
+        pack(src, out, scheme=a.scheme, verify=True, progress=_progress(a.quiet, "pack"))
+        print(f"2. packed it into {out} (scheme {a.scheme}) and verified it bit for bit\n")
+        print(format_summary(inspect(out)) + "\n")
+        unpack(out, back)
+        print(f"3. unpacked it to {back}")
+        ids = np.random.default_rng(a.seed).integers(0, int(ckpt.hf_config["vocab_size"]), size=(2, 16))
+        before = reference_logits(ckpt, ids)
+        after = reference_logits(read_checkpoint(back), ids)
+        diff = float(np.abs(after - before).max())
+        scale = float(np.abs(before).max())
+        ok = diff <= 2e-2 * max(1.0, scale)
+        print(f"4. logits before/after: max |diff| {diff:.3g} (max |logit| {scale:.3g}): {'OK' if ok else 'FAILED'}")
+        return 0 if ok else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,8 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("src")
     ins.add_argument("--json", action="store_true")
     ins.set_defaults(func=_cmd_inspect)
-    dm = sub.add_parser("demo", help="write a tiny built-in sliced model to try pack/inspect/unpack on")
-    dm.add_argument("out")
+    dm = sub.add_parser("demo", help="run pack/inspect/unpack end to end on a tiny built-in sliced model")
+    dm.add_argument("--keep", metavar="DIR", help="keep the model, container and unpacked files in DIR")
+    dm.add_argument("--scheme", choices=("symmetric", "paper"), default="symmetric")
     dm.add_argument("--arch", choices=("llama", "opt"), default="llama")
     dm.add_argument("--layers", type=int, default=4)
     dm.add_argument("--seed", type=int, default=0)
