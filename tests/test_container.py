@@ -285,14 +285,28 @@ def test_reject_overlapping_or_overflowing_chunks(sample_bytes: bytes, tmp_path:
 def test_reject_zstd_size_lie(tmp_path: Path) -> None:
     data = sample_container()
 
+    import zstandard
+
     def edit(program, secs):  # type: ignore[no-untyped-def]
-        for s in secs:
-            if s.codec == CODEC_ZSTD:
-                s.data = s.data + b"\x00"  # declared decoded length now one byte too many
-                return program, secs
-        raise AssertionError("sample has no zstd section")
+        s = next(s for s in secs if s.kind == KIND_PAYLOAD)
+        s.codec, s.stored = CODEC_ZSTD, zstandard.ZstdCompressor(level=3).compress(s.data[:-2])
+        return program, secs  # the entry declares len(s.data); the frame holds 2 bytes fewer
 
     assert _code(_rebuild_chunk(data, 0, edit), tmp_path) == "E_SECTION_SIZE"
+
+
+def test_zstd_payload_is_accepted(tmp_path: Path) -> None:
+    import zstandard
+
+    def edit(program, secs):  # type: ignore[no-untyped-def]
+        s = next(s for s in secs if s.kind == KIND_PAYLOAD)
+        s.codec, s.stored = CODEC_ZSTD, zstandard.ZstdCompressor(level=3).compress(s.data)
+        return program, secs
+
+    data = sample_container()
+    a = {n: t for b in _read(data, tmp_path) for n, t in b.tensors.items()}
+    b = {n: t for b in _read(_rebuild_chunk(data, 0, edit), tmp_path) for n, t in b.tensors.items()}
+    assert all(a[n].equal(b[n]) for n in a)
 
 
 def test_reject_decompression_bomb(tmp_path: Path) -> None:

@@ -74,9 +74,69 @@ def decode_patches(data: bytes, n_total: int, value_bits: int) -> tuple[np.ndarr
     return pos, vals
 
 
-def encode_residuals(mask: np.ndarray, true_bits: np.ndarray, approx_bits: np.ndarray, width: int) -> bytes:
+EXPONENT_FIELD = {"float16": (10, 5), "bfloat16": (7, 8), "float32": (23, 8)}
+
+
+def residual_contexts(approx_bits: np.ndarray, dtype: str) -> np.ndarray:
+    """Context of each regenerated value: the exponent field of its rounded approximation.
+
+    Residuals in ulps grow as the exponent shrinks, so coding each context as its own
+    stream costs markedly fewer bits than one stream."""
+    shift, nbits = EXPONENT_FIELD[dtype]
+    return ((approx_bits.astype(np.int64) >> shift) & ((1 << nbits) - 1)).astype(np.int64)
+
+
+def encode_residuals(mask: np.ndarray, true_bits: np.ndarray, approx_bits: np.ndarray, dtype: str) -> bytes:
+    width = bits_of(dtype)
     r = np.where(mask, bits_to_ordinal(true_bits, width) - bits_to_ordinal(approx_bits, width), 0)
-    return encode_varints(zigzag(r))
+    ctx = residual_contexts(approx_bits, dtype)
+    out = []
+    z = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, write_checksum=False)
+    for c in np.unique(ctx):
+        raw = encode_varints(zigzag(r[ctx == c]))
+        comp = z.compress(raw)
+        codec, data = (CODEC_ZSTD, comp) if len(comp) < len(raw) else (CODEC_RAW, raw)
+        out.append(encode_varints(np.array([len(data)], np.uint64)) + bytes([codec]) + data)
+    return b"".join(out)
+
+
+def decode_residuals(data: bytes, approx_bits: np.ndarray, dtype: str) -> np.ndarray:
+    width = bits_of(dtype)
+    ctx = residual_contexts(approx_bits, dtype)
+    out = np.zeros(approx_bits.size, dtype=np.int64)
+    pos = 0
+    for c in np.unique(ctx):
+        where = np.flatnonzero(ctx == c)
+        end = pos
+        while end < len(data) and data[end] & 0x80 and end - pos < 10:
+            end += 1
+        if end >= len(data):
+            raise FormatError("residual group header runs past the section", "E_SECTION_CONTENT")
+        length = int(decode_varints(data[pos : end + 1], 1)[0])
+        codec = data[end + 1] if end + 1 < len(data) else -1
+        start = end + 2
+        if length > len(data) - start:
+            raise FormatError("residual group runs past the section", "E_SECTION_CONTENT")
+        limit = where.size * (3 if width == 16 else 5)
+        if codec == CODEC_RAW:
+            raw = data[start : start + length]
+            if len(raw) > limit:
+                raise LimitError("residual group is larger than its values allow", "E_LIMIT_SECTION")
+        else:
+            if codec != CODEC_ZSTD:
+                raise FormatError(f"unknown residual group codec {codec}", "E_CODEC")
+            try:
+                declared = zstandard.get_frame_parameters(data[start : start + length]).content_size
+            except zstandard.ZstdError:
+                raise FormatError("bad zstd frame in a residual group", "E_ZSTD") from None
+            if declared > limit:
+                raise LimitError("residual group declares more bytes than its values allow", "E_LIMIT_SECTION")
+            raw = decompress(data[start : start + length], CODEC_ZSTD, declared, limit)
+        out[where] = unzigzag(decode_varints(raw, where.size))
+        pos = start + length
+    if pos != len(data):
+        raise FormatError("bytes after the last residual group", "E_SECTION_CONTENT")
+    return out
 
 
 def build_site_sections(program: BlockProgram, site: int, fix: SiteFix) -> list[Section]:
@@ -90,8 +150,8 @@ def build_site_sections(program: BlockProgram, site: int, fix: SiteFix) -> list[
         assert fix.x_true is not None and fix.x_approx is not None
         cands = [Section(KIND_X_PATCHES, site, encode_patches(fix.x_mask, fix.x_true, w)).finish()]
         if not s.paper:
-            res = encode_residuals(fix.x_mask, fix.x_true, fix.x_approx, w)
-            cands.append(Section(KIND_X_RESIDUALS, site, res).finish())
+            res = encode_residuals(fix.x_mask, fix.x_true, fix.x_approx, program.symbol_dtype)
+            cands.append(Section(KIND_X_RESIDUALS, site, res).finish(False))
         out.append(min(cands, key=lambda c: (c.cost, c.kind)))
     if s.paper and fix.anchor_mask is not None and fix.anchor_mask.any():
         assert fix.anchor_true is not None
@@ -109,7 +169,7 @@ def decoded_limit(program: BlockProgram, kind: int, site: int) -> int:
     if kind == KIND_SIGNS:
         return (s.dim + 7) // 8
     if kind == KIND_X_RESIDUALS:
-        return s.n_pop * (3 if w == 16 else 5)
+        return (1 << EXPONENT_FIELD[program.symbol_dtype][1]) * 11 + s.n_pop * (3 if w == 16 else 5)
     if kind == KIND_X_PATCHES:
         return 10 + s.n_pop * (10 + w // 8)
     if kind == KIND_ANCHOR_PATCHES:
@@ -170,7 +230,7 @@ class StoredCorrector:
         n = approx.size
         res = self.sections.get((KIND_X_RESIDUALS, site))
         if res is not None:
-            r = unzigzag(decode_varints(res, n))
+            r = decode_residuals(res, approx, self.program.symbol_dtype)
             o = bits_to_ordinal(approx, w) + r
             lim = 1 << (w - 1)
             if np.any(o < -lim) or np.any(o >= lim):
