@@ -15,11 +15,11 @@ def sample_container(scheme: str = "symmetric", tolerance: float = 0.0, seed: in
     """Two chunks: a float16 chunk with one rotation site, and a float32 chunk without."""
     rng = np.random.default_rng(seed)
     t0 = {
-        "src": RawTensor.from_f64(rng.normal(0, 0.05, (24, 12)), "float16"),
-        "anchor": RawTensor.from_f64(rng.normal(0, 0.05, (12, 16)), "float16"),
-        "follower": RawTensor.from_f64(rng.normal(0, 0.05, (3, 12)), "float16"),
+        "src": RawTensor.from_f64(rng.normal(0, 0.05, (30, 24)), "float16"),
+        "anchor": RawTensor.from_f64(rng.normal(0, 0.05, (24, 28)), "float16"),
+        "follower": RawTensor.from_f64(rng.normal(0, 0.05, (3, 24)), "float16"),
     }
-    l0 = ChunkLayout("block0", ("src", "anchor", "follower"), (SiteSpec("site0", 12, AxisRef("anchor", 0), (AxisRef("follower", 1),)),))
+    l0 = ChunkLayout("block0", ("src", "anchor", "follower"), (SiteSpec("site0", 24, AxisRef("anchor", 0), (AxisRef("follower", 1),)),))
     t1 = {"bias": RawTensor.from_f64(rng.normal(0, 1, (3, 4)), "float32")}
     l1 = ChunkLayout("block1", ("bias",), ())
     buf = io.BytesIO()

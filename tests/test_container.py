@@ -55,6 +55,12 @@ def test_round_trip_and_stream_agree(sample_bytes: bytes, tmp_path: Path) -> Non
     assert all(a[n].equal(s[n]) for n in a)
 
 
+def test_sample_exercises_a_rotation_with_corrections(sample_bytes: bytes) -> None:
+    ch = parse_chunk(split(sample_bytes).chunks[0])
+    assert not ch.program.sites[0].plain
+    assert {e["kind"] for e in ch.sections} & {3, 4}
+
+
 def test_output_is_deterministic() -> None:
     assert sample_container() == sample_container()
 
