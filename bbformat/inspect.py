@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .codec.dtypes import bits_of
-from .codec.sections import KIND_ANCHOR_PATCHES, KIND_NAMES, KIND_SIGNS, KIND_X_PATCHES, KIND_X_RESIDUALS
+from .codec.sections import count_residual_corrections, KIND_ANCHOR_PATCHES, KIND_NAMES, KIND_SIGNS, KIND_X_PATCHES, KIND_X_RESIDUALS
 from .codec.varint import decode_varints
 from .container.chunks import parse_chunk
 from .container.crc import crc32c
@@ -17,7 +17,7 @@ from .reader import Reader
 
 def _count_corrections(kind: int, data: bytes, n: int) -> int:
     if kind == KIND_X_RESIDUALS:
-        return int(np.count_nonzero(decode_varints(data, n)))
+        return count_residual_corrections(data)
     if kind in (KIND_X_PATCHES, KIND_ANCHOR_PATCHES):
         end = next(i for i, b in enumerate(data) if not b & 0x80)
         return int(decode_varints(data[: end + 1], 1)[0])

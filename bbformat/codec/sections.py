@@ -139,6 +139,24 @@ def decode_residuals(data: bytes, approx_bits: np.ndarray, dtype: str) -> np.nda
     return out
 
 
+def count_residual_corrections(data: bytes) -> int:
+    """Nonzero residuals in an X_RESIDUALS section, without decoding the site (for inspect)."""
+    pos, total = 0, 0
+    while pos < len(data):
+        end = pos
+        while end < len(data) and data[end] & 0x80:
+            end += 1
+        length = int(decode_varints(data[pos : end + 1], 1)[0])
+        codec, start = data[end + 1], end + 2
+        chunk = data[start : start + length]
+        raw = zstandard.ZstdDecompressor().decompress(chunk) if codec == CODEC_ZSTD else chunk
+        b = np.frombuffer(raw, np.uint8)
+        n = int(np.count_nonzero((b & 0x80) == 0))
+        total += int(np.count_nonzero(decode_varints(raw, n)))
+        pos = start + length
+    return total
+
+
 def build_site_sections(program: BlockProgram, site: int, fix: SiteFix) -> list[Section]:
     s = program.sites[site]
     w = program.symbol_bits
