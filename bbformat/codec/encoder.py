@@ -42,6 +42,11 @@ def choose_symbol_dtype(entries: list[TensorEntry]) -> str:
     return next(t.dtype for t in entries if bits_of(t.dtype) == narrow)
 
 
+def _first_touched(layout: ChunkLayout, site: SiteSpec, scheme: str) -> int:
+    local = [layout.tensors.index(t) for t in touched_in_scheme(site, scheme) if t in layout.tensors]
+    return min(local) if local else -1
+
+
 def plan_ops(layout: ChunkLayout, scheme: str) -> list[Op]:
     """Place each site just before the first tensor of this chunk that it touches."""
     index = {n: i for i, n in enumerate(layout.tensors)}
@@ -105,6 +110,11 @@ def encode_chunk(
     if scheme not in SCHEMES:
         raise InputError(f"unknown scheme {scheme!r}")
     canonical = {} if canonical is None else canonical
+    # A site that would have to pop before anything is pushed (the start of the
+    # symmetric chain) has no bits source: it is not a usable site and is left out.
+    dropped = [s for s in layout.sites if _first_touched(layout, s, scheme) == 0]
+    if dropped:
+        layout = ChunkLayout(layout.name, layout.tensors, tuple(s for s in layout.sites if s not in dropped))
     entries = [TensorEntry(n, tensors[n].dtype, tensors[n].shape) for n in layout.tensors]
     sym_dtype = choose_symbol_dtype(entries)
     w = bits_of(sym_dtype)
@@ -128,7 +138,9 @@ def encode_chunk(
         result = _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain)
         newly = {k: v for k, v in result[1].items() if k not in plain}
         if not newly:
-            return result[0]
+            enc = result[0]
+            enc.reports = [SiteReport(s.name, s.dim, "no bits source: start of the symmetric chain", 0, 0, 0, 0) for s in dropped] + enc.reports
+            return enc
         plain.update(newly)
     raise AssertionError("site planning did not converge")
 
