@@ -1,0 +1,90 @@
+"""Slicing and loading real transformers models: tools/slice.py on a tiny random Llama,
+pack, then load_model from the container, block by block."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parent.parent
+CALIB = ROOT.parent / "shared" / "data" / "calib.txt"
+
+
+def _tiny_llama(dst: Path) -> None:
+    """A random Llama (GQA, tied embeddings, RMSNorm weights != 1) with a word-level tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train([str(CALIB)], trainers.WordLevelTrainer(vocab_size=500, special_tokens=["<unk>"]))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    fast.save_pretrained(str(dst))
+    cfg = LlamaConfig(vocab_size=fast.vocab_size, hidden_size=96, intermediate_size=160, num_hidden_layers=3,
+                      num_attention_heads=6, num_key_value_heads=2, tie_word_embeddings=True, rms_norm_eps=1e-5,
+                      max_position_embeddings=256)
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "norm" in n:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+    m.save_pretrained(str(dst))
+
+
+def _slice(src: Path, out: Path, sparsity: float) -> None:
+    subprocess.run([sys.executable, str(ROOT / "tools" / "slice.py"), str(src), "--sparsity", str(sparsity), "--out", str(out),
+                    "--nsamples", "8", "--seqlen", "64"], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("tiny_llama")
+    _tiny_llama(d)
+    return d
+
+
+def _ids(vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (2, 48), generator=torch.Generator().manual_seed(1))
+
+
+def test_slice_at_sparsity_zero_keeps_the_function(tiny: Path, tmp_path: Path) -> None:
+    from transformers import LlamaForCausalLM
+
+    from bbformat.loader import load_model
+
+    _slice(tiny, tmp_path / "s0", 0.0)
+    orig = LlamaForCausalLM.from_pretrained(str(tiny), dtype=torch.float32).eval()
+    sliced = load_model(tmp_path / "s0")
+    ids = _ids(orig.config.vocab_size)
+    with torch.no_grad():
+        a, b = orig(ids).logits, sliced(ids).logits
+        # the scale of fp16 rounding: the original with its weights rounded to float16
+        for p in orig.parameters():
+            p.copy_(p.half().float())
+        c = orig(ids).logits
+    assert (a - b).abs().max() <= 4 * (a - c).abs().max() + 1e-3
+
+
+@pytest.mark.parametrize("scheme", ["symmetric", "paper"])
+def test_load_model_from_container_matches_the_sliced_model(tiny: Path, tmp_path: Path, scheme: str) -> None:
+    import bbformat
+    from bbformat.loader import load_model
+
+    _slice(tiny, tmp_path / "s", 0.25)
+    sc = json.loads(next((tmp_path / "s").glob("*_0.25.json")).read_text())
+    assert sc["attention_output_dimensions"]["0"] == 72  # 0.75 * 96, a multiple of 8
+    bbformat.pack(tmp_path / "s", tmp_path / "s.bb", scheme=scheme, verify=True)
+    ref = load_model(tmp_path / "s")
+    got = load_model(tmp_path / "s.bb")
+    ids = _ids(ref.config.vocab_size)
+    with torch.no_grad():
+        a, b = ref(ids).logits, got(ids).logits
+    assert (a - b).abs().max() <= 2e-2 * max(1.0, float(a.abs().max()))
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.95
