@@ -1,0 +1,91 @@
+"""The command line: one-line errors with documented exit codes, never a traceback."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bbformat.adapters.tc_layout import write_checkpoint
+from bbformat.cli import main
+from bbformat.testing import make_tiny_checkpoint
+
+
+def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bbformat", *args], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    write_checkpoint(make_tiny_checkpoint("llama", seed=1, layers=2), tmp_path / "src")
+    return tmp_path / "src"
+
+
+def test_pack_inspect_unpack(model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "m.bb"
+    r = _run("pack", str(model_dir), str(out), "--verify", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""  # not a terminal: no progress bar
+    r = _run("inspect", str(out))
+    assert r.returncode == 0 and "bits saved" in r.stdout
+    r = _run("inspect", str(out), "--json")
+    info = json.loads(r.stdout)
+    assert info["totals"]["container_bytes"] == os.path.getsize(out)
+    r = _run("unpack", str(out), str(tmp_path / "back"))
+    assert r.returncode == 0
+    assert sorted(p.name for p in (tmp_path / "back").iterdir()) == sorted(p.name for p in model_dir.iterdir())
+
+
+def _one_line_error(r: subprocess.CompletedProcess, status: int, code: str) -> None:
+    assert r.returncode == status, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and code in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_input(tmp_path: Path) -> None:
+    _one_line_error(_run("pack", str(tmp_path / "nope"), str(tmp_path / "o.bb")), 2, "E_INPUT")
+    assert not (tmp_path / "o.bb").exists()
+
+
+def test_not_a_container(tmp_path: Path) -> None:
+    p = tmp_path / "x.bb"
+    p.write_bytes(b"hello world" * 20)
+    _one_line_error(_run("inspect", str(p)), 4, "E_MAGIC")
+    _one_line_error(_run("unpack", str(p), str(tmp_path / "d")), 4, "E_MAGIC")
+
+
+def test_corrupt_chunk_crc(model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "m.bb"
+    assert _run("pack", str(model_dir), str(out), "--quiet").returncode == 0
+    data = bytearray(out.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    out.write_bytes(bytes(data))
+    _one_line_error(_run("unpack", str(out), str(tmp_path / "d")), 5, "E_CRC")
+
+
+def test_unsupported_model(model_dir: Path, tmp_path: Path) -> None:
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg["model_type"] = "gpt_neox"
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    _one_line_error(_run("pack", str(model_dir), str(tmp_path / "o.bb")), 3, "E_UNSUPPORTED_MODEL")
+
+
+def test_usage_error(tmp_path: Path) -> None:
+    r = _run("pack")
+    assert r.returncode == 64 and "Traceback" not in r.stderr
+
+
+def test_main_in_process(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pack", str(model_dir), str(tmp_path / "m.bb"), "--json"]) == 0
+    totals = json.loads(capsys.readouterr().out)
+    assert totals["container_bytes"] == os.path.getsize(tmp_path / "m.bb")
+
+
+def test_demo(tmp_path: Path) -> None:
+    r = _run("demo", "--keep", str(tmp_path / "d"), "--layers", "2")
+    assert r.returncode == 0, r.stderr
+    assert "OK" in r.stdout
