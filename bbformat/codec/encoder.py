@@ -158,6 +158,11 @@ def _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dty
     sites = layout.sites
 
     paper_q: dict[int, np.ndarray] = {}
+    if paper:
+        # Alg. 1: the canonical direction is fixed before anything is pushed; the random
+        # rotation Q touches only the anchor, which is pushed after its site.
+        for s_idx, s in enumerate(sites):
+            anchor_rot[s_idx] = follower_rot[s_idx] = canonical[s.name]
 
     def final_value(name: str) -> RawTensor:
         dtype = tensors[name].dtype
