@@ -1,0 +1,30 @@
+"""Architectures: turn a checkpoint into a ModelLayout (chunks, tensors, rotation sites)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..codec.layout import ModelLayout
+from ..errors import InputError, UnsupportedModelError
+from . import llama, opt
+from .tc_layout import Checkpoint
+
+PLANNERS: dict[str, Callable[[Checkpoint, str], ModelLayout]] = {"llama": llama.plan, "opt": opt.plan}
+SCHEMES = ("paper", "symmetric")
+
+
+def detect(hf_config: dict[str, Any]) -> str:
+    """'llama' or 'opt' from config.json's model_type; anything else is refused."""
+    mt = hf_config.get("model_type") if isinstance(hf_config, dict) else None
+    if isinstance(mt, str) and mt in PLANNERS:
+        return mt
+    raise UnsupportedModelError(f"unsupported architecture {mt!r} (supported: {', '.join(sorted(PLANNERS))})")
+
+
+def plan(ckpt: Checkpoint, scheme: str) -> ModelLayout:
+    """Validate the checkpoint against its configs and lay it out for `scheme`."""
+    if scheme not in SCHEMES:
+        raise InputError(f"unknown scheme {scheme!r} (choose 'paper' or 'symmetric')")
+    return PLANNERS[detect(ckpt.hf_config)](ckpt, scheme)
+
+
+__all__ = ["Checkpoint", "detect", "plan"]

@@ -1,0 +1,226 @@
+"""What a SliceGPT-sliced decoder looks like, whatever the architecture: per-layer
+tensor names and shapes, the residual-stream rotation sites, and the chunk layouts
+of both schemes."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..codec.layout import AxisRef, ChunkLayout, ModelLayout, SiteSpec
+from ..errors import UnsupportedModelError
+from .tc_layout import Checkpoint
+
+# Derived buffers some transformers versions keep in state dicts: stored as-is.
+IGNORABLE = re.compile(r".*rotary_emb\.inv_freq$")
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class Names:
+    """State-dict names of one architecture (layer-relative names are appended to `layer`)."""
+
+    embed: str
+    positions: str | None
+    head: str
+    head_bias: str | None
+    layer: str  # format string with {i}
+    q: str
+    k: str
+    v: str
+    o: str
+    up: tuple[str, ...]  # MLP input projections in push order: (up, gate) or (fc1,)
+    down: str
+    attn_q: str = "attn_shortcut_Q"
+    mlp_q: str = "mlp_shortcut_Q"
+    # norm parameters TC never leaves (RMSN is parameter-free); tolerated only as identities
+    layer_norms: tuple[str, ...] = ()
+    final_norms: tuple[str, ...] = ()
+    # bias of each role, layer-relative; optional in the state dict, checked when present
+    biases: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Dims:
+    emb: int
+    d_in: list[int]
+    d_attn: list[int]
+    d_mlp: list[int]
+    head: int
+
+
+def _int(v: Any, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise UnsupportedModelError(f"SlicingConfig {what} must be a positive integer, not {v!r}")
+    return v
+
+
+def _dim_map(sc: dict, key: str, n: int, default: int | None) -> list[int]:
+    raw = sc.get(key)
+    if not raw:  # absent or {}: TC then slices with const_dimension (or keeps the full width)
+        if default is None:
+            raise UnsupportedModelError(f"SlicingConfig has no {key} and no const_dimension")
+        return [default] * n
+    if not isinstance(raw, dict):
+        raise UnsupportedModelError(f"SlicingConfig field {key} must map layer index to dimension")
+    out = []
+    for i in range(n):
+        v = raw.get(str(i), raw.get(i))  # type: ignore[call-overload]
+        out.append(_int(v, f"{key}[{i}]"))
+    return out
+
+
+def slicing_dims(ckpt: Checkpoint, n_layers: int, hidden: int, n_embeddings: int = 1) -> Dims:
+    """Per-layer residual widths from the SlicingConfig, checked to chain as TC slices them."""
+    sc = ckpt.slicing_config
+    if sc.get("parallel_blocks"):
+        raise UnsupportedModelError("parallel-block (Phi-2 style) models are not supported")
+    if sc.get("hidden_size") not in (None, 0, hidden):
+        raise UnsupportedModelError(f"SlicingConfig hidden_size {sc['hidden_size']} differs from config.json's {hidden}")
+    if sc.get("layers_num") not in (None, 0, n_layers):
+        raise UnsupportedModelError(f"SlicingConfig has {sc['layers_num']} layers, config.json {n_layers}")
+    const = sc.get("const_dimension")
+    const = None if const is None else _int(const, "const_dimension")
+    slice_head = bool(sc.get("do_slice_head"))
+    # one entry per embedding module (OPT: tokens "0", positions "1"); entries beyond "0" optional
+    emb = _dim_map(sc, "embedding_dimensions", 1, const)[0]
+    raw = sc.get("embedding_dimensions") or {}
+    for j in range(1, n_embeddings):
+        v = raw.get(str(j), raw.get(j)) if isinstance(raw, dict) else None  # type: ignore[call-overload]
+        if v is not None and _int(v, f"embedding_dimensions[{j}]") != emb:
+            raise UnsupportedModelError(f"SlicingConfig embedding_dimensions differ between embeddings ({emb} vs {v})")
+    d_in = _dim_map(sc, "attention_input_dimensions", n_layers, const)
+    d_attn = _dim_map(sc, "attention_output_dimensions", n_layers, const)
+    d_mlp_in = _dim_map(sc, "mlp_input_dimensions", n_layers, const)
+    d_mlp = _dim_map(sc, "mlp_output_dimensions", n_layers, const)
+    head = sc.get("head_dimension")
+    head = (const if slice_head and const else hidden) if head is None else _int(head, "head_dimension")
+    if n_layers and not sc.get("mlp_output_dimensions"):
+        d_mlp[-1] = head  # TC's scheduler: the last layer writes the head's width
+    if not slice_head and head != hidden:
+        raise UnsupportedModelError(f"SlicingConfig head_dimension {head} with do_slice_head=false must be hidden_size {hidden}")
+    for i in range(n_layers):
+        prev = emb if i == 0 else d_mlp[i - 1]
+        if d_in[i] != prev or d_mlp_in[i] != d_attn[i]:
+            raise UnsupportedModelError(f"SlicingConfig dimensions of layer {i} do not chain ({prev} -> {d_in[i]}, {d_attn[i]} -> {d_mlp_in[i]})")
+    if (d_mlp[-1] if n_layers else emb) != head:
+        raise UnsupportedModelError("SlicingConfig head_dimension differs from the last layer's output")
+    for v in [emb, *d_attn, *d_mlp, head]:
+        if v > hidden:
+            raise UnsupportedModelError(f"SlicingConfig dimension {v} exceeds hidden_size {hidden}")
+    return Dims(emb, d_in, d_attn, d_mlp, head)
+
+
+def _is_identity_norm(name: str, t: torch.Tensor) -> bool:
+    want = 0.0 if name.endswith(".bias") else 1.0
+    return t.dim() == 1 and t.dtype in DTYPES and bool(torch.all(t == want))
+
+
+@dataclass
+class Extras:
+    """Tolerated tensors outside the model proper: per layer, and model-level."""
+
+    layers: dict[int, list[str]]
+    top: list[str]
+
+
+def check_state_dict(sd: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], names: Names, n_layers: int) -> Extras:
+    """Refuse a state dict that does not match its config; return the tolerated extras."""
+    for k, t in sd.items():
+        if t.dtype not in DTYPES:
+            raise UnsupportedModelError(f"{k} has dtype {t.dtype}; only float16, bfloat16 and float32 are stored")
+    if names.head not in sd:
+        raise UnsupportedModelError(f"{names.head} is missing: the head is tied to the embedding (TransformerCompression unties it before slicing)")
+    e, h = sd[names.embed] if names.embed in sd else None, sd[names.head]
+    if e is not None and e.untyped_storage().data_ptr() == h.untyped_storage().data_ptr():
+        raise UnsupportedModelError(f"{names.head} shares storage with {names.embed}: a tied head was not untied")
+    missing = [k for k in expected if k not in sd]
+    if missing:
+        raise UnsupportedModelError(f"state dict lacks {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+    layer_re = re.compile(re.escape(names.layer).replace(r"\{i\}", r"(\d+)") + r"(.+)$")
+    extras = Extras({}, [])
+    for k in sd:
+        if k in expected:
+            continue
+        m = layer_re.match(k)
+        i = int(m.group(1)) if m else -1
+        rel = m.group(2) if m else ""
+        if m and i < n_layers and (IGNORABLE.match(k) or rel in names.layer_norms):
+            if rel in names.layer_norms and not _is_identity_norm(k, sd[k]):
+                raise UnsupportedModelError(f"{k} is a norm parameter that is not the identity; SliceGPT checkpoints have parameter-free norms")
+            extras.layers.setdefault(i, []).append(k)
+        elif not m and (IGNORABLE.match(k) or k in names.final_norms):
+            if k in names.final_norms and not _is_identity_norm(k, sd[k]):
+                raise UnsupportedModelError(f"{k} is a norm parameter that is not the identity; SliceGPT checkpoints have parameter-free norms")
+            extras.top.append(k)
+        else:
+            raise UnsupportedModelError(f"unexpected tensor {k!r} for this architecture/config")
+    for k, shape in expected.items():
+        if tuple(sd[k].shape) != shape:
+            raise UnsupportedModelError(f"{k} has shape {tuple(sd[k].shape)}, the config implies {shape}")
+    return extras
+
+
+def add_optional_biases(expected: dict[str, tuple[int, ...]], sd: dict[str, torch.Tensor], names: Names, i: int,
+                        shapes: dict[str, tuple[int, ...]]) -> None:
+    """Expect the bias of each role that is present (shape from `shapes`)."""
+    p = names.layer.format(i=i)
+    for role, rel in names.biases.items():
+        if p + rel in sd and role in shapes:
+            expected[p + rel] = shapes[role]
+
+
+def build_layout(arch: str, scheme: str, names: Names, n_layers: int, dims: Dims, present: set[str], extras: Extras) -> ModelLayout:
+    """Chunks and sites of both schemes; every key of the state dict lands in exactly one chunk."""
+    L = lambda i, s: names.layer.format(i=i) + s  # noqa: E731
+
+    def b(i: int, role: str) -> list[str]:
+        rel = names.biases.get(role)
+        return [L(i, rel)] if rel is not None and L(i, rel) in present else []
+
+    def readers(i: int) -> list[AxisRef]:
+        """Axes that read the residual stream entering layer i (or the head)."""
+        if i < n_layers:
+            return [AxisRef(L(i, names.attn_q), 0)] + [AxisRef(L(i, w), 1) for w in (names.q, names.k, names.v)]
+        return [AxisRef(names.head, 1)]
+
+    embed_f = ([AxisRef(names.positions, 1)] if names.positions else []) + readers(0)
+    embed_site = SiteSpec("embed", dims.emb, AxisRef(names.embed, 1), tuple(embed_f))
+    layer_sites: list[tuple[SiteSpec, SiteSpec]] = []
+    for i in range(n_layers):
+        attn_f = [AxisRef(x, 0) for x in b(i, "o")] + [AxisRef(L(i, names.attn_q), 1), AxisRef(L(i, names.mlp_q), 0)]
+        attn_f += [AxisRef(L(i, u), 1) for u in names.up]
+        mlp_f = [AxisRef(x, 0) for x in b(i, "down")] + [AxisRef(L(i, names.mlp_q), 1)] + readers(i + 1)
+        layer_sites.append((
+            SiteSpec(f"layers.{i}.attn", dims.d_attn[i], AxisRef(L(i, names.o), 0), tuple(attn_f)),
+            SiteSpec(f"layers.{i}.mlp", dims.d_mlp[i], AxisRef(L(i, names.down), 0), tuple(mlp_f)),
+        ))
+
+    def layer_tensors(i: int) -> list[str]:
+        qkv = [L(i, w) for w in (names.q, names.k, names.v)]
+        qkv_b = b(i, "q") + b(i, "k") + b(i, "v")
+        o = [L(i, names.o)] + b(i, "o")
+        up = [L(i, u) for u in names.up] + [x for role in ("up", "gate") for x in b(i, role)]
+        down = [L(i, names.down)] + b(i, "down")
+        other = extras.layers.get(i, [])
+        if scheme == "paper":  # Algorithm 5's order
+            return other + [L(i, names.attn_q)] + qkv + qkv_b + o + [L(i, names.mlp_q)] + up + down
+        return other + qkv + qkv_b + o + [L(i, names.attn_q)] + up + down + [L(i, names.mlp_q)]
+
+    head = [names.head] + ([names.head_bias] if names.head_bias and names.head_bias in present else []) + extras.top
+    emb = [names.embed] + ([names.positions] if names.positions else [])
+    chunks: list[ChunkLayout] = []
+    if scheme == "paper":  # the head is stored first and gives the initial bits
+        chunks.append(ChunkLayout("embed", tuple(head + emb), (embed_site,)))
+    else:
+        chunks.append(ChunkLayout("embed", tuple(emb), (embed_site,)))
+    for i in range(n_layers):
+        chunks.append(ChunkLayout(f"layers.{i}", tuple(layer_tensors(i)), layer_sites[i]))
+    if scheme != "paper":
+        chunks.append(ChunkLayout("head", tuple(head), ()))
+    all_names = [t for c in chunks for t in c.tensors]
+    if len(all_names) != len(set(all_names)) or set(all_names) != present:
+        raise AssertionError("layout bug: every tensor must be in exactly one chunk")
+    return ModelLayout(arch, scheme, chunks)

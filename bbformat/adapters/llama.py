@@ -1,0 +1,52 @@
+"""Llama (RoPE, grouped-query attention, untied head, optional biases) after SliceGPT."""
+from __future__ import annotations
+
+from ..codec.layout import ModelLayout
+from ..errors import UnsupportedModelError
+from .base import Names, add_optional_biases, build_layout, check_state_dict, slicing_dims
+from .tc_layout import Checkpoint
+
+NAMES = Names(
+    embed="model.embed_tokens.weight", positions=None, head="lm_head.weight", head_bias=None, layer="model.layers.{i}.",
+    q="self_attn.q_proj.weight", k="self_attn.k_proj.weight", v="self_attn.v_proj.weight", o="self_attn.o_proj.weight",
+    up=("mlp.up_proj.weight", "mlp.gate_proj.weight"), down="mlp.down_proj.weight",
+    layer_norms=("input_layernorm.weight", "post_attention_layernorm.weight"), final_norms=("model.norm.weight",),
+    biases={"q": "self_attn.q_proj.bias", "k": "self_attn.k_proj.bias", "v": "self_attn.v_proj.bias",
+            "o": "self_attn.o_proj.bias", "up": "mlp.up_proj.bias", "gate": "mlp.gate_proj.bias", "down": "mlp.down_proj.bias"},
+)
+
+
+def shapes(hf: dict) -> tuple[int, int, int, int, int, int, int]:
+    """(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab) from config.json."""
+    try:
+        hidden, n, heads = int(hf["hidden_size"]), int(hf["num_hidden_layers"]), int(hf["num_attention_heads"])
+        kv = int(hf.get("num_key_value_heads") or heads)
+        hd = int(hf.get("head_dim") or hidden // heads)
+        ffn, vocab = int(hf["intermediate_size"]), int(hf["vocab_size"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        raise UnsupportedModelError(f"config.json lacks a valid Llama field: {exc}") from None
+    if min(hidden, n, heads, kv, hd, ffn, vocab) <= 0 or heads % kv:
+        raise UnsupportedModelError(f"config.json has inconsistent Llama sizes (heads {heads}, kv heads {kv})")
+    return hidden, n, heads, kv, hd, ffn, vocab
+
+
+def plan(ckpt: Checkpoint, scheme: str) -> ModelLayout:
+    hidden, n, heads, kv, hd, ffn, vocab = shapes(ckpt.hf_config)
+    sd = ckpt.state_dict
+    d = slicing_dims(ckpt, n, hidden)
+    exp: dict[str, tuple[int, ...]] = {NAMES.embed: (vocab, d.emb), NAMES.head: (vocab, d.head)}
+    for i in range(n):
+        p = NAMES.layer.format(i=i)
+        exp[p + NAMES.q] = (heads * hd, d.d_in[i])
+        exp[p + NAMES.k] = (kv * hd, d.d_in[i])
+        exp[p + NAMES.v] = (kv * hd, d.d_in[i])
+        exp[p + NAMES.o] = (d.d_attn[i], heads * hd)
+        for u in NAMES.up:
+            exp[p + u] = (ffn, d.d_attn[i])
+        exp[p + NAMES.down] = (d.d_mlp[i], ffn)
+        exp[p + NAMES.attn_q] = (d.d_in[i], d.d_attn[i])
+        exp[p + NAMES.mlp_q] = (d.d_attn[i], d.d_mlp[i])
+        add_optional_biases(exp, sd, NAMES, i, {"q": (heads * hd,), "k": (kv * hd,), "v": (kv * hd,), "o": (d.d_attn[i],),
+                                                "up": (ffn,), "gate": (ffn,), "down": (d.d_mlp[i],)})
+    extras = check_state_dict(sd, exp, NAMES, n)
+    return build_layout("llama", scheme, NAMES, n, d, set(sd), extras)

@@ -1,0 +1,58 @@
+"""OPT (biases, learned positions, ReLU MLP, pre-norm) after SliceGPT."""
+from __future__ import annotations
+
+from ..codec.layout import ModelLayout
+from ..errors import UnsupportedModelError
+from .base import Names, add_optional_biases, build_layout, check_state_dict, slicing_dims
+from .tc_layout import Checkpoint
+
+NAMES = Names(
+    embed="model.decoder.embed_tokens.weight", positions="model.decoder.embed_positions.weight", head="lm_head.weight",
+    head_bias="lm_head.bias", layer="model.decoder.layers.{i}.",
+    q="self_attn.q_proj.weight", k="self_attn.k_proj.weight", v="self_attn.v_proj.weight", o="self_attn.out_proj.weight",
+    up=("fc1.weight",), down="fc2.weight",
+    layer_norms=("self_attn_layer_norm.weight", "self_attn_layer_norm.bias", "final_layer_norm.weight", "final_layer_norm.bias"),
+    final_norms=("model.decoder.final_layer_norm.weight", "model.decoder.final_layer_norm.bias"),
+    biases={"q": "self_attn.q_proj.bias", "k": "self_attn.k_proj.bias", "v": "self_attn.v_proj.bias",
+            "o": "self_attn.out_proj.bias", "up": "fc1.bias", "down": "fc2.bias"},
+)
+POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding: position ids start at 2
+
+
+def shapes(hf: dict) -> tuple[int, int, int, int, int, int]:
+    """(hidden, layers, heads, ffn_dim, vocab, max_positions) from config.json; refuses variants."""
+    try:
+        hidden, n, heads = int(hf["hidden_size"]), int(hf["num_hidden_layers"]), int(hf["num_attention_heads"])
+        ffn, vocab, maxpos = int(hf["ffn_dim"]), int(hf["vocab_size"]), int(hf["max_position_embeddings"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UnsupportedModelError(f"config.json lacks a valid OPT field: {exc}") from None
+    if hf.get("word_embed_proj_dim", hidden) != hidden:
+        raise UnsupportedModelError("OPT models with project_in/project_out (word_embed_proj_dim != hidden_size, e.g. OPT-350m) are not supported")
+    if hf.get("do_layer_norm_before", True) is False:
+        raise UnsupportedModelError("post-norm OPT models (do_layer_norm_before=false, e.g. OPT-350m) are not supported")
+    if min(hidden, n, heads, ffn, vocab, maxpos) <= 0 or hidden % heads:
+        raise UnsupportedModelError(f"config.json has inconsistent OPT sizes (hidden {hidden}, heads {heads})")
+    return hidden, n, heads, ffn, vocab, maxpos
+
+
+def plan(ckpt: Checkpoint, scheme: str) -> ModelLayout:
+    hidden, n, heads, ffn, vocab, maxpos = shapes(ckpt.hf_config)
+    sd = ckpt.state_dict
+    d = slicing_dims(ckpt, n, hidden, n_embeddings=2)
+    exp: dict[str, tuple[int, ...]] = {NAMES.embed: (vocab, d.emb), NAMES.head: (vocab, d.head)}
+    exp[NAMES.positions] = (maxpos + POSITION_OFFSET, d.emb)  # type: ignore[index]
+    if NAMES.head_bias in sd:  # TC adds it when fusing the final LayerNorm's bias
+        exp[NAMES.head_bias] = (vocab,)  # type: ignore[index]
+    for i in range(n):
+        p = NAMES.layer.format(i=i)
+        for w in (NAMES.q, NAMES.k, NAMES.v):
+            exp[p + w] = (hidden, d.d_in[i])
+        exp[p + NAMES.o] = (d.d_attn[i], hidden)
+        exp[p + NAMES.up[0]] = (ffn, d.d_attn[i])
+        exp[p + NAMES.down] = (d.d_mlp[i], ffn)
+        exp[p + NAMES.attn_q] = (d.d_in[i], d.d_attn[i])
+        exp[p + NAMES.mlp_q] = (d.d_attn[i], d.d_mlp[i])
+        add_optional_biases(exp, sd, NAMES, i, {"q": (hidden,), "k": (hidden,), "v": (hidden,), "o": (d.d_attn[i],),
+                                                "up": (ffn,), "down": (d.d_mlp[i],)})
+    extras = check_state_dict(sd, exp, NAMES, n)
+    return build_layout("opt", scheme, NAMES, n, d, set(sd), extras)
