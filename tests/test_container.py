@@ -161,9 +161,28 @@ def test_ignore_unknown_optional_flag(sample_bytes: bytes, tmp_path: Path) -> No
     assert len(_read(_with_header(sample_bytes, 16, struct.pack("<I", 0x80)), tmp_path)) == 2
 
 
-@pytest.mark.parametrize("offset", [21, 22])
+@pytest.mark.parametrize("offset", [22, 23])
 def test_reject_reserved_header_bits(sample_bytes: bytes, tmp_path: Path, offset: int) -> None:
     assert _code(_with_header(sample_bytes, offset, b"\x01"), tmp_path) == "E_RESERVED"
+
+
+def test_reject_unknown_metadata_codec(sample_bytes: bytes, tmp_path: Path) -> None:
+    assert _code(_with_header(sample_bytes, 21, b"\x07"), tmp_path) == "E_CODEC"
+
+
+def test_reject_metadata_codec_mismatch(sample_bytes: bytes, tmp_path: Path) -> None:
+    assert _code(_with_header(sample_bytes, 21, b"\x01"), tmp_path) == "E_ZSTD"  # says zstd, holds JSON
+
+
+def test_large_metadata_is_compressed_and_round_trips(tmp_path: Path) -> None:
+    meta = {"files": {"tokenizer.json": "x" * 100_000}}
+    buf = io.BytesIO()
+    Writer(buf, "symmetric", 0, meta).close()
+    assert len(buf.getvalue()) < 10_000
+    p = tmp_path / "m.bb"
+    p.write_bytes(buf.getvalue())
+    with Reader(p) as r:
+        assert r.metadata == meta
 
 
 def test_reject_unknown_scheme(sample_bytes: bytes, tmp_path: Path) -> None:

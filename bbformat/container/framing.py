@@ -5,6 +5,7 @@ import json
 from dataclasses import dataclass
 
 import construct
+import zstandard
 
 from ..errors import FormatError, IntegrityError, LimitError
 from . import records as R
@@ -23,6 +24,11 @@ class Header:
 
 def build_header(scheme: str, chunk_count: int, metadata: dict) -> bytes:
     meta = json.dumps(metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    codec = 0
+    if len(meta) > 4096:
+        packed = zstandard.ZstdCompressor(level=19, write_content_size=True, write_checksum=False).compress(meta)
+        if len(packed) < len(meta):
+            meta, codec = packed, 1
     fixed = R.HEADER_FIXED.build(
         dict(
             major=R.VERSION_MAJOR,
@@ -30,7 +36,7 @@ def build_header(scheme: str, chunk_count: int, metadata: dict) -> bytes:
             required_flags=0,
             optional_flags=0,
             scheme=R.SCHEME_CODES[scheme],
-            reserved0=0,
+            metadata_codec=codec,
             reserved1=0,
             chunk_count=chunk_count,
             metadata_length=len(meta),
@@ -54,7 +60,9 @@ def parse_header_fixed(data: bytes) -> construct.Container:
     check_version(h.major, h.minor)
     if h.required_flags & ~R.REQUIRED_FLAGS_KNOWN:
         raise FormatError(f"unknown required flags 0x{h.required_flags:08x}", "E_REQUIRED_FLAG")
-    if h.reserved0 or h.reserved1:
+    if h.metadata_codec not in (0, 1):
+        raise FormatError(f"unknown metadata codec {h.metadata_codec}", "E_CODEC")
+    if h.reserved1:
         raise FormatError("reserved header field is not zero", "E_RESERVED")
     if h.scheme not in R.SCHEME_NAMES:
         raise FormatError(f"unknown scheme code {h.scheme}", "E_SCHEME")
@@ -77,8 +85,19 @@ def parse_header(data: bytes) -> Header:
         raise FormatError("header is truncated", "E_TRUNCATED")
     if crc32c(data[:-4]) != int.from_bytes(data[-4:], "little"):
         raise IntegrityError("header CRC32C mismatch", "E_CRC_HEADER")
+    raw = data[R.HEADER_FIXED_SIZE:-4]
+    if h.metadata_codec == 1:
+        try:
+            declared = zstandard.get_frame_parameters(raw).content_size
+        except zstandard.ZstdError:
+            raise FormatError("metadata is not a zstd frame", "E_ZSTD") from None
+        if declared > R.MAX_METADATA:
+            raise LimitError("metadata decompresses past 64 MiB", "E_LIMIT_METADATA")
+        from ..codec.sections import decompress
+
+        raw = decompress(raw, 1, declared, R.MAX_METADATA)
     try:
-        meta = json.loads(data[R.HEADER_FIXED_SIZE:-4].decode("utf-8"))
+        meta = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"metadata is not UTF-8 JSON: {exc}", "E_METADATA") from None
     if not isinstance(meta, dict):

@@ -39,7 +39,7 @@ HEADER_FIXED = Struct(
     "required_flags" / Int32ul,
     "optional_flags" / Int32ul,
     "scheme" / Int8ul,
-    "reserved0" / Int8ul,
+    "metadata_codec" / Int8ul,
     "reserved1" / Int16ul,
     "chunk_count" / Int32ul,
     "metadata_length" / Int32ul,
