@@ -12,6 +12,7 @@ from .errors import (
     VerifyError,
 )
 from .inspect import inspect
+from .loader import load_model
 from .reader import DecodedBlock, Reader, iter_stream
 from .writer import Writer
 
@@ -31,6 +32,7 @@ __all__ = [
     "Writer",
     "inspect",
     "iter_stream",
+    "load_model",
     "open_container",
     "pack",
     "read_tensors",
