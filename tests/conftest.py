@@ -11,15 +11,15 @@ from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec
 from bbformat.writer import Writer
 
 
-def sample_container(scheme: str = "symmetric", tolerance: float = 0.0, seed: int = 7) -> bytes:
+def sample_container(scheme: str = "symmetric", tolerance: float = 0.0, seed: int = 7, dim: int = 24) -> bytes:
     """Two chunks: a float16 chunk with one rotation site, and a float32 chunk without."""
     rng = np.random.default_rng(seed)
     t0 = {
-        "src": RawTensor.from_f64(rng.normal(0, 0.05, (30, 24)), "float16"),
-        "anchor": RawTensor.from_f64(rng.normal(0, 0.05, (24, 28)), "float16"),
-        "follower": RawTensor.from_f64(rng.normal(0, 0.05, (3, 24)), "float16"),
+        "src": RawTensor.from_f64(rng.normal(0, 0.05, (30, dim)), "float16"),
+        "anchor": RawTensor.from_f64(rng.normal(0, 0.05, (dim, 28)), "float16"),
+        "follower": RawTensor.from_f64(rng.normal(0, 0.05, (3, dim)), "float16"),
     }
-    l0 = ChunkLayout("block0", ("src", "anchor", "follower"), (SiteSpec("site0", 24, AxisRef("anchor", 0), (AxisRef("follower", 1),)),))
+    l0 = ChunkLayout("block0", ("src", "anchor", "follower"), (SiteSpec("site0", dim, AxisRef("anchor", 0), (AxisRef("follower", 1),)),))
     t1 = {"bias": RawTensor.from_f64(rng.normal(0, 1, (3, 4)), "float32")}
     l1 = ChunkLayout("block1", ("bias",), ())
     buf = io.BytesIO()

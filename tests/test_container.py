@@ -444,3 +444,50 @@ def test_reject_residual_that_leaves_the_range(tmp_path: Path) -> None:
         return program, secs
 
     assert _code(_rebuild_chunk(sample_container(), 0, edit), tmp_path) in ("E_SECTION_CONTENT", "E_LIMIT_SECTION")
+
+
+def test_reject_metadata_that_is_not_json(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    Writer(buf, "symmetric", 0, {}).close()
+    data = buf.getvalue()
+    p = split(data)
+    hdr = p.header[:32] + b"[1]" + p.header[34:]  # '{}' -> '[1' and length 2 -> 3
+    hdr = hdr[:28] + struct.pack("<I", 3) + hdr[32:]
+    hdr = hdr[:-4] + b"\x00\x00\x00\x00"
+    assert _code(join(Parts(reseal_header(hdr), p.chunks)), tmp_path) == "E_METADATA"
+
+
+def test_reject_index_count_mismatch(sample_bytes: bytes, tmp_path: Path) -> None:
+    d = bytearray(sample_bytes)
+    index_off = struct.unpack("<Q", d[-40:-32])[0]
+    d[index_off + 4 : index_off + 8] = struct.pack("<I", 3)
+    idx = bytes(d[index_off:-40])
+    footer = bytearray(d[-40:])
+    footer[16:20] = crc32c(idx).to_bytes(4, "little")
+    footer[28:32] = crc32c(bytes(footer[:28])).to_bytes(4, "little")
+    assert _code(bytes(d[:-40]) + bytes(footer), tmp_path) == "E_INDEX"
+
+
+def test_reject_header_footer_version_mismatch(sample_bytes: bytes, tmp_path: Path) -> None:
+    assert _code(_with_header(sample_bytes, 10, struct.pack("<H", 3)), tmp_path) == "E_VERSION"
+
+
+def test_reject_reserved_site_flag(sample_bytes: bytes, tmp_path: Path) -> None:
+    def edit(program, secs):  # type: ignore[no-untyped-def]
+        from dataclasses import replace
+
+        program.sites[0] = replace(program.sites[0], flags=program.sites[0].flags | 0x80)
+        return program, secs
+
+    assert _code(_rebuild_chunk(sample_bytes, 0, edit), tmp_path) == "E_RESERVED"
+
+
+def test_reject_sign_bitmap_padding(tmp_path: Path) -> None:
+    def edit(program, secs):  # type: ignore[no-untyped-def]
+        s = next(s for s in secs if s.kind == 2)
+        s.data = s.stored = s.data[:-1] + bytes([s.data[-1] | 0x80])  # D = 20: bits 20..23 are padding
+        return program, secs
+
+    data = sample_container("paper", 0.005, dim=20)
+    assert not parse_chunk(split(data).chunks[0]).program.sites[0].plain
+    assert _code(_rebuild_chunk(data, 0, edit), tmp_path) == "E_RESERVED"
