@@ -166,6 +166,8 @@ def iter_stream(f: BinaryIO) -> Iterator[DecodedBlock | Header]:
     if got[: len(index)] != index:
         raise FormatError("index disagrees with the chunks read", "E_INDEX")
     footer = parse_footer(got[len(index) :])
+    if footer.major != header.major or footer.minor != header.minor:
+        raise FormatError("header and footer versions differ", "E_VERSION")
     if footer.index_offset != pos or footer.index_length != len(index) or footer.index_crc != crc32c(index):
         raise FormatError("footer disagrees with the stream", "E_INDEX")
     if f.read(1):
