@@ -17,6 +17,7 @@ from .container.chunks import build_chunk
 from .container.crc import crc32c
 from .container.framing import IndexEntry, build_footer, build_header, build_index
 from .errors import BBFormatError, InputError
+from .fsutil import fsync_dir
 
 
 class WriterStateError(BBFormatError):
@@ -79,7 +80,7 @@ class Writer:
             assert self._tmp is not None
             os.replace(self._tmp, self._path)
             self._tmp = None
-            _fsync_dir(self._path.parent)
+            fsync_dir(self._path.parent)
         else:
             self._out.flush()
         return self._pos
@@ -103,15 +104,3 @@ class Writer:
         elif self._state == "chunks":
             self.close()
 
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path if str(path) else ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -63,6 +63,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError
+from ..fsutil import fsync_dir
 
 WEIGHT_SUFFIXES = (".pt", ".safetensors")
 # Non-JSON side files that travel with the checkpoint (tokenizers and the like).
@@ -191,19 +192,6 @@ def read_checkpoint(src: Path | str) -> Checkpoint:
     return Checkpoint.from_parts(stem, sd, files)
 
 
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _tmp_name(dst: Path, name: str) -> Path:
     # "<name-without-last-suffix>.bbtmp-xxxx": torch.save names its zip root after the part before
     # the last dot, so a temp file for <stem>.pt still gets the root "<stem>" like TC's files
@@ -274,5 +262,5 @@ def write_checkpoint(ckpt: Checkpoint, dst: Path | str, fmt: str = "pt") -> Path
             _atomic_write_bytes(dst, f"{ckpt.stem}.safetensors", safetensors.torch.save(sd, metadata={"format": "pt"}))
     except OSError as exc:
         raise InputError(f"cannot write into {dst}: {exc.strerror or exc}") from None
-    _fsync_dir(dst)
+    fsync_dir(dst)
     return dst
