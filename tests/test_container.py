@@ -15,7 +15,7 @@ from bbformat.codec.sections import CODEC_ZSTD, KIND_PAYLOAD, Section
 from bbformat.container import records as R
 from bbformat.container.chunks import build_chunk, parse_chunk
 from bbformat.container.crc import CHECK_VALUE, crc32c
-from bbformat.container.rebuild import Parts, join, reseal_chunk, reseal_header, split
+from bbformat.container.rebuild import Parts, join, reseal_chunk, reseal_footer, reseal_header, split
 from bbformat.errors import IntegrityError, LimitError
 from bbformat.writer import Writer, WriterStateError
 
@@ -146,11 +146,9 @@ def test_reject_unknown_major_version(sample_bytes: bytes, tmp_path: Path) -> No
 
 def test_accept_newer_minor_version(sample_bytes: bytes, tmp_path: Path) -> None:
     # the footer repeats the version; both must change together
-    data = _with_header(sample_bytes, 10, struct.pack("<H", 7))
-    footer = bytearray(data[-40:])
-    footer[22:24] = struct.pack("<H", 7)
-    footer[28:32] = crc32c(bytes(footer[:28])).to_bytes(4, "little")
-    assert len(_read(data[:-40] + bytes(footer), tmp_path)) == 2
+    data = bytearray(_with_header(sample_bytes, 10, struct.pack("<H", 7)))
+    data[-18:-16] = struct.pack("<H", 7)
+    assert len(_read(reseal_footer(bytes(data)), tmp_path)) == 2
 
 
 def test_reject_unknown_required_flag(sample_bytes: bytes, tmp_path: Path) -> None:
@@ -214,15 +212,10 @@ def test_reject_chunk_crc_mismatch(sample_bytes: bytes, tmp_path: Path, i: int) 
 
 
 def test_reject_index_entry_crc_mismatch(sample_bytes: bytes, tmp_path: Path) -> None:
-    p = split(sample_bytes)
-    data = bytearray(join(p))
+    data = bytearray(sample_bytes)
     index_off = struct.unpack("<Q", data[-40:-32])[0]
     data[index_off + 8 + 16] ^= 1  # first entry's crc
-    idx = bytes(data[index_off:-40])
-    footer = bytearray(data[-40:])
-    footer[16:20] = crc32c(idx).to_bytes(4, "little")
-    footer[28:32] = crc32c(bytes(footer[:28])).to_bytes(4, "little")
-    assert _code(bytes(data[:-40]) + bytes(footer), tmp_path) == "E_CRC_INDEX_ENTRY"
+    assert _code(reseal_footer(bytes(data)), tmp_path) == "E_CRC_INDEX_ENTRY"
 
 
 def test_reject_index_crc_mismatch(sample_bytes: bytes, tmp_path: Path) -> None:
@@ -239,10 +232,9 @@ def test_reject_footer_crc_mismatch(sample_bytes: bytes, tmp_path: Path) -> None
 
 
 def test_reject_reserved_footer_bits(sample_bytes: bytes, tmp_path: Path) -> None:
-    footer = bytearray(sample_bytes[-40:])
-    footer[24] = 1
-    footer[28:32] = crc32c(bytes(footer[:28])).to_bytes(4, "little")
-    assert _code(sample_bytes[:-40] + bytes(footer), tmp_path) == "E_RESERVED"
+    data = bytearray(sample_bytes)
+    data[-16] = 1
+    assert _code(reseal_footer(bytes(data)), tmp_path) == "E_RESERVED"
 
 
 def _boundaries(data: bytes) -> list[int]:
@@ -273,13 +265,12 @@ def test_reject_truncation_at_every_boundary(sample_bytes: bytes, tmp_path: Path
 
 
 def _with_footer(data: bytes, index_offset: int | None = None, index_length: int | None = None) -> bytes:
-    footer = bytearray(data[-40:])
+    d = bytearray(data)
     if index_offset is not None:
-        footer[0:8] = struct.pack("<Q", index_offset)
+        d[-40:-32] = struct.pack("<Q", index_offset)
     if index_length is not None:
-        footer[8:16] = struct.pack("<Q", index_length)
-    footer[28:32] = crc32c(bytes(footer[:28])).to_bytes(4, "little")
-    return data[:-40] + bytes(footer)
+        d[-32:-24] = struct.pack("<Q", index_length)
+    return reseal_footer(bytes(d), index_crc=False)
 
 
 @pytest.mark.parametrize("off,length", [(2**64 - 1, None), (None, 2**64 - 8), (10**9, None), (3, None)])
@@ -295,11 +286,7 @@ def _with_index_entry(data: bytes, i: int, offset: int | None = None, length: in
         d[base : base + 8] = struct.pack("<Q", offset)
     if length is not None:
         d[base + 8 : base + 16] = struct.pack("<Q", length)
-    idx = bytes(d[index_off:-40])
-    footer = bytearray(d[-40:])
-    footer[16:20] = crc32c(idx).to_bytes(4, "little")
-    footer[28:32] = crc32c(bytes(footer[:28])).to_bytes(4, "little")
-    return bytes(d[:-40]) + bytes(footer)
+    return reseal_footer(bytes(d))
 
 
 @pytest.mark.parametrize("i,off,length", [(0, 0, None), (1, 2**64 - 16, None), (0, None, 2**64 - 1), (1, None, 10**8), (0, None, 40)])
@@ -461,11 +448,7 @@ def test_reject_index_count_mismatch(sample_bytes: bytes, tmp_path: Path) -> Non
     d = bytearray(sample_bytes)
     index_off = struct.unpack("<Q", d[-40:-32])[0]
     d[index_off + 4 : index_off + 8] = struct.pack("<I", 3)
-    idx = bytes(d[index_off:-40])
-    footer = bytearray(d[-40:])
-    footer[16:20] = crc32c(idx).to_bytes(4, "little")
-    footer[28:32] = crc32c(bytes(footer[:28])).to_bytes(4, "little")
-    assert _code(bytes(d[:-40]) + bytes(footer), tmp_path) == "E_INDEX"
+    assert _code(reseal_footer(bytes(d)), tmp_path) == "E_INDEX"
 
 
 def test_reject_header_footer_version_mismatch(sample_bytes: bytes, tmp_path: Path) -> None:

@@ -44,3 +44,14 @@ def join(parts: Parts) -> bytes:
         pos += len(c)
     index = build_index(entries)
     return parts.header + b"".join(parts.chunks) + index + build_footer(pos, index)
+
+
+def reseal_footer(data: bytes, index_crc: bool = True) -> bytes:
+    """Recompute the footer CRC (and, if asked, the index CRC from the footer's index
+    offset) after bytes of the index or footer were edited."""
+    footer = bytearray(data[-R.FOOTER_SIZE :])
+    if index_crc:
+        index_offset = int.from_bytes(footer[0:8], "little")
+        footer[16:20] = crc32c(data[index_offset : -R.FOOTER_SIZE]).to_bytes(4, "little")
+    footer[28:32] = crc32c(bytes(footer[:28])).to_bytes(4, "little")
+    return bytes(data[: -R.FOOTER_SIZE]) + bytes(footer)
