@@ -474,3 +474,75 @@ def test_reject_sign_bitmap_padding(tmp_path: Path) -> None:
     data = sample_container("paper", 0.005, dim=20)
     assert not parse_chunk(split(data).chunks[0]).program.sites[0].plain
     assert _code(_rebuild_chunk(data, 0, edit), tmp_path) == "E_RESERVED"
+
+
+# ---- regressions found by the conformance suite (conformance/, issue #4) ----------------------------
+
+
+def test_reject_skippable_zstd_frames_as_zstd(tmp_path: Path) -> None:
+    """A skippable frame is not a zstd frame (SPEC.md 8.2): E_ZSTD, not E_SECTION_SIZE."""
+    import zstandard
+
+    skippable = struct.pack("<II", 0x184D2A50, 4) + b"skip"
+
+    def edit(program, secs):  # type: ignore[no-untyped-def]
+        s = next(s for s in secs if s.kind == KIND_PAYLOAD)
+        s.codec, s.stored = CODEC_ZSTD, skippable + zstandard.ZstdCompressor(level=3).compress(s.data)
+        return program, secs
+
+    assert _code(_rebuild_chunk(sample_container(), 0, edit), tmp_path) == "E_ZSTD"
+    hdr = build_header_raw(skippable + zstandard.ZstdCompressor(level=3).compress(b"{}"), codec=1)
+    assert _code(join(Parts(hdr, [])), tmp_path) == "E_ZSTD"
+
+
+def build_header_raw(meta: bytes, codec: int = 0) -> bytes:
+    body = R.HEADER_FIXED.build(dict(major=1, minor=0, required_flags=0, optional_flags=0, scheme=2, metadata_codec=codec, reserved1=0,
+                                     chunk_count=0, metadata_length=len(meta))) + meta
+    return body + crc32c(body).to_bytes(4, "little")
+
+
+@pytest.mark.parametrize("meta", [b'{"a":' + b"[" * 100000 + b"]" * 100000 + b"}", b'{"a":' + b"7" * 5000 + b"}"])
+def test_metadata_past_json_limits_is_a_clean_reject(tmp_path: Path, meta: bytes) -> None:
+    """Deep nesting (RecursionError) and 5,000-digit integers (ValueError) were uncaught."""
+    assert _code(join(Parts(build_header_raw(meta), [])), tmp_path) == "E_METADATA"
+
+
+def test_reject_varint_of_2_64_or_more() -> None:
+    from bbformat.codec.varint import decode_varints
+
+    assert int(decode_varints(b"\xff" * 9 + b"\x01", 1)[0]) == 2**64 - 1
+    with pytest.raises(FormatError) as ei:
+        decode_varints(b"\xff" * 9 + b"\x02", 1)  # used to wrap around to 2^63 - 1
+    assert ei.value.code == "E_SECTION_CONTENT"
+
+
+def test_huge_dim_of_an_empty_tensor_is_a_limit_not_a_crash(sample_bytes: bytes, tmp_path: Path) -> None:
+    """dims (2^64 - 1, 0) hold 0 elements; numpy cannot represent the shape (OverflowError before)."""
+    from dataclasses import replace
+
+    def edit(program, secs):  # type: ignore[no-untyped-def]
+        program.tensors.append(replace(program.tensors[0], name="empty", shape=(2**64 - 1, 0)))
+        program.ops = program.ops + [replace(program.ops[-1], index=len(program.tensors) - 1)]
+        return program, secs
+
+    assert _code(_rebuild_chunk(sample_bytes, 1, edit), tmp_path) == "E_LIMIT_TENSOR"
+
+
+def test_non_finite_anchor_gives_nan_block_not_an_error(tmp_path: Path) -> None:
+    """SPEC.md 7.5: a non-finite Gram matrix makes E all NaN (numpy's eigh leaves some columns
+    finite); the container is still valid. In paper mode the whole un-rotated anchor is NaN."""
+    data = sample_container("paper", 0.005)
+
+    def edit(program, secs):  # type: ignore[no-untyped-def]
+        s = next(s for s in secs if s.kind == KIND_PAYLOAD)
+        site = program.sites[0]
+        at = 30 * 24 - site.n_pop + site.n_mu  # the anchor's first symbol: after src's stored part and mu
+        s.data = s.stored = s.data[: 2 * at] + b"\x00\x7c" + s.data[2 * at + 2 :]  # +infinity
+        return program, [s for s in secs if s.kind in (KIND_PAYLOAD, 2)]  # payload and signs; corrections no longer fit
+
+    assert not parse_chunk(split(data).chunks[0]).program.sites[0].plain
+    blocks = _read(_rebuild_chunk(data, 0, edit), tmp_path)
+    t = next(b for b in blocks if b.index == 0).tensors
+    src = t["src"].to_f64().reshape(-1)
+    assert np.all(np.isnan(src[-300:])) and np.all(np.isfinite(src[:-300]))
+    assert np.all(np.isnan(t["anchor"].to_f64()))

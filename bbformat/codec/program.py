@@ -9,6 +9,7 @@ The final stack is the chunk's payload.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -43,7 +44,7 @@ class TensorEntry:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(self.shape)  # exact (no int64 overflow); 1 for a scalar
 
     def symbols(self, symbol_bits: int) -> int:
         return self.numel * (bits_of(self.dtype) // symbol_bits)
@@ -166,7 +167,16 @@ class Corrector(Protocol):
 def recover_basis(anchor: RawTensor, site: SiteEntry, signs: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """Eigenvectors of the stored anchor's Gram matrix (ascending), sign-fixed in paper mode."""
     m = rot.axis_matrix(anchor.to_f64(), site.anchor_axis)
-    _, e = rot.eigh(rot.gram(m))
+    g = rot.gram(m)
+    e = None
+    if np.all(np.isfinite(g)):
+        try:
+            _, e = rot.eigh(g)
+        except np.linalg.LinAlgError:
+            e = None
+    if e is None:
+        # SPEC.md 7.5: a non-finite Gram matrix or a failed eigensolver makes every entry of E NaN
+        e = np.full((site.dim, site.dim), np.nan)
     if site.paper:
         assert signs is not None
         e = rot.apply_paper_signs(e, signs)

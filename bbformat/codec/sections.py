@@ -20,6 +20,7 @@ KIND_NAMES = {1: "payload", 2: "signs", 3: "x_residuals", 4: "x_patches", 5: "an
 
 CODEC_RAW = 0
 CODEC_ZSTD = 1
+ZSTD_FRAME_MAGIC = b"\x28\xb5\x2f\xfd"
 ZSTD_LEVEL = 19
 NO_SITE = 0xFFFFFFFF
 SECTION_ENTRY_BYTES = 32
@@ -125,10 +126,7 @@ def decode_residuals(data: bytes, approx_bits: np.ndarray, dtype: str) -> np.nda
         else:
             if codec != CODEC_ZSTD:
                 raise FormatError(f"unknown residual group codec {codec}", "E_CODEC")
-            try:
-                declared = zstandard.get_frame_parameters(data[start : start + length]).content_size
-            except zstandard.ZstdError:
-                raise FormatError("bad zstd frame in a residual group", "E_ZSTD") from None
+            declared = frame_content_size(data[start : start + length])
             if declared > limit:
                 raise LimitError("residual group declares more bytes than its values allow", "E_LIMIT_SECTION")
             raw = decompress(data[start : start + length], CODEC_ZSTD, declared, limit)
@@ -196,6 +194,17 @@ def decoded_limit(program: BlockProgram, kind: int, site: int) -> int:
     raise FormatError(f"unknown section kind {kind}", "E_SECTION_KIND")
 
 
+def frame_content_size(data: bytes) -> int:
+    """Frame_Content_Size of the zstd frame that `data` starts with (2^64 - 1 when the header
+    has none). Anything but a zstd frame header, including a skippable frame, is E_ZSTD."""
+    if bytes(data[:4]) != ZSTD_FRAME_MAGIC:
+        raise FormatError("not a zstd frame (bad frame magic; skippable frames are not allowed)", "E_ZSTD")
+    try:
+        return int(zstandard.get_frame_parameters(data).content_size)
+    except zstandard.ZstdError as exc:
+        raise FormatError(f"bad zstd frame: {exc}", "E_ZSTD") from None
+
+
 def decompress(stored: bytes, codec: int, declared: int, limit: int) -> bytes:
     if declared > limit:
         raise LimitError(f"section declares {declared} decoded bytes, limit is {limit}", "E_LIMIT_SECTION")
@@ -205,11 +214,7 @@ def decompress(stored: bytes, codec: int, declared: int, limit: int) -> bytes:
         return stored
     if codec != CODEC_ZSTD:
         raise FormatError(f"unknown section codec {codec}", "E_CODEC")
-    try:
-        params = zstandard.get_frame_parameters(stored)
-    except zstandard.ZstdError as exc:
-        raise FormatError(f"bad zstd frame: {exc}", "E_ZSTD") from None
-    if params.content_size != declared:
+    if frame_content_size(stored) != declared:
         raise FormatError("zstd frame content size differs from the declared size", "E_SECTION_SIZE")
     try:
         dobj = zstandard.ZstdDecompressor().decompressobj()

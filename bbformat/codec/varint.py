@@ -51,6 +51,8 @@ def decode_varints(data: bytes, count: int) -> np.ndarray:
     lens = ends - starts + 1
     if count and int(lens.max()) > MAX_VARINT_BYTES:
         raise FormatError("varint longer than 10 bytes", "E_SECTION_CONTENT")
+    if count and np.any((lens == MAX_VARINT_BYTES) & (b[ends] > 1)):
+        raise FormatError("varint value is 2^64 or more", "E_SECTION_CONTENT")
     out = np.zeros(count, dtype=np.uint64)
     for k in range(int(lens.max()) if count else 0):
         active = lens > k

@@ -107,10 +107,13 @@ def _parse_descriptor(data: bytes) -> BlockProgram:
             raise FormatError(f"tensor {t.name!r} has unknown dtype code {t.dtype}", "E_DTYPE")
         if t.ndim > R.MAX_NDIM:
             raise LimitError(f"tensor {t.name!r} has {t.ndim} dimensions", "E_LIMIT_NDIM")
-        numel = 1
+        numel = nonzero = 1
         for d in t.dims:
             numel *= d
-        if numel > R.MAX_TENSOR_ELEMENTS:
+            nonzero *= d or 1
+        # Non-zero dims multiplying past the element limit are refused even when another dim is
+        # 0 (a reader's own limit, SPEC.md 11.4): numpy cannot represent such a shape.
+        if numel > R.MAX_TENSOR_ELEMENTS or nonzero > R.MAX_TENSOR_ELEMENTS:
             raise LimitError(f"tensor {t.name!r} is too large", "E_LIMIT_TENSOR")
         tensors.append(TensorEntry(t.name, DTYPE_NAMES[t.dtype], tuple(int(d) for d in t.dims)))
     sites = []

@@ -87,19 +87,20 @@ def parse_header(data: bytes) -> Header:
         raise IntegrityError("header CRC32C mismatch", "E_CRC_HEADER")
     raw = data[R.HEADER_FIXED_SIZE:-4]
     if h.metadata_codec == 1:
-        try:
-            declared = zstandard.get_frame_parameters(raw).content_size
-        except zstandard.ZstdError:
-            raise FormatError("metadata is not a zstd frame", "E_ZSTD") from None
+        from ..codec.sections import decompress, frame_content_size
+
+        declared = frame_content_size(raw)
         if declared > R.MAX_METADATA:
             raise LimitError("metadata decompresses past 64 MiB", "E_LIMIT_METADATA")
-        from ..codec.sections import decompress
 
         raw = decompress(raw, 1, declared, R.MAX_METADATA)
     try:
         meta = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"metadata is not UTF-8 JSON: {exc}", "E_METADATA") from None
+    except (ValueError, RecursionError) as exc:
+        # valid JSON past this reader's limits (RFC 8259 section 9): nesting depth, digits of an integer
+        raise FormatError(f"metadata JSON exceeds this reader's limits: {type(exc).__name__}", "E_METADATA") from None
     if not isinstance(meta, dict):
         raise FormatError("metadata must be a JSON object", "E_METADATA")
     return Header(R.SCHEME_NAMES[h.scheme], h.chunk_count, meta, h.major, h.minor, n)

@@ -1,0 +1,1922 @@
+#!/usr/bin/env python3
+"""Generate the bbformat conformance suite (GitHub issue #4): every vector, manifest.json
+and ERRORS.md, deterministically (fixed seeds, no timestamps, sorted JSON).
+
+    python conformance/generate.py [--out DIR] [--no-check]
+
+--out defaults to this directory. Every vector is checked while it is written: a reject
+vector must be rejected by the reference reader (bbformat.Reader, random access, all chunks
+read and decoded) with exactly the manifest's code, an accept vector must decode. Unless
+--no-check, every vector is also decoded with alternative numerics (other eigensolvers:
+Debian's reference LAPACK dsyevd through ctypes, SciPy's MRRR and QR drivers; other
+summation orders for the Gram matrix and the regenerated block) and must land within its
+stated tolerance (and reject vectors must keep their code): the suite is robust to a reader
+with another LAPACK (SPEC.md section 9, guarantees 2 and 3).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import ctypes
+import ctypes.util
+import hashlib
+import io
+import json
+import os
+import platform
+import shutil
+import struct
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # faster on a shared machine; results are the same
+
+import numpy as np  # noqa: E402
+import zstandard  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+import bbformat  # noqa: E402
+from bbformat import errors as bberr  # noqa: E402
+from bbformat.codec import encoder as bbenc  # noqa: E402
+from bbformat.codec import rotation as rot  # noqa: E402
+from bbformat.codec.dtypes import RawTensor  # noqa: E402
+from bbformat.codec.encoder import encode_chunk  # noqa: E402
+from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec  # noqa: E402
+from bbformat.codec.program import OP_PUSH, OP_SITE, SITE_PAPER, SITE_PLAIN, decode_program  # noqa: E402
+from bbformat.codec.sections import (  # noqa: E402
+    KIND_ANCHOR_PATCHES,
+    KIND_PAYLOAD,
+    KIND_SIGNS,
+    KIND_X_PATCHES,
+    KIND_X_RESIDUALS,
+    NO_SITE,
+    StoredCorrector,
+    residual_contexts,
+)
+from bbformat.codec.varint import encode_varints, zigzag  # noqa: E402
+from bbformat.container import records as R  # noqa: E402
+from bbformat.container.chunks import _program_to_record, parse_chunk  # noqa: E402
+from bbformat.container.crc import crc32c  # noqa: E402
+from bbformat.reader import Reader, iter_stream  # noqa: E402
+
+import impl_python  # noqa: E402
+import run as runner  # noqa: E402
+
+SPEC_VERSION = "1.0"
+U64 = (1 << 64) - 1
+FILE_MAGIC, CHUNK_MAGIC, INDEX_MAGIC, FOOTER_MAGIC = R.FILE_MAGIC, R.CHUNK_MAGIC, R.INDEX_MAGIC, R.FOOTER_MAGIC
+ZSTD = zstandard.ZstdCompressor(level=19, write_content_size=True, write_checksum=False)
+
+
+class GenError(Exception):
+    pass
+
+
+# =============================================================================================
+# Byte-level model of a container: every field can be overridden, CRCs are resealed unless
+# an override says otherwise.
+# =============================================================================================
+
+
+@dataclass
+class Sec:
+    kind: int
+    site: int
+    stored: bytes
+    decoded_length: int
+    codec: int = 0
+    reserved: int = 0
+    over: dict = field(default_factory=dict)  # table-entry overrides: offset, stored_length, decoded_length
+
+
+def raw_sec(kind: int, site: int, data: bytes) -> Sec:
+    return Sec(kind, site, data, len(data), 0)
+
+
+def zstd_sec(kind: int, site: int, data: bytes) -> Sec:
+    return Sec(kind, site, ZSTD.compress(data), len(data), 1)
+
+
+@dataclass
+class Chk:
+    rec: dict  # descriptor record as construct takes it (see container/records.py)
+    secs: list[Sec]
+    head: dict = field(default_factory=dict)  # magic, reserved0, chunk_length, chunk_index, descriptor_length, section_count, reserved1
+    desc: bytes | None = None  # raw descriptor bytes instead of rec
+    tail: bytes = b""  # bytes between the last section and the CRC
+    crc: int | None = None  # stored chunk CRC (None: correct)
+
+    def copy(self) -> "Chk":
+        return copy.deepcopy(self)
+
+    def descriptor(self) -> bytes:
+        return self.desc if self.desc is not None else R.DESCRIPTOR.build(self.rec)
+
+    def sec(self, kind: int, site: int | None = None) -> Sec:
+        return next(s for s in self.secs if s.kind == kind and (site is None or s.site == site))
+
+    def build(self, index: int) -> bytes:
+        desc = self.descriptor()
+        table_end = 32 + len(desc) + 32 * len(self.secs)
+        entries, off = [], table_end
+        for s in self.secs:
+            e = dict(kind=s.kind, codec=s.codec, reserved=s.reserved, site=s.site, offset=off, stored_length=len(s.stored),
+                     decoded_length=s.decoded_length)
+            e.update(s.over)
+            entries.append(struct.pack("<BBHIQQQ", e["kind"], e["codec"], e["reserved"], e["site"], e["offset"], e["stored_length"],
+                                       e["decoded_length"]))
+            off += len(s.stored)
+        body_rest = desc + b"".join(entries) + b"".join(s.stored for s in self.secs) + self.tail
+        h = dict(magic=CHUNK_MAGIC, reserved0=0, chunk_length=32 + len(body_rest) + 4, chunk_index=index, descriptor_length=len(desc),
+                 section_count=len(self.secs), reserved1=0)
+        h.update(self.head)
+        head = h["magic"] + struct.pack("<IQIIII", h["reserved0"], h["chunk_length"], h["chunk_index"], h["descriptor_length"],
+                                        h["section_count"], h["reserved1"])
+        body = head + body_rest
+        crc = crc32c(body) if self.crc is None else self.crc
+        return body + struct.pack("<I", crc)
+
+
+def chk_from(enc) -> Chk:  # type: ignore[no-untyped-def]
+    """An encoder's EncodedChunk as an editable Chk."""
+    return Chk(_program_to_record(enc.program), [Sec(s.kind, s.site, s.stored, len(s.data), s.codec) for s in enc.sections])
+
+
+def meta_bytes(meta: dict) -> bytes:
+    return json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+@dataclass
+class BB:
+    chunks: list[Chk]
+    scheme: int = 2
+    meta: bytes = b'{"tolerance":0.0}'
+    meta_codec: int = 0
+    hdr: dict = field(default_factory=dict)  # magic major minor required_flags optional_flags scheme reserved chunk_count metadata_length crc
+    entry_edit: Callable[[list[dict]], None] | None = None  # edits [{offset, length, crc, reserved}]
+    index_magic: bytes = INDEX_MAGIC
+    index_count: int | None = None
+    index_extra: bytes = b""
+    index_crc: int | None = None  # footer's index_crc (None: correct)
+    ftr: dict = field(default_factory=dict)  # index_offset index_length major minor reserved crc magic
+    trailing: bytes = b""
+
+    def copy(self) -> "BB":
+        c = copy.copy(self)
+        c.chunks = [k.copy() for k in self.chunks]
+        c.hdr, c.ftr = dict(self.hdr), dict(self.ftr)
+        return c
+
+    def header(self) -> bytes:
+        h = dict(magic=FILE_MAGIC, major=1, minor=0, required_flags=0, optional_flags=0, scheme=self.scheme, codec=self.meta_codec,
+                 reserved=0, chunk_count=len(self.chunks), metadata_length=len(self.meta))
+        h.update(self.hdr)
+        fixed = h["magic"] + struct.pack("<HHIIBBHII", h["major"], h["minor"], h["required_flags"], h["optional_flags"], h["scheme"],
+                                         h["codec"], h["reserved"], h["chunk_count"], h["metadata_length"])
+        body = fixed + self.meta
+        return body + struct.pack("<I", h.get("crc", crc32c(body)))
+
+    def build(self) -> bytes:
+        header = self.header()
+        chunks = [c.build(i) for i, c in enumerate(self.chunks)]
+        entries, pos = [], len(header)
+        for c in chunks:
+            entries.append(dict(offset=pos, length=len(c), crc=struct.unpack("<I", c[-4:])[0], reserved=0))
+            pos += len(c)
+        if self.entry_edit is not None:
+            self.entry_edit(entries)
+        index = self.index_magic + struct.pack("<I", len(chunks) if self.index_count is None else self.index_count)
+        index += b"".join(struct.pack("<QQII", e["offset"], e["length"], e["crc"], e["reserved"]) for e in entries) + self.index_extra
+        f = dict(index_offset=pos, index_length=len(index), major=self.hdr.get("major", 1), minor=self.hdr.get("minor", 0), reserved=0,
+                 magic=FOOTER_MAGIC)
+        f.update(self.ftr)
+        part = struct.pack("<QQIHHI", f["index_offset"], f["index_length"], crc32c(index) if self.index_crc is None else self.index_crc,
+                           f["major"], f["minor"], f["reserved"])
+        footer = part + struct.pack("<I", f.get("crc", crc32c(part))) + f["magic"]
+        return header + b"".join(chunks) + index + footer + self.trailing
+
+    def layout(self) -> dict:
+        """Offsets of the parts of the built file (for truncation vectors)."""
+        header = self.header()
+        out = {"H": len(header), "M": len(self.meta), "chunks": []}
+        pos = len(header)
+        for i, c in enumerate(self.chunks):
+            b = c.build(i)
+            dl = len(c.descriptor())
+            out["chunks"].append(dict(start=pos, end=pos + len(b), desc=pos + 32, table=pos + 32 + dl, data=pos + 32 + dl + 32 * len(c.secs)))
+            pos += len(b)
+        out["index"] = pos
+        return out
+
+
+def patch(data: bytes, off: int, new: bytes) -> bytes:
+    return data[:off] + new + data[off + len(new) :]
+
+
+def reseal_footer(data: bytes, index_crc: bool = True) -> bytes:
+    f = bytearray(data[-40:])
+    if index_crc:
+        io_ = struct.unpack("<Q", f[0:8])[0]
+        f[16:20] = struct.pack("<I", crc32c(data[io_:-40]))
+    f[28:32] = struct.pack("<I", crc32c(bytes(f[:28])))
+    return data[:-40] + bytes(f)
+
+
+def desc_replace(c: Chk, old: bytes, new: bytes) -> None:
+    """Replace the unique occurrence of `old` in the descriptor bytes by `new` (same length)."""
+    d = c.descriptor()
+    assert d.count(old) == 1 and len(old) == len(new), (old, d.count(old))
+    c.desc = d.replace(old, new)
+
+
+# =============================================================================================
+# Encoding helpers
+# =============================================================================================
+
+
+def t(rng: np.random.Generator, shape: tuple, dtype: str = "float16", scale: float = 0.05) -> RawTensor:
+    return RawTensor.from_f64(rng.normal(0.0, scale, shape), dtype)
+
+
+def orth(rng: np.random.Generator, n: int) -> np.ndarray:
+    q, r = np.linalg.qr(rng.normal(size=(n, n)))
+    return q * np.sign(np.diag(r))
+
+
+def separated(rng: np.random.Generator, rows: int, d: int, lo: float = 1.0, hi: float = 3.0, scale: float = 0.05) -> np.ndarray:
+    """A rows x d matrix whose Gram matrix has the linearly spaced spectrum scale^2 * [lo, hi]:
+    well-separated eigenvalues, hence eigenvectors well conditioned (SPEC.md section 9)."""
+    s = np.sqrt(np.linspace(lo, hi, d))[::-1] * scale
+    return (orth(rng, rows)[:, :d] * s) @ orth(rng, d).T
+
+
+def encode(layout: ChunkLayout, tensors: dict, scheme: str, tol: float, force: bool = False):  # type: ignore[no-untyped-def]
+    """encode_chunk; with force, a site is not made PLAIN for side information that does not pay."""
+    if not force:
+        return encode_chunk(layout, tensors, {}, scheme, tol)
+    orig = bbenc._encode_once
+
+    def once(*a, **k):  # type: ignore[no-untyped-def]
+        enc, _newly = orig(*a, **k)
+        return enc, {}
+
+    bbenc._encode_once = once
+    try:
+        return encode_chunk(layout, tensors, {}, scheme, tol)
+    finally:
+        bbenc._encode_once = orig
+
+
+def site_flags(enc) -> list[int]:  # type: ignore[no-untyped-def]
+    return [s.flags for s in enc.program.sites]
+
+
+class Capture(StoredCorrector):
+    """Decoder corrector that records each site's rounded regenerated block (before corrections)."""
+
+    def __init__(self, program, side):  # type: ignore[no-untyped-def]
+        super().__init__(program, side)
+        self.approx: dict[int, np.ndarray] = {}
+
+    def correct_x(self, site, approx):  # type: ignore[no-untyped-def]
+        self.approx[site] = approx.copy()
+        return super().correct_x(site, approx)
+
+
+def approx_of(c: Chk, index: int = 0) -> dict[int, np.ndarray]:
+    ch = parse_chunk(c.build(index))
+    cap = Capture(ch.program, ch.side)
+    decode_program(ch.program, ch.payload, cap)
+    return cap.approx
+
+
+def residual_section(approx: np.ndarray, dtype: str, r: np.ndarray | None = None, codec: int = 0,
+                     group_edit: Callable[[int, bytes], bytes] | None = None) -> bytes:
+    """An x_residuals section (SPEC.md 8.4) for residuals r (default 0) over the block `approx`;
+    group_edit(k, varint bytes) may alter the k-th group's decoded bytes."""
+    r = np.zeros(approx.size, np.int64) if r is None else r
+    ctx = residual_contexts(approx, dtype)
+    out = b""
+    for k, cval in enumerate(np.unique(ctx)):
+        raw = encode_varints(zigzag(r[ctx == cval]))
+        if group_edit is not None:
+            raw = group_edit(k, raw)
+        data = ZSTD.compress(raw) if codec == 1 else raw
+        out += encode_varints(np.array([len(data)], np.uint64)) + bytes([codec]) + data
+    return out
+
+
+def patches(positions: list[int], values: list[int], width: int) -> bytes:
+    gaps, prev = [], -1
+    for p in positions:
+        gaps.append(p - prev - 1)
+        prev = p
+    fmt = "<H" if width == 16 else "<I"
+    return (encode_varints(np.array([len(positions)], np.uint64)) + encode_varints(np.array(gaps, np.uint64))
+            + b"".join(struct.pack(fmt, v) for v in values))
+
+
+def varint(v: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        out.append(b | (0x80 if v else 0))
+        if not v:
+            return bytes(out)
+
+
+def program_rec(name: str, symbol_dtype: int, tensors: list[tuple], sites: list[tuple], ops: list[tuple]) -> dict:
+    """A descriptor record from plain tuples: tensors (name, dtype code, dims), sites
+    (name, dim, anchor, axis, flags[, followers]), ops (kind, index)."""
+    return dict(
+        name=name, symbol_dtype=symbol_dtype, reserved0=0, reserved1=0,
+        tensors=[dict(name=n, dtype=d, ndim=len(dims), reserved=0, dims=list(dims)) for n, d, dims in tensors],
+        sites=[dict(name=s[0], dim=s[1], anchor=s[2], anchor_axis=s[3], flags=s[4], reserved=0,
+                    followers=[dict(tensor=f, axis=a, reserved=0) for f, a in (s[5] if len(s) > 5 else [])]) for s in sites],
+        ops=[dict(kind=k, reserved0=0, reserved1=0, index=i) for k, i in ops],
+    )
+
+
+# =============================================================================================
+# Provenance: which decoded values are regenerated (SPEC.md section 9)
+# =============================================================================================
+
+
+def regenerated(program) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    """Per tensor name, how many elements are not stored bits: they hold a symbol pushed by a
+    non-plain SITE (step 8 of SPEC.md 7.1), or belong to a PAPER anchor (step 9). Simulates the
+    decoder's stack with one provenance flag per symbol."""
+    w = program.symbol_bits
+    stack = np.zeros(program.payload_symbols(), dtype=bool)
+    n = stack.size
+    counts: dict[str, int] = {}
+    paper_anchor: set[int] = set()
+    for op in reversed(program.ops):
+        if op.kind == OP_PUSH:
+            te = program.tensors[op.index]
+            k = te.symbols(w)
+            flags = stack[n - k : n]
+            n -= k
+            per = max(1, k // max(te.numel, 1)) if te.numel else 1
+            el = flags.reshape(te.numel, per).any(axis=1) if te.numel else flags
+            counts[te.name] = int(el.sum())
+            continue
+        s = program.sites[op.index]
+        if s.plain:
+            continue
+        n -= 2 * s.dim
+        m = s.n_pop
+        if n + m > stack.size:
+            stack = np.concatenate([stack, np.zeros(n + m - stack.size, bool)])
+        stack[n : n + m] = True
+        n += m
+        if s.paper:
+            paper_anchor.add(s.anchor)
+    for a in paper_anchor:
+        te = program.tensors[a]
+        counts[te.name] = te.numel
+    return counts
+
+
+# =============================================================================================
+# Alternative numerics (self-check)
+# =============================================================================================
+
+
+def _ref_lapack():  # type: ignore[no-untyped-def]
+    for name in ("/usr/lib/x86_64-linux-gnu/lapack/liblapack.so.3", ctypes.util.find_library("lapack")):
+        if name and (name.startswith("lib") or os.path.exists(name)):
+            try:
+                return ctypes.CDLL(name, mode=os.RTLD_LOCAL | getattr(os, "RTLD_DEEPBIND", 0))
+            except OSError:
+                continue
+    return None
+
+
+def _dsyevd(lib):  # type: ignore[no-untyped-def]
+    c_int, c_char = ctypes.c_int, ctypes.c_char
+    fn = lib.dsyevd_
+
+    def eigh(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n = a.shape[0]
+        A = np.array(a, dtype=np.float64, order="F", copy=True)
+        w = np.zeros(n)
+        work, iwork = np.zeros(1), np.zeros(1, np.int32)
+        info = c_int(0)
+        args = lambda lw, liw: (ctypes.byref(c_char(b"V")), ctypes.byref(c_char(b"U")), ctypes.byref(c_int(n)),  # noqa: E731
+                                A.ctypes.data_as(ctypes.c_void_p), ctypes.byref(c_int(n)), w.ctypes.data_as(ctypes.c_void_p),
+                                work.ctypes.data_as(ctypes.c_void_p), ctypes.byref(c_int(lw)), iwork.ctypes.data_as(ctypes.c_void_p),
+                                ctypes.byref(c_int(liw)), ctypes.byref(info))
+        fn(*args(-1, -1))
+        lwork, liwork = int(work[0]), int(iwork[0])
+        work, iwork = np.zeros(max(1, lwork)), np.zeros(max(1, liwork), np.int32)
+        fn(*args(lwork, liwork))
+        if info.value != 0:
+            raise RuntimeError(f"dsyevd info {info.value}")
+        return w, A
+
+    return eigh
+
+
+def _gram_rows(m: np.ndarray) -> np.ndarray:
+    g = np.zeros((m.shape[1], m.shape[1]))
+    for r in range(m.shape[0]):
+        g += np.outer(m[r], m[r])
+    return g
+
+
+def _gram_ld(m: np.ndarray) -> np.ndarray:
+    x = m.astype(np.longdouble)
+    return (x.T @ x).astype(np.float64)
+
+
+def _regen_loop(e: np.ndarray, mu: np.ndarray, paper: bool) -> np.ndarray:
+    v = e.T if paper else e
+    x = np.zeros((e.shape[0], e.shape[0]))
+    for k in range(e.shape[0]):
+        x += mu[k] * np.outer(v[:, k], v[:, k])
+    return x
+
+
+def _regen_ld(e: np.ndarray, mu: np.ndarray, paper: bool) -> np.ndarray:
+    v = (e.T if paper else e).astype(np.longdouble)
+    return ((v * mu.astype(np.longdouble)) @ v.T).astype(np.float64)
+
+
+def numerics_variants() -> list[tuple[str, Callable, Callable, Callable]]:
+    out = []
+    lib = _ref_lapack()
+    if lib is not None:
+        out.append(("reference-LAPACK dsyevd, row-sequential Gram, loop X~", _dsyevd(lib), _gram_rows, _regen_loop))
+    try:
+        import scipy.linalg as sl
+
+        out.append(("scipy evr (MRRR), long-double Gram and X~", lambda a: sl.eigh(a, driver="evr"), _gram_ld, _regen_ld))
+        out.append(("scipy ev (QR), reversed-row Gram", lambda a: sl.eigh(a, driver="ev"), lambda m: m[::-1].T @ m[::-1], rot.regenerate))
+    except ImportError:
+        pass
+    return out
+
+
+def decode_with(path: Path, variant) -> dict:  # type: ignore[no-untyped-def]
+    _, eigh, gram, regen = variant
+    saved = rot.eigh, rot.gram, rot.regenerate
+    rot.eigh, rot.gram, rot.regenerate = eigh, gram, regen
+    try:
+        return impl_python.decode_path(path)
+    finally:
+        rot.eigh, rot.gram, rot.regenerate = saved
+
+
+# =============================================================================================
+# The suite
+# =============================================================================================
+
+CODES = {
+    # code: (meaning, SPEC sections, section 11.2 item or None)
+    "E_MAGIC": ("a magic number is wrong: the file's leading magic (or a file shorter than 8 bytes), a chunk's, the index's (or an index shorter than 8 bytes); the footer's when reading forward", "§4, §5, §10.1, §10.3", 1),
+    "E_TRUNCATED": ("the file ends early: shorter than 84 bytes, no footer magic at the end of a seekable file (random access), a read past the end, a stream ending early", "§10.2, §10.3", 2),
+    "E_VERSION": ("major version not 1 (header or footer), or header and footer versions differ", "§4, §10.2", 3),
+    "E_REQUIRED_FLAG": ("a required_flags bit is set (none is defined in 1.0)", "§4", 4),
+    "E_RESERVED": ("a reserved field or bit is not zero, including site flag bits 2-7 and sign bitmap padding", "§1, §4, §5, §5.1, §5.3, §8.3, §10", 5),
+    "E_SCHEME": ("header scheme byte not 1 (paper) or 2 (symmetric)", "§4", 6),
+    "E_CODEC": ("metadata, section or residual-group codec not 0 (raw) or 1 (zstd)", "§4, §5.3, §8.2, §8.4", 7),
+    "E_ZSTD": ("a zstd field that is not exactly one valid zstd frame (unparseable header, damaged data, several or skippable frames, bytes after the frame)", "§4.1, §8.2, §8.4", 8),
+    "E_METADATA": ("metadata not UTF-8, not JSON, or not a JSON object", "§4.1", 9),
+    "E_CRC_HEADER": ("header_crc mismatch", "§3, §4", 10),
+    "E_CRC_CHUNK": ("chunk_crc mismatch", "§3, §5", 11),
+    "E_CRC_INDEX_ENTRY": ("an index entry's crc differs from its chunk's chunk_crc", "§3, §10.1", 12),
+    "E_CRC_INDEX": ("index_crc mismatch (random access)", "§3, §10.2", 13),
+    "E_CRC_FOOTER": ("footer_crc mismatch", "§3, §10.2", 14),
+    "E_BOUNDS": ("an offset or length out of bounds, not contiguous, overlapping or overflowing (header, index, index entries, chunk_length, descriptor/table, sections)", "§1, §2, §5, §5.3, §10", 15),
+    "E_INDEX": ("index chunk_count or index_length disagrees with the header; streaming: index bytes or footer fields disagree with the chunks read", "§10.1, §10.3", 16),
+    "E_CHUNK_ORDER": ("a chunk's chunk_index differs from its position", "§5, §10.1", 17),
+    "E_DESCRIPTOR": ("the descriptor does not parse to exactly Ld bytes (incl. invalid UTF-8), duplicate tensor name, unknown op kind, op index out of range, a tensor not pushed exactly once, a site not used exactly once", "§1, §5.1, §5.2", 18),
+    "E_DTYPE": ("unknown symbol or tensor dtype code, or a tensor narrower than the symbols", "§5.1, §6.1", 19),
+    "E_SITE": ("a site's anchor does not exist or does not fit (axis, dims[axis] = D, D >= 2), or its PUSH precedes the SITE", "§5.1, §5.2", 20),
+    "E_SECTION_KIND": ("unknown section kind, payload naming a site, a section naming a non-existent site, a kind not allowed for its site", "§5.3, §8.1", 21),
+    "E_SECTION_DUPLICATE": ("two sections of one (kind, site), x_residuals and x_patches on one site, two payloads", "§8.1", 22),
+    "E_SECTION_MISSING": ("no payload section, or a non-plain PAPER site without signs", "§8.1", 23),
+    "E_SECTION_SIZE": ("a section's stored/declared/decoded sizes disagree (raw stored != decoded, zstd content size absent or != decoded_length, signs != ceil(D/8)), decompressed metadata size != declared", "§4.1, §8.2", 24),
+    "E_SECTION_CONTENT": ("malformed correction content: varints (unterminated, > 10 bytes, >= 2^64, wrong number, left-over bytes), residual groups running past or left over, ordinal out of range, patch count/values/gaps/positions", "§8.4, §8.5", 25),
+    "E_SYMBOL_COUNT": ("payload decoded_length != P*W/8, a pop underflows, symbols left on the stack", "§6.3, §7.1", 26),
+    "E_LIMIT_COUNT": ("more chunks, tensors, sites or sections than allowed, or a descriptor longer than 16 MiB", "§4, §5, §5.1, §11.1", 27),
+    "E_LIMIT_METADATA": ("metadata over 64 MiB, stored or (zstd) declared", "§4, §4.1, §11.1", 27),
+    "E_LIMIT_NDIM": ("a tensor with more than 8 dimensions", "§5.1, §11.1", 27),
+    "E_LIMIT_TENSOR": ("a tensor with more than 2^40 elements (product of dims, computed without overflow)", "§5.1, §11.1", 27),
+    "E_LIMIT_DIM": ("a site dimension D over 32,768", "§5.1, §11.1", 27),
+    "E_LIMIT_SECTION": ("a section or residual group declaring more decoded bytes than its kind allows (decompression bombs)", "§8.2, §8.4, §11.1", 27),
+    "E_TRAILING": ("bytes after the footer when reading forward from a stream", "§2, §10.3", 28),
+    # not about container validity (bbformat/errors.py)
+    "E_INPUT": ("bad input to the tools: paths, options, checkpoint files", "§11.2 (closing note)", None),
+    "E_UNSUPPORTED_MODEL": ("an architecture, dtype or state dict the encoder refuses", "§11.2 (closing note)", None),
+    "E_VERIFY": ("pack --verify found the decoded container differs from the encoder's intent", "§11.2 (closing note)", None),
+    "E_WRITER_STATE": ("Writer calls out of order (e.g. close() before every declared chunk)", "§11.2 (closing note)", None),
+    "E_FORMAT": ("class default of FormatError (never raised without a specific code)", "—", None),
+    "E_CRC": ("class default of IntegrityError (never raised without a specific code)", "—", None),
+    "E_LIMIT": ("class default of LimitError (never raised without a specific code)", "—", None),
+    "E_BBFORMAT": ("class default of BBFormatError (never raised without a specific code)", "—", None),
+}
+CLASS_OF = {"E_INPUT": bberr.InputError, "E_UNSUPPORTED_MODEL": bberr.UnsupportedModelError, "E_VERIFY": bberr.VerifyError,
+            "E_FORMAT": bberr.FormatError, "E_CRC": bberr.IntegrityError, "E_LIMIT": bberr.LimitError, "E_BBFORMAT": bberr.BBFormatError}
+
+
+def class_of(code: str) -> type:
+    if code in CLASS_OF:
+        return CLASS_OF[code]
+    if code == "E_WRITER_STATE":
+        from bbformat.writer import WriterStateError
+
+        return WriterStateError
+    if code.startswith("E_CRC_"):
+        return bberr.IntegrityError
+    if code.startswith("E_LIMIT_"):
+        return bberr.LimitError
+    return bberr.FormatError
+
+
+@dataclass
+class Vec:
+    id: str
+    category: str
+    data: bytes
+    section: str
+    description: str
+    expected: str
+    code: str | None = None
+    also: tuple[str, ...] = ()
+    rules: tuple[int, ...] = ()
+    tol: float | None = None
+    may_reject: bool = False
+    eig: bool = True  # bytes depend on the eigensolver (a non-plain site was encoded)
+    note: str | None = None
+    tensors: dict | None = None  # optional vectors the reference rejects: what an accepting reader returns
+
+
+class Suite:
+    def __init__(self, out: Path, check: bool) -> None:
+        self.out = out
+        self.check = check
+        self.vecs: list[Vec] = []
+        self.variants = numerics_variants() if check else []
+        self.diffs: list[float] = []  # |alternative - reference| in ulps, for every value that differs
+
+    def _add(self, v: Vec) -> None:
+        assert not any(x.id == v.id for x in self.vecs), v.id
+        self.vecs.append(v)
+
+    def valid(self, vid: str, data: bytes, section: str, description: str, tol: float | None = None, eig: bool = True) -> None:
+        self._add(Vec(vid, "valid", data, section, description, "accept", tol=tol, eig=eig))
+
+    def invalid(self, vid: str, data: bytes, section: str, description: str, code: str, rules: tuple[int, ...] | int,
+                also: tuple[str, ...] = (), eig: bool = True, note: str | None = None) -> None:
+        assert vid.startswith("x_"), vid
+        rules = (rules,) if isinstance(rules, int) else rules
+        self._add(Vec(vid, "invalid", data, section, description, "reject", code, tuple(also), rules, eig=eig, note=note))
+
+    def optional(self, vid: str, data: bytes, section: str, description: str, expected: str, code: str, tol: float | None = None,
+                 eig: bool = True, note: str | None = None, tensors: dict | None = None) -> None:
+        """A vector a reader MAY reject (SPEC.md 11.4): `expected` is the reference's outcome, `code`
+        the code of a rejecting reader; for a reference reject, `tensors` is what an accepting
+        reader must return."""
+        assert vid.startswith("o_"), vid
+        self._add(Vec(vid, "optional", data, section, description, expected, code, tol=tol, may_reject=True, eig=eig, note=note,
+                      tensors=tensors))
+
+    # ---- writing -----------------------------------------------------------------------------
+
+    def _stream_code(self, data: bytes) -> str:
+        try:
+            for _ in iter_stream(io.BytesIO(data)):
+                pass
+        except bberr.BBFormatError as exc:
+            return exc.code
+        return "accept"
+
+    def finish(self) -> dict:
+        out = self.out
+        for sub in ("valid", "invalid", "optional", "expected"):
+            shutil.rmtree(out / sub, ignore_errors=True)
+            (out / sub).mkdir(parents=True)
+        entries = []
+        classes: dict[str, set[str]] = {}
+        problems: list[str] = []
+        for v in self.vecs:
+            rel = f"{v.category}/{v.id}.bb"
+            path = out / rel
+            path.write_bytes(v.data)
+            res = impl_python.decode_path(path)
+            e: dict = {"id": v.id, "path": rel, "spec_version": SPEC_VERSION, "spec_section": v.section, "description": v.description,
+                       "expected": v.expected, "category": v.category, "size": len(v.data), "eigensolver_dependent": v.eig}
+            if v.note:
+                e["note"] = v.note
+            stream = self._stream_code(v.data)
+            if v.expected == "reject":
+                if res["result"] != "reject" or res["code"] != v.code:
+                    problems.append(f"{v.id}: reference gives {res.get('code', 'accept')}, manifest says {v.code}: {res.get('message', '')}")
+                    continue
+                classes.setdefault(v.code, set()).add(res["class"])
+                also = list(v.also)
+                if stream not in (v.code, "accept") and stream not in also and v.category == "invalid":
+                    also.append(stream)
+                e["code"] = v.code
+                if also:
+                    e["also_allowed"] = sorted(set(also))
+                if v.rules:
+                    e["rules"] = list(v.rules)
+                if v.tensors is not None:
+                    e["tensors"] = v.tensors
+                e["stream_code"] = stream
+            else:
+                if res["result"] != "accept":
+                    problems.append(f"{v.id}: reference rejects with {res['code']}: {res['message']}")
+                    continue
+                e["tensors"] = self._tensors(v, path, res)
+                if v.code:
+                    e["code"] = v.code
+                e["stream_code"] = stream
+                if stream != "accept" and v.category == "valid":
+                    problems.append(f"{v.id}: the reference stream reader rejects it with {stream}")
+            if v.may_reject:
+                e["may_reject"] = True
+            if self.check:
+                problems += self._self_check(v, path, e)
+            entries.append(e)
+        if problems:
+            raise GenError("\n".join(problems))
+        manifest = {"spec_version": SPEC_VERSION, "generator": generator_info(), "expected_layout": EXPECTED_LAYOUT, "vectors": entries}
+        (out / "manifest.json").write_text(json.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        (out / "ERRORS.md").write_text(errors_md(entries, classes), encoding="utf-8")
+        return manifest
+
+    def _tensors(self, v: Vec, path: Path, res: dict) -> dict:
+        regen: dict[str, int] = {}
+        with Reader(path) as r:
+            for i in range(len(r)):
+                regen.update(regenerated(r.read_chunk(i).program))
+            meta_tol = r.metadata.get("tolerance")
+        tau = v.tol if v.tol is not None else (float(meta_tol) if isinstance(meta_tol, (int, float)) and np.isfinite(meta_tol) and meta_tol >= 0 else 0.0)
+        out = {}
+        for k, name in enumerate(sorted(res["tensors"])):
+            got = res["tensors"][name]
+            entry = {"dtype": got["dtype"], "shape": got["shape"], "sha256": got["sha256"], "regenerated": regen.get(name, 0), "tolerance": None}
+            if regen.get(name, 0):
+                rel = f"expected/{v.id}/{k}.bin"
+                (self.out / rel).parent.mkdir(parents=True, exist_ok=True)
+                (self.out / rel).write_bytes(got["bytes"])
+                entry["tolerance"] = {"abs": tau, "ulp": 2}
+                entry["file"] = rel
+            out[name] = entry
+        return out
+
+    def _self_check(self, v: Vec, path: Path, e: dict) -> list[str]:
+        problems = []
+        for var in self.variants:
+            res = decode_with(path, var)
+            if e["expected"] == "reject":
+                if res["result"] != "reject" or res["code"] not in [e["code"], *e.get("also_allowed", [])]:
+                    problems.append(f"{v.id}: with {var[0]}: {res.get('code', 'accept')} instead of {e['code']}")
+                continue
+            if res["result"] != "accept":
+                problems.append(f"{v.id}: with {var[0]}: rejected with {res['code']}: {res['message']}")
+                continue
+            for name, want in e["tensors"].items():
+                got = res["tensors"].get(name)
+                if got is None:
+                    problems.append(f"{v.id}: with {var[0]}: tensor {name!r} missing")
+                elif got["sha256"] != want["sha256"]:
+                    if want["tolerance"] is None:
+                        problems.append(f"{v.id}: with {var[0]}: stored tensor {name!r} differs")
+                    else:
+                        ref = (self.out / want["file"]).read_bytes()
+                        why = runner.within(ref, got["bytes"], want["dtype"], want["tolerance"])
+                        if why:
+                            problems.append(f"{v.id}: with {var[0]}: tensor {name!r}: {why}")
+                        a, b = runner.values(ref, want["dtype"]), runner.values(got["bytes"], want["dtype"])
+                        for r, g in zip(a, b):
+                            if r != g and r == r:
+                                self.diffs.append(abs(g - r) / runner.ulp(r, want["dtype"]))
+        return problems
+
+
+EXPECTED_LAYOUT = ("expected/<id>/<k>.bin: the reference reader's decoded tensor, raw little-endian element bytes in C order "
+                   "(float16/bfloat16: 2 bytes, float32: 4 bytes per element), for every tensor whose tolerance is not null; "
+                   "k is the tensor's position in the sorted list of the vector's tensor names; the tensor entry's \"file\" "
+                   "names it (relative to conformance/).")
+
+
+def generator_info() -> dict:
+    cfg = np.show_config(mode="dicts")["Build Dependencies"]
+    return {
+        "script": "conformance/generate.py",
+        "bbformat": bbformat.__version__,
+        "numpy": np.__version__,
+        "blas": f"{cfg['blas'].get('name')} {cfg['blas'].get('version')}",
+        "lapack": f"{cfg['lapack'].get('name')} {cfg['lapack'].get('version')}",
+        "zstandard": zstandard.__version__,
+        "libzstd": ".".join(str(x) for x in zstandard.ZSTD_VERSION),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "torch": __import__("torch").__version__,
+    }
+
+
+def errors_md(entries: list[dict], classes: dict[str, set[str]]) -> str:
+    by_code: dict[str, list[str]] = {}
+    also: dict[str, list[str]] = {}
+    for e in entries:
+        if e.get("code") and e["expected"] == "reject":
+            by_code.setdefault(e["code"], []).append(e["id"])
+        elif e.get("code"):
+            also.setdefault(e["code"], []).append(e["id"])
+        for c in e.get("also_allowed", []):
+            also.setdefault(c, []).append(e["id"])
+    lines = [
+        "# Error codes",
+        "",
+        "Generated by `conformance/generate.py` from `manifest.json`; do not edit. Every `E_` code of SPEC.md",
+        "(and of `bbformat/errors.py`): what it means, where SPEC.md defines it, its item of §11.2 (the",
+        "MUST-reject list), the exception class the Python reference raises, the `bbformat` CLI exit status",
+        "(README's exit-code table), and the conformance vectors that exercise it. \"Expected\" vectors",
+        "report the code in the reference reader (random access); \"also allowed\" vectors list it in",
+        "`also_allowed` (a forward/streaming reader's code, or another rule the vector necessarily breaks)",
+        "or, for optional vectors, as the code a rejecting reader gives.",
+        "",
+        "The conformance decoder protocol itself exits 0 (accept) or 1 (reject) whatever the code.",
+        "",
+        "| code | meaning | SPEC | §11.2 item | Python class | CLI exit | vectors (expected) | vectors (also allowed / optional) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for code, (meaning, sec, item) in CODES.items():
+        cls = class_of(code)
+        seen = classes.get(code)
+        if seen and seen != {cls.__name__}:
+            raise GenError(f"{code}: raised as {seen}, documented as {cls.__name__}")
+        vs = ", ".join(f"`{i}`" for i in by_code.get(code, [])) or "—"
+        al = ", ".join(f"`{i}`" for i in also.get(code, [])) or "—"
+        lines.append(f"| `{code}` | {meaning} | {sec} | {item if item is not None else '—'} | `{cls.__name__}` | {cls.exit_status} | {vs} | {al} |")
+    return "\n".join(lines) + "\n"
+
+
+# =============================================================================================
+# Vectors (definitions follow main's helpers; see add_all at the end)
+# =============================================================================================
+
+
+def mod(bb: BB, **changes: object) -> BB:
+    x = bb.copy()
+    for k, v in changes.items():
+        setattr(x, k, v)
+    return x
+
+
+def meta(scheme: str, tol: float, **extra: object) -> bytes:
+    return meta_bytes({"format": "bbformat", "format_version": "1.0", "scheme": scheme, "tolerance": tol, **extra})
+
+
+def single(enc, scheme: str, tol: float) -> BB:  # type: ignore[no-untyped-def]
+    return BB([chk_from(enc)], scheme=1 if scheme == "paper" else 2, meta=meta(scheme, tol))
+
+
+def kinds(c: Chk) -> list[int]:
+    return [s.kind for s in c.secs]
+
+
+def nonplain(enc) -> bool:  # type: ignore[no-untyped-def]
+    return all(not s.plain for s in enc.program.sites)
+
+
+def site_chunk(seed: int, scheme: str, tol: float, dtype: str = "float16", D: int = 16, rows: int = 20, src_rows: int = 12,
+               force: bool = False, follower: bool = True, name: str = "block0"):  # type: ignore[no-untyped-def]
+    """One chunk: src (pushed first; the site's bits come from its last n(D) values), the anchor
+    (D, rows) on axis 0 with a well-separated Gram spectrum, and a follower (3, D) on axis 1."""
+    rng = np.random.default_rng(seed)
+    ts = {"src": t(rng, (src_rows, D), dtype), "anchor": RawTensor.from_f64(separated(rng, rows, D).T, dtype)}
+    fol: tuple = ()
+    if follower:
+        ts["follower"] = t(rng, (3, D), dtype)
+        fol = (AxisRef("follower", 1),)
+    lay = ChunkLayout(name, tuple(ts), (SiteSpec("site0", D, AxisRef("anchor", 0), fol),))
+    enc = encode(lay, ts, scheme, tol, force)
+    return enc
+
+
+def f32_chunk(seed: int, name: str = "block1") -> Chk:
+    rng = np.random.default_rng(seed)
+    enc = encode_chunk(ChunkLayout(name, ("bias",)), {"bias": t(rng, (3, 4), "float32", 1.0)}, {}, "symmetric", 0.0)
+    return chk_from(enc)
+
+
+def assert_intended(data: bytes, encs: list) -> None:  # type: ignore[type-arg]
+    """The reference decodes what the encoder intended (tau = 0) - a sanity check of the bases."""
+    with Reader(io.BytesIO(data)) as r:
+        for i, enc in enumerate(encs):
+            if enc is None:
+                continue
+            got = r.decode_block(i).tensors
+            for n, want in enc.intended.items():
+                assert got[n].equal(want), (i, n)
+
+
+def base_sym() -> BB:
+    """Two chunks: a float16 chunk with a non-plain symmetric site (D = 16) whose corrections are
+    an x_residuals section, and a float32 chunk without sites. The base of most invalid vectors."""
+    for seed in range(101, 200):
+        enc = site_chunk(seed, "symmetric", 0.0)
+        if nonplain(enc) and KIND_X_RESIDUALS in [s.kind for s in enc.sections]:
+            break
+    else:
+        raise GenError("no seed gives an x_residuals site")
+    bb = BB([chk_from(enc), f32_chunk(7)], scheme=2, meta=meta("symmetric", 0.0))
+    assert_intended(bb.build(), [enc])
+    return bb
+
+
+def base_paper() -> BB:
+    """One paper chunk (D = 12: sign padding bits 12-15) with signs, x_patches and anchor_patches
+    (count-0 sections where the encoder needed none), then a float32 chunk."""
+    enc = site_chunk(202, "paper", 0.005, D=12, rows=16, src_rows=10, force=True, follower=False)
+    c = chk_from(enc)
+    assert c.secs[0].kind == KIND_PAYLOAD and c.secs[1].kind == KIND_SIGNS, kinds(c)
+    if KIND_X_PATCHES not in kinds(c):
+        c.secs.insert(2, raw_sec(KIND_X_PATCHES, 0, b"\x00"))
+    if KIND_ANCHOR_PATCHES not in kinds(c):
+        c.secs.append(raw_sec(KIND_ANCHOR_PATCHES, 0, b"\x00"))
+    return BB([c, f32_chunk(8)], scheme=1, meta=meta("paper", 0.005))
+
+
+def base_plain() -> BB:
+    """A symmetric chunk whose site is PLAIN (too few symbols below it)."""
+    rng = np.random.default_rng(303)
+    ts = {"a": t(rng, (3,)), "w": t(rng, (4, 5))}
+    enc = encode_chunk(ChunkLayout("plain", ("a", "w"), (SiteSpec("s", 4, AxisRef("w", 0)),)), ts, {}, "symmetric", 0.0)
+    assert enc.program.sites[0].plain
+    return BB([chk_from(enc)], scheme=2, meta=meta("symmetric", 0.0))
+
+
+def no_correction_chunk(scheme: str, D: int, tol: float) -> "tuple[Chk, object]":
+    """A deterministic search for a seed whose site needs no correction section (src (D, D),
+    anchor (D, D + 2) normal; about one seed in a hundred for D = 4 at tolerance 0)."""
+    for seed in range(1000, 5000):
+        rng = np.random.default_rng(seed)
+        ts = {"src": t(rng, (D, D)), "anchor": t(rng, (D, D + 2))}
+        lay = ChunkLayout("nocorr", ("src", "anchor"), (SiteSpec("site0", D, AxisRef("anchor", 0)),))
+        enc = encode(lay, ts, scheme, tol, force=True)
+        if [s.kind for s in enc.sections] == ([KIND_PAYLOAD, KIND_SIGNS] if scheme == "paper" else [KIND_PAYLOAD]):
+            return chk_from(enc), enc
+    raise GenError(f"no seed without corrections for {scheme} D={D}")
+
+
+def tiny_model(arch: str, scheme: str, seed: int, tol: float | None, dtype: str = "float16", layers: int = 3) -> bytes:
+    from bbformat.adapters.tc_layout import write_checkpoint
+    from bbformat.api import pack
+    from bbformat.testing import make_tiny_checkpoint
+
+    ck = make_tiny_checkpoint(arch, seed=seed, layers=layers, hidden=32, heads=4, kv_heads=2, vocab=32, max_positions=16, dtype=dtype)
+    with tempfile.TemporaryDirectory() as d:
+        write_checkpoint(ck, Path(d) / "m")
+        pack(Path(d) / "m", Path(d) / "m.bb", scheme=scheme, tolerance=tol, verify=True)
+        return (Path(d) / "m.bb").read_bytes()
+
+
+def largest_d() -> tuple[int, bytes]:
+    """The largest D (symmetric, float16, tolerance 0) whose container stays under 1 MiB: the
+    anchor is D x D (a Gram of full rank needs at least D rows; fewer would make eigenvectors
+    arbitrary) and the source exactly n(D) values, all regenerated. The payload then holds
+    D*D + 2*D float16-sized symbols and the residual corrections about D*D/4 bytes, so
+    D is about sqrt(1 MiB / 2.25) = 682; the exact D is found by trying downwards."""
+    for D in range(686, 600, -1):
+        rng = np.random.default_rng(4242)
+        ts = {"src": t(rng, (D * (D + 1) // 2,)), "anchor": RawTensor.from_f64(separated(rng, D, D).T, "float16")}
+        lay = ChunkLayout("large", ("src", "anchor"), (SiteSpec("site_large", D, AxisRef("anchor", 0)),))
+        enc = encode_chunk(lay, ts, {}, "symmetric", 0.0)
+        data = single(enc, "symmetric", 0.0).build()
+        if len(data) < 1 << 20 and nonplain(enc):
+            return D, data
+    raise GenError("no D fits")
+
+
+def add_valid(S: Suite) -> None:
+    bs = base_sym()
+    S.valid("sym_f16_exact", bs.build(), "§7.1, §8.4",
+            "symmetric scheme, tolerance 0, float16: a non-plain site (D=16) with a follower, x_residuals corrections; second chunk float32 without sites")
+    enc = site_chunk(111, "symmetric", 0.01)
+    S.valid("sym_f16_tol", single(enc, "symmetric", 0.01).build(), "§7.1, §9", "symmetric scheme, tolerance 0.01, float16 (D=16)")
+    enc = site_chunk(121, "paper", 0.0, D=16, rows=24, force=True, follower=False)
+    S.valid("paper_f16_exact", single(enc, "paper", 0.0).build(), "§7.1, §7.3, §8.3, §8.5",
+            "paper scheme, tolerance 0, float16 (D=16): signs, x_patches and anchor_patches")
+    paper_exact_chunk = chk_from(enc)
+    enc = site_chunk(131, "paper", 0.005, D=16, rows=24, follower=False)
+    S.valid("paper_f16_tol", single(enc, "paper", 0.005).build(), "§7.1, §7.3, §9", "paper scheme, tolerance 0.005, float16 (D=16)")
+    for vid, scheme, tol, dtype, seed in (("sym_bf16_exact", "symmetric", 0.0, "bfloat16", 141), ("paper_bf16_tol", "paper", 0.01, "bfloat16", 151),
+                                          ("sym_f32_tol", "symmetric", 1e-6, "float32", 161), ("paper_f32_exact", "paper", 0.0, "float32", 171),
+                                          ("sym_bf16_tol", "symmetric", 0.02, "bfloat16", 181), ("sym_f32_exact", "symmetric", 0.0, "float32", 191)):
+        enc = site_chunk(seed, scheme, tol, dtype=dtype, D=12, rows=16, src_rows=8, force=True, follower=scheme == "symmetric")
+        S.valid(vid, single(enc, scheme, tol).build(), "§6, §7.2, §7.4",
+                f"{scheme} scheme, tolerance {tol}, {dtype} (W = {16 if dtype != 'float32' else 32}; eigenvalues as float{32 if dtype != 'float32' else 64})")
+
+    for vid, arch, scheme, seed, tol, dtype in (("model_opt_sym", "opt", "symmetric", 1, 0.0, "float16"),
+                                               ("model_opt_paper", "opt", "paper", 2, None, "float16"),
+                                               ("model_llama_sym", "llama", "symmetric", 3, 0.0, "float16"),
+                                               ("model_llama_paper", "llama", "paper", 4, None, "float16"),
+                                               ("model_llama_sym_bf16", "llama", "symmetric", 5, 0.0, "bfloat16")):
+        extra = "biases, " if arch == "opt" else "GQA (4 heads, 2 key/value heads), "
+        S.valid(vid, tiny_model(arch, scheme, seed, tol, dtype), "§12.1",
+                f"bbformat.api.pack of a tiny sliced {arch.upper() if arch == 'opt' else 'Llama'} model ({extra}3 layers, per-layer widths differ), "
+                f"{scheme} scheme, tolerance {'default' if tol is None else tol}, {dtype}: 5 chunks")
+
+    S.valid("plain_few_symbols", base_plain().build(), "§5.1, §12.3", "a site stored PLAIN (fewer than n(D) symbols below it): no sections, SITE does nothing", eig=False)
+    rng = np.random.default_rng(313)
+    ts = {"src": t(rng, (6, 4)), "w": t(rng, (4, 6))}
+    enc = encode_chunk(ChunkLayout("plain2", ("src", "w"), (SiteSpec("s", 4, AxisRef("w", 0)),)), ts, {}, "symmetric", 0.0)
+    assert enc.program.sites[0].plain and enc.reports[0].plain_reason.startswith("side information"), enc.reports
+    S.valid("plain_side_info", single(enc, "symmetric", 0.0).build(), "§12.3", "a site stored PLAIN by fallback: its corrections would cost more than the bits saved")
+    enc = encode_chunk(ChunkLayout("plain3", ("src", "w"), (SiteSpec("s", 4, AxisRef("w", 0)),)), ts, {}, "paper", 0.0)
+    assert site_flags(enc) == [SITE_PLAIN | SITE_PAPER], site_flags(enc)
+    S.valid("plain_paper_flags", single(enc, "paper", 0.0).build(), "§5.1", "a site with both PLAIN and PAPER flags (paper scheme fallback): no sections, no sign bitmap")
+
+    c, enc = no_correction_chunk("symmetric", 4, 0.0)
+    S.valid("sym_no_corrections", BB([c], meta=meta("symmetric", 0.0)).build(), "§8.1", "a non-plain symmetric site with no correction section at all (D=4, tolerance 0)")
+    c2 = c.copy()
+    c2.secs.append(raw_sec(KIND_X_PATCHES, 0, b"\x00"))
+    S.valid("sym_empty_x_patches", BB([c2], meta=meta("symmetric", 0.0)).build(), "§8.5", "an x_patches section with count 0 (1 byte)")
+    c3 = c.copy()
+    c3.secs.append(raw_sec(KIND_X_RESIDUALS, 0, residual_section(approx_of(c)[0], "float16")))
+    S.valid("sym_zero_residuals", BB([c3], meta=meta("symmetric", 0.0)).build(), "§8.4", "an x_residuals section whose residuals are all 0 (one group per exponent context)")
+    cm = c.copy()
+    mu_at = 4 * 4 - 10  # src has 16 symbols, the block took the last n(4) = 10, mu (4 float32) follows
+    pay = bytearray(cm.secs[0].stored)
+    mu = np.frombuffer(bytes(pay[2 * mu_at : 2 * mu_at + 16]), "<f4")
+    assert np.all(np.diff(mu) > 0), mu
+    pay[2 * mu_at : 2 * mu_at + 16] = mu[::-1].astype("<f4").tobytes()
+    cm.secs[0] = raw_sec(KIND_PAYLOAD, NO_SITE, bytes(pay))
+    S.valid("sym_mu_descending", BB([cm], meta=meta("symmetric", 0.0)).build(), "§7.2", "eigenvalues mu stored in descending order (a reader must not rely on ascending mu)")
+    ci = c.copy()
+    pay = bytearray(ci.secs[0].stored)
+    pay[2 * mu_at + 12 : 2 * mu_at + 16] = np.array([np.inf], "<f4").tobytes()  # the largest eigenvalue
+    ci.secs[0] = raw_sec(KIND_PAYLOAD, NO_SITE, bytes(pay))
+    S.valid("sym_mu_infinite", BB([ci], meta=meta("symmetric", 0.0)).build(), "§7.2",
+            "an eigenvalue mu = +infinity (non-finite mu are not rejected): regenerated values become infinities or NaNs")
+    pc, penc = no_correction_chunk("paper", 6, 0.005)
+    S.valid("paper_signs_only", BB([pc], scheme=1, meta=meta("paper", 0.005)).build(), "§8.1, §8.3", "a non-plain paper site whose only section is its sign bitmap (D=6, tolerance 0.005)")
+    for vid, ch, scheme, what in (("nonfinite_anchor_sym", c, "symmetric", "+infinity"), ("nonfinite_anchor_paper", pc, "paper", "NaN")):
+        x = ch.copy()
+        pay = bytearray(x.secs[0].stored)
+        pay[-2:] = b"\x00\x7c" if what == "+infinity" else b"\x00\x7e"  # the anchor is pushed last: its last element
+        x.secs[0] = raw_sec(KIND_PAYLOAD, NO_SITE, bytes(pay))
+        S.valid(vid, BB([x], scheme=1 if scheme == "paper" else 2, meta=meta(scheme, 0.0)).build(), "§7.5, §9 item 4",
+                f"{scheme} site whose stored anchor holds a {what}: the Gram matrix is not finite, so E is all NaN and every regenerated "
+                f"value{' and the un-rotated anchor' if scheme == 'paper' else ''} is a NaN (any NaN matches); not a reason to reject")
+    pc2 = pc.copy()
+    pc2.secs += [raw_sec(KIND_X_PATCHES, 0, b"\x00"), raw_sec(KIND_ANCHOR_PATCHES, 0, b"\x00")]
+    S.valid("paper_empty_patches", BB([pc2], scheme=1, meta=meta("paper", 0.005)).build(), "§8.5", "paper site with x_patches and anchor_patches of count 0")
+
+    # zstd everywhere the format allows it
+    z = bs.chunks[0].copy()
+    ap = approx_of(z)[0]
+    from bbformat.codec.sections import decode_residuals
+
+    rsec = z.sec(KIND_X_RESIDUALS)
+    r = decode_residuals(rsec.stored, ap, "float16")
+    z.secs = [zstd_sec(KIND_PAYLOAD, NO_SITE, z.secs[0].stored), raw_sec(KIND_X_RESIDUALS, 0, residual_section(ap, "float16", r, codec=1))]
+    S.valid("zstd_sym", BB([z, bs.chunks[1]], meta=meta("symmetric", 0.0)).build(), "§8.2, §8.4",
+            "zstd payload (the writer never compresses it) and x_residuals with every group zstd-compressed")
+    zp = paper_exact_chunk.copy()
+    assert kinds(zp) == [KIND_PAYLOAD, KIND_SIGNS, KIND_X_PATCHES, KIND_ANCHOR_PATCHES], kinds(zp)
+    zp.secs = [zstd_sec(s.kind, s.site, s.stored if s.codec == 0 else zstandard.ZstdDecompressor().decompress(s.stored)) for s in zp.secs]
+    S.valid("zstd_paper", BB([zp], scheme=1, meta=meta("paper", 0.0)).build(), "§8.2", "paper chunk with every section zstd-compressed: payload, signs, x_patches, anchor_patches")
+    z2 = c2.copy()
+    z2.secs[-1] = zstd_sec(KIND_X_PATCHES, 0, b"\x00")
+    S.valid("zstd_tiny_section", BB([z2], meta=meta("symmetric", 0.0)).build(), "§8.2", "a zstd section whose frame is larger than its 1 decoded byte (valid, merely wasteful)")
+    small = meta_bytes({"format": "bbformat", "tolerance": 0.0, "note": "zstd metadata"})
+    S.valid("metadata_zstd_small", BB([], meta=ZSTD.compress(small), meta_codec=1).build(), "§4.1",
+            "zero chunks; metadata_codec 1: a small JSON object in one zstd frame", eig=False)
+    buf = io.BytesIO()
+    w = bbformat.Writer(buf, "symmetric", 1, {"format": "bbformat", "tolerance": 0.0, "files": {"tokenizer.json": "tok " * 3000}})
+    w.add_chunk(enc.program, enc.sections)
+    w.close()
+    assert buf.getvalue()[21] == 1
+    S.valid("metadata_zstd_writer", buf.getvalue(), "§4.1", "large metadata that the writer zstd-compressed (metadata_codec 1), one chunk")
+
+    D, data = largest_d()
+    S.valid("large_d", data, "§7.5, §11.1",
+            f"the largest site dimension that keeps the file under 1 MiB: D = {D} (float16, symmetric, tolerance 0); the anchor is "
+            f"D x D with a well-separated Gram spectrum, the source exactly n(D) = {D * (D + 1) // 2} values, all regenerated")
+
+    # propagation: regenerated values of one site form the anchor of an earlier site (SPEC 9 item 3)
+    rng = np.random.default_rng(515)
+    ts = {"src": t(rng, (8, 10)), "t1": RawTensor.from_f64(separated(rng, 14, 10).T, "float16"),
+          "t2": RawTensor.from_f64(separated(rng, 12, 10).T, "float16"), "t3": RawTensor.from_f64(separated(rng, 12, 10).T, "float16")}
+    lay = ChunkLayout("chain", ("src", "t1", "t2", "t3"), (SiteSpec("A", 10, AxisRef("t1", 0)), SiteSpec("B", 10, AxisRef("t2", 0)),
+                                                          SiteSpec("C", 10, AxisRef("t3", 0))))
+    enc = encode(lay, ts, "symmetric", 0.0, force=True)
+    data = single(enc, "symmetric", 0.0).build()
+    assert_intended(data, [enc])
+    S.valid("chain_propagation", data, "§9 item 3",
+            "three chained sites in one chunk: C regenerates the tail of t2, the anchor of B, which regenerates the tail of t1, the anchor of A")
+
+    # shapes and values at the edges, all stored
+    rng = np.random.default_rng(616)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 6e-8, -6e-8, 65504.0, 1e-5, -2.0], dtype=np.float16)
+    rec = program_rec("edges", 1, [("scalar16", 1, []), ("scalar32", 3, []), ("empty", 1, [0]), ("empty3d", 1, [2, 0, 3]),
+                                   ("empty32", 3, [0]), ("rank8", 1, [1, 2, 1, 2, 1, 2, 1, 3]), ("special", 1, [10]),
+                                   ("special_bf16", 2, [4]), ("nan_f32", 3, [2])],
+                      [], [(OP_PUSH, i) for i in range(9)])
+    payload = (np.array([0.5], np.float16).tobytes() + np.array([-1.25], "<f4").tobytes() + t(rng, (24,)).tobytes() + special.tobytes()
+               + struct.pack("<4H", 0x7F80, 0xFF80, 0x7FC1, 0x0001) + struct.pack("<2I", 0x7FA00001, 0xFFC00000))
+    edges = Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, payload)])
+    empty = Chk(program_rec("", 1, [], [], []), [raw_sec(KIND_PAYLOAD, NO_SITE, b"")])
+    S.valid("shapes_edge", BB([edges, empty], meta=meta("symmetric", 0.0)).build(), "§5.1, §6",
+            "scalars (ndim 0), zero-size tensors ((0,), (2,0,3), float32 (0,)), an 8-dimensional tensor, stored infinities, NaNs (signalling "
+            "and quiet), signed zeros and subnormals; a second chunk with no tensors, an empty name and an empty payload", eig=False)
+    S.valid("zero_chunks", BB([], meta=b"{}").build(), "§2", "a container with no chunks: header, empty index, footer (86 bytes)", eig=False)
+    rec = program_rec("zeros", 1, [("big_but_empty", 1, [1 << 20, 1 << 20, 0]), ("after", 1, [2])], [], [(OP_PUSH, 0), (OP_PUSH, 1)])
+    S.valid("zero_size_large_dims", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, b"\x00\x3c\x00\xbc")])]).build(), "§5.1",
+            "a tensor of dims (2^20, 2^20, 0): 0 elements whatever its other dims", eig=False)
+    for vid, text, what in (("metadata_duplicate_keys", b'{"a":1,"a":2,"tolerance":0.0}', "an object with a duplicate key"),
+                            ("metadata_big_float", b'{"a":1e999,"b":-1e999,"c":1e-999}', "numbers beyond float64 range (1e999, -1e999, 1e-999)"),
+                            ("metadata_nesting_512", b'{"a":' + b"[" * 511 + b"]" * 511 + b"}", "objects and arrays nested 512 levels deep"),
+                            ("metadata_integer_4300_digits", b'{"a":' + b"9" * 4300 + b"}", "an integer of 4,300 digits"),
+                            ("metadata_unicode", '{"ü":"⚙ \\ud83d\\ude00 \\u0000","":[]}'.encode(), "non-ASCII keys, escaped surrogate pairs, an escaped NUL, an empty key")):
+        S.valid(vid, BB([], meta=text).build(), "§4.1", f"zero chunks; metadata with {what}: a reader MUST NOT reject", eig=False)
+    S.valid("minor_version_7", mod(bs, hdr={"minor": 7}).build(), "§4, §11.4", "minor version 7 in header and footer (a reader MUST accept any minor of major 1)")
+    S.valid("optional_flags_set", BB([c], meta=meta("symmetric", 0.0), hdr={"optional_flags": 0xFFFFFFFF}).build(), "§4, §11.4",
+            "every optional_flags bit set (a reader MUST ignore them)")
+    odd_meta = meta_bytes({"format": "bbformat", "format_version": "1.99", "scheme": "paper", "tolerance": "not a number",
+                           "x-unknown": {"nested": [1, 2.5, None, True, "ü"]}, "keys": 7})
+    S.valid("metadata_unknown_keys", BB([c], meta=odd_meta).build(), "§4.1, §9 item 5, §11.4",
+            "metadata with unknown keys, a non-numeric tolerance, a wrong scheme and wrong-typed known keys (a reader MUST NOT reject)")
+    cf = bs.chunks[0].copy()
+    cf.rec["sites"][0]["followers"] = [dict(tensor="no such tensor", axis=200, reserved=0), dict(tensor="émbed.⚙", axis=0, reserved=0),
+                                      dict(tensor="", axis=255, reserved=0)]
+    cf.rec["sites"][0]["name"] = "sïte ∑"
+    S.valid("followers_unknown", BB([cf, bs.chunks[1]], meta=meta("symmetric", 0.0)).build(), "§5.1",
+            "followers that name unknown tensors and out-of-range axes, non-ASCII UTF-8 names (a reader MUST NOT reject)")
+    rz = paper_exact_chunk.copy()
+    rz.secs = rz.secs[::-1]
+    S.valid("sections_reordered", BB([rz], scheme=1, meta=meta("paper", 0.0)).build(), "§8.1", "section table in reverse order (anchor_patches, x_patches, signs, payload)")
+
+    rng = np.random.default_rng(717)
+    w = separated(rng, 16, 12).T  # (12, 16): axis 0 D=12, axis 1 D=16
+    ts = {"src": t(rng, (16, 16)), "w": RawTensor.from_f64(w, "float16")}
+    lay = ChunkLayout("two", ("src", "w"), (SiteSpec("rows", 12, AxisRef("w", 0)), SiteSpec("cols", 16, AxisRef("w", 1))))
+    enc = encode(lay, ts, "symmetric", 0.0, force=True)
+    data = single(enc, "symmetric", 0.0).build()
+    assert_intended(data, [enc])
+    S.valid("two_sites_one_anchor", data, "§7.1", "one tensor anchors two sites (axis 0, D=12, and axis 1, D=16)")
+
+    rng = np.random.default_rng(818)
+    m = separated(rng, 20, 12)
+    a3 = np.moveaxis(m.reshape(4, 5, 12), -1, 1)
+    ts = {"src": t(rng, (9, 12)), "a3": RawTensor.from_f64(a3, "float16")}
+    enc = encode(ChunkLayout("axis1", ("src", "a3"), (SiteSpec("mid", 12, AxisRef("a3", 1)),)), ts, "symmetric", 0.0, force=True)
+    S.valid("anchor_3d_axis1", single(enc, "symmetric", 0.0).build(), "§7.1", "anchor of shape (4, 12, 5), site on axis 1 (M = moveaxis(A, 1, -1).reshape(20, 12))")
+    enc = encode(ChunkLayout("axis1p", ("src", "a3"), (SiteSpec("mid", 12, AxisRef("a3", 1)),)), ts, "paper", 0.005, force=True)
+    S.valid("paper_anchor_3d_axis1", single(enc, "paper", 0.005).build(), "§7.1 step 9", "paper site on axis 1 of a 3-D anchor: un-rotation moves the axis back")
+
+    rng = np.random.default_rng(919)
+    ts = {"bias32": t(rng, (5,), "float32"), "src": t(rng, (8, 12)), "anchor32": RawTensor.from_f64(separated(rng, 16, 12).T, "float32"),
+          "follower32": t(rng, (12,), "float32")}
+    lay = ChunkLayout("mixed", tuple(ts), (SiteSpec("s", 12, AxisRef("anchor32", 0), (AxisRef("follower32", 0),)),))
+    enc = encode(lay, ts, "symmetric", 0.0, force=True)
+    assert enc.program.symbol_dtype == "float16"
+    S.valid("mixed_widths", single(enc, "symmetric", 0.0).build(), "§6.2", "float32 tensors (two symbols each, low half first) in a W = 16 chunk, including a float32 anchor")
+    ts = {"first": t(rng, (4,)), "src": t(rng, (8, 12), "bfloat16"), "w": RawTensor.from_f64(separated(rng, 16, 12).T, "float16")}
+    enc = encode(ChunkLayout("mixed16", tuple(ts), (SiteSpec("s", 12, AxisRef("w", 0)),)), ts, "symmetric", 0.0, force=True)
+    assert enc.program.symbol_dtype == "float16"
+    S.valid("bf16_tensor_f16_symbols", single(enc, "symmetric", 0.0).build(), "§6.2",
+            "symbol dtype float16 while the popped block lies in a bfloat16 tensor: block values are read and regenerated as float16")
+    for D in (2, 3):
+        rng = np.random.default_rng(1000 + D)
+        ts = {"src": t(rng, (8,)), "w": RawTensor.from_f64(separated(rng, 5, D).T, "float16")}
+        enc = encode(ChunkLayout(f"d{D}", ("src", "w"), (SiteSpec("s", D, AxisRef("w", 0)),)), ts, "symmetric", 0.0, force=True)
+        assert nonplain(enc)
+        S.valid(f"site_d{D}", single(enc, "symmetric", 0.0).build(), "§6.3, §5.2",
+                f"a non-plain site of D = {D} ({'the minimum; ' if D == 2 else ''}it pops n(D) = {D * (D + 1) // 2} symbols and pushes {2 * D})")
+
+
+def frame_header_len(frame: bytes) -> int:
+    fhd = frame[4]
+    fcs_flag, single_seg, dict_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
+    fcs = {0: 1 if single_seg else 0, 1: 2, 2: 4, 3: 8}[fcs_flag]
+    return 5 + (0 if single_seg else 1) + {0: 0, 1: 1, 2: 2, 3: 4}[dict_flag] + fcs
+
+
+def fcs_lie(frame: bytes, delta: int) -> bytes:
+    """The frame with its Frame_Content_Size field changed by delta (same field size)."""
+    fhd = frame[4]
+    fcs_flag, single_seg, dict_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
+    size = {0: 1 if single_seg else 0, 1: 2, 2: 4, 3: 8}[fcs_flag]
+    off = 5 + (0 if single_seg else 1) + {0: 0, 1: 1, 2: 2, 3: 4}[dict_flag]
+    bias = 256 if fcs_flag == 1 else 0
+    val = int.from_bytes(frame[off : off + size], "little") + bias
+    return frame[:off] + (val + delta - bias).to_bytes(size, "little") + frame[off + size :]
+
+
+def bad_block_type(frame: bytes) -> bytes:
+    """Set the first block's Block_Type to 3 (reserved): libzstd reports corruption."""
+    h = frame_header_len(frame)
+    b0 = frame[h]
+    return frame[:h] + bytes([(b0 & ~0x06) | 0x06]) + frame[h + 1 :]
+
+
+SKIPPABLE = struct.pack("<II", 0x184D2A50, 4) + b"skip"
+
+
+def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
+    bs = base_sym()
+    good = bs.build()
+    lay = bs.layout()
+    H = lay["H"]
+    c0, c1 = lay["chunks"]
+    end = len(good) - 40
+    bp = base_paper()
+    bpl = base_plain()
+    inv = S.invalid
+
+    # ---- 1 E_MAGIC ------------------------------------------------------------------------
+    inv("x_magic_leading", patch(good, 0, b"\x88"), "§4", "leading file magic's first byte 0x88", "E_MAGIC", 1)
+    inv("x_magic_leading_last", patch(good, 7, b"\x0b"), "§4", "leading file magic's last byte changed", "E_MAGIC", 1)
+    inv("x_magic_short_file", good[:7], "§10.2", "a 7-byte file (shorter than the magic)", "E_MAGIC", 1)
+    inv("x_magic_empty_file", b"", "§10.2", "an empty file", "E_MAGIC", 1, eig=False)
+    for i in (0, 1):
+        x = bs.copy()
+        x.chunks[i].head["magic"] = b"BBCX"
+        inv(f"x_magic_chunk{i}", x.build(), "§5", f"chunk {i}'s magic BBCX (CRCs resealed)", "E_MAGIC", 1)
+    inv("x_magic_index", mod(bs, index_magic=b"BBIY").build(), "§10.1", "index magic BBIY (index_crc resealed)", "E_MAGIC", 1)
+    zb = BB([], meta=b'{"pad":"xxxx"}').build()
+    zh = len(zb) - 48  # H
+    short_index = zb[:zh] + b"\x00\x00\x00\x00" + b"BBIX" + zb[-40:]
+    short_index = reseal_footer(patch(patch(short_index, len(short_index) - 40, struct.pack("<Q", zh + 4)), len(short_index) - 32, struct.pack("<Q", 4)))
+    inv("x_magic_index_short", short_index, "§10.1", "zero chunks, index_offset = H + 4, index_length 4: an index shorter than 8 bytes (just BBIX)", "E_MAGIC", 1, eig=False)
+    inv("x_footer_magic", patch(good, len(good) - 1, b"\x0b"), "§10.2",
+        "footer magic's last byte changed: random access finds no footer magic (E_TRUNCATED); a forward reader reports E_MAGIC",
+        "E_TRUNCATED", (2, 1))
+    inv("x_footer_magic_zeroed", good[:-8] + bytes(8), "§10.2", "footer magic zeroed", "E_TRUNCATED", (2, 1))
+
+    # ---- 2 E_TRUNCATED -------------------------------------------------------------------
+    cuts = {
+        "x_trunc_83_bytes": 83, "x_trunc_after_magic": 8, "x_trunc_header_fixed": 32, "x_trunc_in_metadata": 32 + lay["M"] // 2,
+        "x_trunc_before_header_crc": H - 4, "x_trunc_after_header": H, "x_trunc_in_chunk_head": H + 16,
+        "x_trunc_in_descriptor": c0["desc"] + 20, "x_trunc_in_section_table": c0["table"] + 40, "x_trunc_in_payload": c0["data"] + 100,
+        "x_trunc_in_corrections": c0["end"] - 10, "x_trunc_before_chunk_crc": c0["end"] - 4, "x_trunc_after_chunk0": c0["end"],
+        "x_trunc_after_chunk1": c1["end"], "x_trunc_in_index": lay["index"] + 20, "x_trunc_before_footer": end,
+        "x_trunc_in_footer": end + 20, "x_trunc_footer_last_byte": len(good) - 1,
+    }
+    for vid, cut in cuts.items():
+        inv(vid, good[:cut], "§2, §10.2", f"the file cut after {cut} of {len(good)} bytes", "E_TRUNCATED", 2)
+    inv("x_trailing_byte", good + b"\x00", "§10.2, §10.3",
+        "one byte after the footer: random access finds no footer magic at the end; a forward reader reports E_TRAILING", "E_TRUNCATED", (28, 2))
+    inv("x_trailing_footer_copy", good + good[-40:], "§10.2, §10.3",
+        "a second copy of the footer after the footer: random access finds an index that does not end at file_size - 40; forward: E_TRAILING",
+        "E_BOUNDS", (28, 15))
+
+    # ---- 3 E_VERSION -----------------------------------------------------------------------
+    inv("x_version_header_major2", mod(bs, hdr={"major": 2}, ftr={"major": 1}).build(), "§4", "header major 2 (footer 1)", "E_VERSION", 3)
+    inv("x_version_major2_both", mod(bs, hdr={"major": 2}).build(), "§4, §10.2", "major 2 in header and footer", "E_VERSION", 3)
+    inv("x_version_major0", mod(bs, hdr={"major": 0}).build(), "§4", "major 0 in header and footer", "E_VERSION", 3)
+    inv("x_version_footer_major2", mod(bs, ftr={"major": 2}).build(), "§10.2", "footer major 2 (header 1)", "E_VERSION", 3)
+    inv("x_version_footer_major65535", mod(bs, ftr={"major": 0xFFFF}).build(), "§10.2", "footer major 65535", "E_VERSION", 3)
+    inv("x_version_minor_header", mod(bs, hdr={"minor": 1}, ftr={"minor": 0}).build(), "§10.2", "header minor 1, footer minor 0", "E_VERSION", 3)
+    inv("x_version_minor_footer", mod(bs, ftr={"minor": 3}).build(), "§10.2", "header minor 0, footer minor 3", "E_VERSION", 3)
+
+    # ---- 4 E_REQUIRED_FLAG, 6 E_SCHEME ---------------------------------------------------------
+    for bit in (0, 31):
+        inv(f"x_required_flag_bit{bit}", mod(bs, hdr={"required_flags": 1 << bit}).build(), "§4", f"required_flags bit {bit} set", "E_REQUIRED_FLAG", 4)
+    for sc in (0, 3, 255):
+        inv(f"x_scheme_{sc}", mod(bs, scheme=sc).build(), "§4", f"header scheme {sc}", "E_SCHEME", 6)
+
+    # ---- 5 E_RESERVED ------------------------------------------------------------------------
+    for b in (0x01, 0x100):
+        inv(f"x_reserved_header_{b:#x}", mod(bs, hdr={"reserved": b}).build(), "§4", f"header reserved u16 = {b:#x}", "E_RESERVED", 5)
+    for fld, off in (("reserved0", 4), ("reserved1", 28)):
+        x = bs.copy()
+        x.chunks[1].head[fld] = 0x80000000
+        inv(f"x_reserved_chunk_head{off}", x.build(), "§5", f"chunk 1 header reserved field at +{off} = 0x80000000", "E_RESERVED", 5)
+    for fld in ("reserved0", "reserved1"):
+        x = bs.copy()
+        x.chunks[0].rec[fld] = 1
+        inv(f"x_reserved_descriptor_{fld[-1]}", x.build(), "§5.1", f"descriptor reserved {'u8' if fld == 'reserved0' else 'u16'} = 1", "E_RESERVED", 5)
+    x = bs.copy()
+    x.chunks[0].rec["tensors"][1]["reserved"] = 0x8000
+    inv("x_reserved_tensor", x.build(), "§5.1", "tensor record reserved = 0x8000", "E_RESERVED", 5)
+    x = bs.copy()
+    x.chunks[0].rec["sites"][0]["reserved"] = 1
+    inv("x_reserved_site", x.build(), "§5.1", "site record reserved = 1", "E_RESERVED", 5)
+    x = bs.copy()
+    x.chunks[0].rec["sites"][0]["followers"][0]["reserved"] = 1
+    inv("x_reserved_follower", x.build(), "§5.1", "follower reserved u8 = 1", "E_RESERVED", 5)
+    for fld in ("reserved0", "reserved1"):
+        x = bs.copy()
+        x.chunks[0].rec["ops"][-1][fld] = 2
+        inv(f"x_reserved_op_{fld[-1]}", x.build(), "§5.1", f"last op's reserved {'u8' if fld == 'reserved0' else 'u16'} = 2", "E_RESERVED", 5)
+    for bit in range(2, 8):
+        x = bs.copy()
+        x.chunks[0].rec["sites"][0]["flags"] |= 1 << bit
+        inv(f"x_reserved_site_flag_bit{bit}", x.build(), "§5.1, §5.2", f"site flags bit {bit} set", "E_RESERVED", 5)
+    x = bs.copy()
+    x.chunks[0].secs[1].reserved = 1
+    inv("x_reserved_section_entry", x.build(), "§5.3", "section entry reserved = 1 (x_residuals entry)", "E_RESERVED", 5)
+
+    def entry_reserved(es: list[dict]) -> None:
+        es[1]["reserved"] = 1
+
+    inv("x_reserved_index_entry", mod(bs, entry_edit=entry_reserved).build(), "§10.1", "index entry 1 reserved = 1 (index_crc resealed)", "E_RESERVED", 5)
+    inv("x_reserved_footer", mod(bs, ftr={"reserved": 1}).build(), "§10.2", "footer reserved = 1 (footer_crc resealed)", "E_RESERVED", 5)
+    x = bp.copy()
+    sg = x.chunks[0].sec(KIND_SIGNS)
+    sg.stored = sg.stored[:1] + bytes([sg.stored[1] | 0x80])
+    inv("x_reserved_sign_padding", x.build(), "§8.3", "sign bitmap padding bit 15 set (D = 12)", "E_RESERVED", 5)
+    x = bp.copy()
+    sg = x.chunks[0].sec(KIND_SIGNS)
+    sg.stored = sg.stored[:1] + bytes([sg.stored[1] | 0x10])
+    inv("x_reserved_sign_padding_first", x.build(), "§8.3", "sign bitmap padding bit 12 (the first padding bit) set (D = 12)", "E_RESERVED", 5)
+
+    # ---- 7 E_CODEC ------------------------------------------------------------------------------
+    for cd in (2, 255):
+        inv(f"x_codec_metadata_{cd}", mod(bs, meta_codec=cd).build(), "§4", f"metadata_codec {cd}", "E_CODEC", 7)
+    x = bs.copy()
+    x.chunks[0].secs[0].codec = 2
+    inv("x_codec_payload_2", x.build(), "§5.3", "payload section codec 2", "E_CODEC", 7)
+    x = bs.copy()
+    x.chunks[0].secs[1].codec = 7
+    inv("x_codec_section_7", x.build(), "§5.3", "x_residuals section codec 7", "E_CODEC", 7)
+    ap0 = approx_of(bs.chunks[0])[0]
+
+    def with_residuals(sec_bytes: bytes, chunk: Chk | None = None) -> BB:
+        x = bs.copy()
+        ch = x.chunks[0] if chunk is None else chunk
+        ch.secs = [ch.secs[0], raw_sec(KIND_X_RESIDUALS, 0, sec_bytes)]
+        x.chunks[0] = ch
+        return x
+
+    groups = np.unique(residual_contexts(ap0, "float16"), return_counts=True)[1]
+    g_big = int(np.argmax(groups))  # a group with several values
+    assert groups[g_big] >= 5
+    good_res = residual_section(ap0, "float16")
+    first_group_len = 2 + int(groups[0])  # varint length (1 byte) + codec byte + count one-byte varints
+    inv("x_codec_residual_group_2", with_residuals(patch(good_res, 1, b"\x02")).build(), "§8.4", "residual group codec 2", "E_CODEC", 7)
+
+    # ---- 8 E_ZSTD --------------------------------------------------------------------------------
+    js = meta_bytes({"format": "bbformat", "tolerance": 0.0, "padding": "x" * 200})
+    fr = ZSTD.compress(js)
+    for vid, stored, what in (
+        ("x_zstd_metadata_not_a_frame", js, "metadata_codec 1 but the metadata is raw JSON"),
+        ("x_zstd_metadata_truncated", fr[:-3], "a zstd metadata frame missing its last 3 bytes"),
+        ("x_zstd_metadata_two_frames", fr + ZSTD.compress(b"{}"), "two zstd frames"),
+        ("x_zstd_metadata_skippable_first", SKIPPABLE + fr, "a skippable frame before the zstd frame"),
+        ("x_zstd_metadata_skippable_after", fr + SKIPPABLE, "a skippable frame after the zstd frame"),
+        ("x_zstd_metadata_trailing_byte", fr + b"\x00", "one byte after the zstd frame"),
+        ("x_zstd_metadata_bad_block", bad_block_type(fr), "a zstd frame whose first block has the reserved block type 3"),
+        ("x_zstd_metadata_short_header", fr[:3], "3 bytes: not even a frame header"),
+    ):
+        inv(vid, BB([], meta=stored, meta_codec=1).build(), "§4.1, §8.2", what, "E_ZSTD", 8, eig=False)
+    inv("x_zstd_metadata_fcs_lie", BB([], meta=fcs_lie(fr, 5), meta_codec=1).build(), "§4.1",
+        "a metadata frame whose header declares 5 bytes more than its blocks hold (damaged: zstd decoders detect it)", "E_ZSTD", 8, eig=False)
+    inv("x_zstd_metadata_fcs_lie_smaller", BB([], meta=fcs_lie(fr, -5), meta_codec=1).build(), "§4.1",
+        "a metadata frame whose header declares 5 bytes fewer than its blocks hold", "E_ZSTD", 8, eig=False)
+
+    pay = bs.chunks[0].secs[0].stored
+    pfr = ZSTD.compress(pay)
+
+    def zpay(stored: bytes, decoded: int | None = None) -> BB:
+        x = bs.copy()
+        x.chunks[0].secs[0] = Sec(KIND_PAYLOAD, NO_SITE, stored, len(pay) if decoded is None else decoded, 1)
+        return x
+
+    for vid, stored, what in (
+        ("x_zstd_section_garbage", b"\x00" * 40, "a zstd payload section of 40 zero bytes (no frame magic)"),
+        ("x_zstd_section_empty", b"", "a zstd payload section of 0 stored bytes"),
+        ("x_zstd_section_truncated", pfr[:-4], "a zstd payload frame missing its last 4 bytes"),
+        ("x_zstd_section_two_frames", pfr + ZSTD.compress(b"ab"), "a zstd payload: the frame, then a second frame"),
+        ("x_zstd_section_skippable_first", SKIPPABLE + pfr, "a zstd payload: a skippable frame, then the frame"),
+        ("x_zstd_section_skippable_after", pfr + SKIPPABLE, "a zstd payload: the frame, then a skippable frame"),
+        ("x_zstd_section_skippable_only", struct.pack("<II", 0x184D2A5F, len(pay)) + pay, "a zstd payload that is one skippable frame (magic 0x184D2A5F) holding the payload bytes"),
+        ("x_zstd_section_trailing_byte", pfr + b"\x00", "a zstd payload: the frame, then one zero byte"),
+        ("x_zstd_section_bad_block", bad_block_type(pfr), "a zstd payload frame whose first block has the reserved block type 3"),
+    ):
+        inv(vid, zpay(stored).build(), "§8.2", what, "E_ZSTD", 8)
+    for d in (8, -8):
+        inv(f"x_zstd_section_fcs_lie_{'larger' if d > 0 else 'smaller'}", zpay(fcs_lie(pfr, d), len(pay)).build(), "§8.2",
+            f"a zstd payload frame whose header declares {abs(d)} bytes {'more' if d > 0 else 'fewer'} than the payload's true size, "
+            "which the table entry declares: Frame_Content_Size != decoded_length", "E_SECTION_SIZE", 24)
+    # A side section whose frame and table entry both lie: the frame is damaged.
+    rawres = encode_varints(zigzag(np.zeros(int(groups[0]), np.int64)))
+    for d in (3, -3):
+        x = bs.copy()
+        side = patches([0], [int(ap0[0])], 16)
+        sfr = fcs_lie(ZSTD.compress(side * 1), d)
+        x.chunks[0].secs[1] = Sec(KIND_X_PATCHES, 0, sfr, len(side) + d, 1)
+        inv(f"x_zstd_frame_size_lie_{'larger' if d > 0 else 'smaller'}", x.build(), "§8.2",
+            f"an x_patches zstd frame whose header and table entry both declare {abs(d)} bytes {'more' if d > 0 else 'fewer'} than the frame's "
+            "blocks hold (damaged: zstd decoders detect it)", "E_ZSTD", 8)
+    grp_frame = ZSTD.compress(rawres)
+
+    def res_with_group0(group: bytes, codec: int = 1) -> bytes:
+        rest = good_res[first_group_len:]
+        return varint(len(group)) + bytes([codec]) + group + rest
+
+    assert res_with_group0(rawres, 0) == good_res
+    inv("x_zstd_residual_group_garbage", with_residuals(res_with_group0(b"\x01\x02\x03\x04\x05\x06")).build(), "§8.4",
+        "a zstd residual group of 6 bytes that are not a frame", "E_ZSTD", 8)
+    inv("x_zstd_residual_group_two_frames", with_residuals(res_with_group0(grp_frame + grp_frame)).build(), "§8.4",
+        "a zstd residual group holding two frames", "E_ZSTD", 8)
+    inv("x_zstd_residual_group_truncated", with_residuals(res_with_group0(grp_frame[:-2])).build(), "§8.4",
+        "a zstd residual group whose frame misses its last 2 bytes", "E_ZSTD", 8)
+
+    # ---- 9 E_METADATA ------------------------------------------------------------------------
+    for vid, text, what in (
+        ("x_metadata_not_utf8", b'{"a":"\xff"}', "a 0xFF byte inside a JSON string"),
+        ("x_metadata_overlong_utf8", b'{"a":"\xc0\xaf"}', "an overlong UTF-8 encoding of '/'"),
+        ("x_metadata_surrogate_utf8", b'{"a":"\xed\xa0\x80"}', "a UTF-8-encoded surrogate (U+D800)"),
+        ("x_metadata_truncated_utf8", b'{"a":"\xe2\x82"}', "a truncated 3-byte UTF-8 sequence"),
+        ("x_metadata_not_json", b'{"a":}', "not JSON"),
+        ("x_metadata_empty", b"", "metadata_length 0 (empty text is not JSON)"),
+        ("x_metadata_array", b"[1,2]", "a JSON array"),
+        ("x_metadata_string", b'"object"', "a JSON string"),
+        ("x_metadata_number", b"42", "a JSON number"),
+        ("x_metadata_null", b"null", "JSON null"),
+        ("x_metadata_trailing_garbage", b'{"a":1}x', "an object followed by a stray character"),
+        ("x_metadata_two_objects", b"{}{}", "two objects"),
+        ("x_metadata_single_quotes", b"{'a':1}", "single-quoted keys"),
+        ("x_metadata_control_char", b'{"a":"\x01"}', "an unescaped control character in a string"),
+        ("x_metadata_unterminated", b'{"a":"b', "an unterminated string"),
+    ):
+        inv(vid, BB([], meta=text).build(), "§4.1", f"metadata: {what}", "E_METADATA", 9, eig=False)
+    inv("x_metadata_bom", BB([], meta=b'\xef\xbb\xbf{"a":1}').build(), "§4.1", "metadata starting with a UTF-8 byte order mark (not JSON whitespace)",
+        "E_METADATA", 9, eig=False)
+    inv("x_metadata_zstd_array", BB([], meta=ZSTD.compress(b"[1]"), meta_codec=1).build(), "§4.1", "zstd metadata that decodes to a JSON array",
+        "E_METADATA", 9, eig=False)
+
+    # ---- 10-14 CRCs --------------------------------------------------------------------------------
+    inv("x_crc_header_metadata", patch(good, 40, bytes([good[40] ^ 0x01])), "§3, §4", "a metadata byte changed, header_crc not updated",
+        "E_CRC_HEADER", 10)
+    inv("x_crc_header_optional_flags", patch(good, 16, b"\x01"), "§3, §4", "optional_flags changed, header_crc not updated", "E_CRC_HEADER", 10)
+    inv("x_crc_header_field", mod(bs, hdr={"crc": crc32c(bs.header()[:-4]) ^ 0x80000000}).build(), "§3", "header_crc's top bit flipped",
+        "E_CRC_HEADER", 10)
+    for i, (where, off) in enumerate((("payload", c0["data"] + 50), ("chunk_index field", c1["start"] + 16))):
+        inv(f"x_crc_chunk{i}_{where.split()[0]}", patch(good, off, bytes([good[off] ^ 0x04])), "§3, §5",
+            f"chunk {i}: a {where} byte changed, chunk_crc not updated (the index entry copies the stale chunk_crc)", "E_CRC_CHUNK", 11)
+    x = bs.copy()
+    x.chunks[0].crc = 0x12345678
+    inv("x_crc_chunk_field", x.build(), "§3, §5", "chunk 0's chunk_crc field replaced (the index entry holds the same wrong value)", "E_CRC_CHUNK", 11)
+    for i in (0, 1):
+        def bad_crc(es: list[dict], i: int = i) -> None:
+            es[i]["crc"] ^= 0x00010000
+
+        inv(f"x_crc_index_entry{i}", mod(bs, entry_edit=bad_crc).build(), "§10.1", f"index entry {i}'s crc differs from chunk {i}'s (index_crc resealed)",
+            "E_CRC_INDEX_ENTRY", 12)
+    io0 = lay["index"]
+    inv("x_crc_index_byte", patch(good, io0 + 8 + 24 + 20, b"\x01"), "§3, §10.2", "an index byte changed (entry 1 reserved), index_crc not updated",
+        "E_CRC_INDEX", 13)
+    inv("x_crc_index_field", mod(bs, index_crc=0).build(), "§3, §10.2", "footer index_crc = 0 (footer_crc resealed)", "E_CRC_INDEX", 13)
+    inv("x_crc_footer_offset", patch(good, end, bytes([good[end] ^ 0x01])), "§3, §10.2", "footer index_offset changed, footer_crc not updated",
+        "E_CRC_FOOTER", 14)
+    inv("x_crc_footer_field", patch(good, end + 28, bytes([good[end + 28] ^ 0x01])), "§3, §10.2", "footer_crc changed", "E_CRC_FOOTER", 14)
+    inv("x_crc_footer_before_version", patch(good, end + 20, b"\x02"), "§10.2", "footer major 2 without resealing: footer_crc is checked first",
+        "E_CRC_FOOTER", 14)
+    inv("x_crc_footer_before_reserved", patch(good, end + 24, b"\x01"), "§10.2", "footer reserved 1 without resealing: footer_crc is checked first",
+        "E_CRC_FOOTER", 14)
+
+    # ---- 15 E_BOUNDS ---------------------------------------------------------------------------
+    size = len(good)
+    inv("x_bounds_header_past_eof", mod(bs, hdr={"metadata_length": size}).build(), "§2, §4", "metadata_length = file size: H > file_size - 48",
+        "E_BOUNDS", 15)
+    inv("x_bounds_header_into_index", mod(bs, hdr={"metadata_length": size - 48 - 36 + 1}).build(), "§2", "H = file_size - 47 (one past the bound)",
+        "E_BOUNDS", 15)
+    for vid, fo, what in (
+        ("x_bounds_index_offset_below_h", {"index_offset": H - 1, "index_length": end - H + 1}, "index_offset = H - 1 (index_length keeps the end)"),
+        ("x_bounds_index_offset_zero", {"index_offset": 0, "index_length": end}, "index_offset = 0"),
+        ("x_bounds_index_end_short", {"index_length": end - io0 - 1}, "index_offset + index_length = file_size - 41"),
+        ("x_bounds_index_end_long", {"index_length": end - io0 + 1}, "index_offset + index_length = file_size - 39"),
+        ("x_bounds_index_offset_past_eof", {"index_offset": size + 100, "index_length": 56}, "index_offset past the end of the file"),
+        ("x_bounds_index_u64_wrap", {"index_offset": end + 8, "index_length": (1 << 64) - 8}, "index_offset = end + 8, index_length = 2^64 - 8: the sum wraps to file_size - 40"),
+        ("x_bounds_index_offset_max", {"index_offset": U64, "index_length": end + 1}, "index_offset = 2^64 - 1, index_length = end + 1 (wraps to the end)"),
+        ("x_bounds_index_length_max", {"index_length": U64}, "index_length = 2^64 - 1"),
+    ):
+        inv(vid, mod(bs, ftr=fo).build(), "§10.2", what + " (footer_crc resealed)", "E_BOUNDS", 15)
+
+    def edit(fn: Callable[[list[dict]], None]) -> bytes:
+        return mod(bs, entry_edit=fn).build()
+
+    entry_cases = (
+        ("x_bounds_entry0_offset", lambda es: es[0].update(offset=H + 1), "index entry 0 offset = H + 1"),
+        ("x_bounds_entry0_offset_zero", lambda es: es[0].update(offset=0), "index entry 0 offset = 0"),
+        ("x_bounds_entry1_gap", lambda es: es[1].update(offset=es[1]["offset"] + 4), "index entry 1 starts 4 bytes after chunk 0 ends"),
+        ("x_bounds_entry1_overlap", lambda es: es[1].update(offset=es[1]["offset"] - 4), "index entry 1 overlaps chunk 0 by 4 bytes"),
+        ("x_bounds_entry_short", lambda es: es[0].update(length=35), "index entry 0 length 35 (< 36)"),
+        ("x_bounds_entry_zero_length", lambda es: es[0].update(length=0), "index entry 0 length 0"),
+        ("x_bounds_entry_past_index", lambda es: es[1].update(length=es[1]["length"] + 8), "index entry 1 runs 8 bytes into the index"),
+        ("x_bounds_entry_length_max", lambda es: es[1].update(length=U64), "index entry 1 length 2^64 - 1"),
+        ("x_bounds_entry_length_wrap", lambda es: (es[0].update(length=U64), es[1].update(offset=H - 1)),
+         "index entry 0 length 2^64 - 1 and entry 1 offset H - 1 (consistent modulo 2^64)"),
+        ("x_bounds_entry_offset_max", lambda es: es[1].update(offset=U64), "index entry 1 offset 2^64 - 1"),
+        ("x_bounds_chunks_end_early", lambda es: es[1].update(length=es[1]["length"] - 4), "the chunks (by the index) end 4 bytes before the index"),
+    )
+    for vid, fn, what in entry_cases:
+        inv(vid, edit(fn), "§10.1", what + " (index_crc resealed)", "E_BOUNDS", 15)
+    for vid, delta, what in (("x_bounds_chunk_length_larger", 8, "+8"), ("x_bounds_chunk_length_smaller", -8, "-8")):
+        x = bs.copy()
+        x.chunks[0].head["chunk_length"] = c0["end"] - c0["start"] + delta
+        inv(vid, x.build(), "§5, §10.1", f"chunk 0's chunk_length field {what}: differs from its index entry", "E_BOUNDS", 15)
+    x = bs.copy()
+    x.chunks[1].head["chunk_length"] = U64
+    inv("x_bounds_chunk_length_max", x.build(), "§5", "chunk 1's chunk_length field 2^64 - 1", "E_BOUNDS", 15)
+    x = bs.copy()
+    x.chunks[1].head["chunk_length"] = 35
+    inv("x_bounds_chunk_length_35", x.build(), "§5, §10.3", "chunk 1's chunk_length field 35 (streaming: < 36)", "E_BOUNDS", 15)
+    x = bs.copy()
+    x.chunks[0].head["descriptor_length"] = c0["end"] - c0["start"]
+    inv("x_bounds_descriptor_past_chunk", x.build(), "§5", "descriptor_length = chunk_length", "E_BOUNDS", 15)
+    x = bs.copy()
+    x.chunks[0].head["section_count"] = 1000
+    inv("x_bounds_table_past_chunk", x.build(), "§5", "section_count 1000: the section table runs past the chunk", "E_BOUNDS", 15)
+    x = bs.copy()
+    clen = c0["end"] - c0["start"]
+    dl = c0["table"] - c0["desc"]
+    x.chunks[0].head["section_count"] = (clen - 4 - 32 - dl) // 32 + 1
+    inv("x_bounds_table_into_crc", x.build(), "§5", "section_count one more than fits before chunk_crc", "E_BOUNDS", 15)
+    sec_cases = (
+        ("x_bounds_section0_offset", 0, {"offset": lambda e: e + 1}, "section 0 offset one past the table end"),
+        ("x_bounds_section0_offset_zero", 0, {"offset": lambda e: 0}, "section 0 offset 0 (inside the chunk header)"),
+        ("x_bounds_section_gap", 1, {"offset": lambda e: e + 2}, "section 1 starts 2 bytes after section 0 ends"),
+        ("x_bounds_section_overlap", 1, {"offset": lambda e: e - 2}, "section 1 overlaps section 0 by 2 bytes"),
+        ("x_bounds_section_offset_max", 1, {"offset": lambda e: U64}, "section 1 offset 2^64 - 1"),
+        ("x_bounds_section_past_chunk", 1, {"stored_length": lambda e: e + 1, "decoded_length": lambda e: e + 1}, "the last section runs 1 byte into chunk_crc"),
+        ("x_bounds_section_length_max", 1, {"stored_length": lambda e: U64}, "section 1 stored_length 2^64 - 1"),
+        ("x_bounds_section_length_wrap", 0, {"stored_length": lambda e: U64 - 100}, "section 0 stored_length 2^64 - 101 (offset + length wraps)"),
+    )
+    for vid, k, fields, what in sec_cases:
+        x = bs.copy()
+        s = x.chunks[0].secs[k]
+        tbl_end = c0["data"] - c0["start"]
+        cur = {"offset": tbl_end + sum(len(q.stored) for q in x.chunks[0].secs[:k]), "stored_length": len(s.stored), "decoded_length": s.decoded_length}
+        s.over = {f: fn(cur[f]) for f, fn in fields.items()}
+        inv(vid, x.build(), "§5.3", what, "E_BOUNDS", 15)
+    x = bs.copy()
+    x.chunks[0].tail = b"\x00\x00\x00"
+    inv("x_bounds_bytes_before_crc", x.build(), "§5.3", "3 bytes between the last section and chunk_crc", "E_BOUNDS", 15)
+    x = bs.copy()
+    x.chunks[1].tail = b"\x00"
+    inv("x_bounds_byte_before_crc_chunk1", x.build(), "§5.3", "chunk 1: 1 byte between its payload and chunk_crc", "E_BOUNDS", 15)
+
+    # ---- 16 E_INDEX, 17 E_CHUNK_ORDER -----------------------------------------------------------
+    inv("x_index_count_larger", mod(bs, index_count=3).build(), "§10.1", "index chunk_count 3, header 2", "E_INDEX", 16)
+    inv("x_index_count_smaller", mod(bs, index_count=1).build(), "§10.1", "index chunk_count 1, header 2", "E_INDEX", 16)
+    inv("x_index_count_max", mod(bs, index_count=0xFFFFFFFF).build(), "§10.1", "index chunk_count 2^32 - 1", "E_INDEX", 16)
+    inv("x_index_length_extra", mod(bs, index_extra=b"\x00" * 4).build(), "§10.1", "4 extra bytes in the index (index_length = 8 + 24N + 4)", "E_INDEX", 16)
+    inv("x_index_extra_entry", mod(bs, index_extra=b"\x00" * 24).build(), "§10.1", "a third index entry (24 zero bytes) with chunk_count 2", "E_INDEX", 16)
+    x = bs.copy()
+    x.chunks[0].head["chunk_index"], x.chunks[1].head["chunk_index"] = 1, 0
+    inv("x_chunk_order_swapped", x.build(), "§5, §10.1", "chunk_index 1 then 0", "E_CHUNK_ORDER", 17)
+    x = bs.copy()
+    x.chunks[1].head["chunk_index"] = 0
+    inv("x_chunk_order_duplicate", x.build(), "§5", "both chunks say chunk_index 0", "E_CHUNK_ORDER", 17)
+    x = bs.copy()
+    x.chunks[1].head["chunk_index"] = 0xFFFFFFFF
+    inv("x_chunk_order_max", x.build(), "§5", "chunk 1 says chunk_index 2^32 - 1", "E_CHUNK_ORDER", 17)
+
+    # ---- 18 E_DESCRIPTOR -----------------------------------------------------------------------
+    d0 = bs.chunks[0].descriptor()
+    x = bs.copy()
+    x.chunks[0].desc = d0[:-5]
+    inv("x_descriptor_record_past_end", x.build(), "§5.1", "descriptor cut 5 bytes short (the last op runs past Ld)", "E_DESCRIPTOR", 18)
+    x = bs.copy()
+    x.chunks[0].desc = d0 + b"\x00\x00\x00"
+    inv("x_descriptor_leftover_bytes", x.build(), "§5.1", "3 bytes left over after the last op", "E_DESCRIPTOR", 18)
+    x = bs.copy()
+    x.chunks[1].desc = b""
+    inv("x_descriptor_empty", x.build(), "§5.1", "descriptor_length 0", "E_DESCRIPTOR", 18)
+    x = bs.copy()
+    x.chunks[1].desc = b"\xff\xff" + x.chunks[1].descriptor()[2:]
+    inv("x_descriptor_name_past_end", x.build(), "§5.1", "chunk name length 65535 runs past the descriptor", "E_DESCRIPTOR", 18)
+    for vid, k, bad, what in (("x_descriptor_utf8_chunk_name", "name", b"\xff", "chunk name"),
+                              ("x_descriptor_utf8_tensor_name", "tensor", b"\xc0\x80", "tensor name (overlong NUL)"),
+                              ("x_descriptor_utf8_site_name", "site", b"\xed\xa0\x80", "site name (surrogate U+D800)"),
+                              ("x_descriptor_utf8_follower_name", "follower", b"\xe2\x82", "follower name (truncated sequence)"),
+                              ("x_descriptor_utf8_above_max", "tensor2", b"\xf4\x90\x80\x80", "tensor name (U+110000)")):
+        x = bs.copy()
+        ch = x.chunks[0]
+        marker = {"name": b"~" * len(bad), "tensor": b"!" * len(bad), "site": b"#" * len(bad), "follower": b"%" * len(bad),
+                  "tensor2": b"^" * len(bad)}[k]
+        m = marker.decode()
+        if k == "name":
+            ch.rec["name"] = m
+        elif k in ("tensor", "tensor2"):
+            ch.rec["tensors"][0 if k == "tensor" else 2]["name"] = m
+        elif k == "site":
+            ch.rec["sites"][0]["name"] = m
+        else:
+            ch.rec["sites"][0]["followers"][0]["tensor"] = m
+        desc_replace(ch, marker, bad)
+        inv(vid, x.build(), "§1, §5.1", f"invalid UTF-8 in a {what}", "E_DESCRIPTOR", 18)
+    x = bs.copy()
+    x.chunks[0].rec["tensors"][2]["name"] = x.chunks[0].rec["tensors"][0]["name"]
+    inv("x_descriptor_duplicate_tensor_name", x.build(), "§5.1", "two tensors named 'src' in one chunk", "E_DESCRIPTOR", 18)
+    for kd in (0, 3, 255):
+        x = bs.copy()
+        x.chunks[0].rec["ops"][0]["kind"] = kd
+        inv(f"x_descriptor_op_kind_{kd}", x.build(), "§5.1", f"op kind {kd}", "E_DESCRIPTOR", 18)
+    ops0 = bs.chunks[0].rec["ops"]
+    push_k = next(k for k, o in enumerate(ops0) if o["kind"] == OP_PUSH)
+    site_k = next(k for k, o in enumerate(ops0) if o["kind"] == OP_SITE)
+    for vid, k, idx, what in (("x_descriptor_push_index_range", push_k, 3, "PUSH 3 in a chunk of 3 tensors"),
+                              ("x_descriptor_push_index_max", push_k, 0xFFFFFFFF, "PUSH 2^32 - 1"),
+                              ("x_descriptor_site_index_range", site_k, 1, "SITE 1 in a chunk of 1 site")):
+        x = bs.copy()
+        x.chunks[0].rec["ops"][k]["index"] = idx
+        inv(vid, x.build(), "§5.1", what, "E_DESCRIPTOR", 18)
+    x = bs.copy()
+    x.chunks[0].rec["ops"].append(dict(ops0[-1]))
+    inv("x_descriptor_tensor_pushed_twice", x.build(), "§5.2", "the last tensor pushed twice", "E_DESCRIPTOR", 18)
+    x = bs.copy()
+    x.chunks[0].rec["ops"] = [o for o in ops0 if not (o["kind"] == OP_PUSH and o["index"] == 2)]
+    inv("x_descriptor_tensor_not_pushed", x.build(), "§5.2", "a tensor without a PUSH", "E_DESCRIPTOR", 18)
+    x = bs.copy()
+    x.chunks[0].rec["ops"] = [dict(ops0[site_k])] + [dict(o) for o in ops0]
+    inv("x_descriptor_site_twice", x.build(), "§5.2", "the site's SITE op appears twice", "E_DESCRIPTOR", 18)
+    x = bs.copy()
+    x.chunks[0].rec["ops"] = [o for o in ops0 if o["kind"] != OP_SITE]
+    inv("x_descriptor_site_missing", x.build(), "§5.2", "a site without a SITE op", "E_DESCRIPTOR", 18)
+    x = bs.copy()
+    dd = bytearray(x.chunks[1].descriptor())
+    nl = struct.unpack("<H", dd[:2])[0]
+    dd[2 + nl + 4 : 2 + nl + 8] = struct.pack("<I", 70000)
+    x.chunks[1].desc = bytes(dd)
+    inv("x_descriptor_tensor_count_lie", x.build(), "§5.1, §11.1",
+        "tensor_count 70000 with one tensor record: the records run past Ld (the reference parses first); the count is also over the limit",
+        "E_DESCRIPTOR", (18, 27), also=("E_LIMIT_COUNT",))
+    x = bs.copy()
+    dd = x.chunks[1].descriptor()
+    x.chunks[1].desc = dd[:-12] + struct.pack("<I", 0xFFFFFFFF) + dd[-8:]
+    inv("x_descriptor_op_count_lie", x.build(), "§5.1", "op_count 2^32 - 1 with one op record", "E_DESCRIPTOR", 18)
+
+    # ---- 19 E_DTYPE, 20 E_SITE -------------------------------------------------------------------
+    for v in (0, 4, 255):
+        x = bs.copy()
+        x.chunks[0].rec["symbol_dtype"] = v
+        inv(f"x_dtype_symbol_{v}", x.build(), "§5.1, §6.1", f"symbol_dtype {v}", "E_DTYPE", 19)
+    for v in (0, 9):
+        x = bs.copy()
+        x.chunks[0].rec["tensors"][1]["dtype"] = v
+        inv(f"x_dtype_tensor_{v}", x.build(), "§5.1, §6.1", f"tensor dtype {v}", "E_DTYPE", 19)
+    x = bs.copy()
+    x.chunks[1].rec["tensors"].append(dict(name="half", dtype=1, ndim=1, reserved=0, dims=[2]))
+    x.chunks[1].rec["ops"].append(dict(kind=OP_PUSH, reserved0=0, reserved1=0, index=1))
+    x.chunks[1].secs[0] = raw_sec(KIND_PAYLOAD, NO_SITE, x.chunks[1].secs[0].stored + b"\x00\x3c\x00\x3c")
+    inv("x_dtype_narrower_than_symbols", x.build(), "§5.1, §6.2", "a float16 tensor in a chunk of float32 symbols", "E_DTYPE", 19)
+
+    def site_edit(**kv: int) -> bytes:
+        x = bs.copy()
+        x.chunks[0].rec["sites"][0].update(kv)
+        return x.build()
+
+    inv("x_site_anchor_range", site_edit(anchor=3), "§5.2", "anchor 3 in a chunk of 3 tensors", "E_SITE", 20)
+    inv("x_site_anchor_max", site_edit(anchor=0xFFFFFFFF), "§5.2", "anchor 2^32 - 1", "E_SITE", 20)
+    inv("x_site_axis_range", site_edit(anchor_axis=2), "§5.2", "anchor_axis 2 on a 2-D anchor", "E_SITE", 20)
+    inv("x_site_axis_255", site_edit(anchor_axis=255), "§5.2", "anchor_axis 255", "E_SITE", 20)
+    inv("x_site_dim_mismatch", site_edit(dim=17), "§5.2", "D = 17 where dims[anchor_axis] = 16", "E_SITE", 20)
+    inv("x_site_other_axis", site_edit(anchor_axis=1), "§5.2", "anchor_axis 1 (size 20) with D = 16", "E_SITE", 20)
+    inv("x_site_wrong_anchor", site_edit(anchor=2), "§5.2", "anchor = the (3, 16) follower, axis 0 (size 3) with D = 16", "E_SITE", 20)
+    for D in (1, 0):
+        rec = program_rec("d", 1, [("src", 1, [10]), ("w", 1, [D, 4])], [("s", D, 1, 0, 0)], [(OP_PUSH, 0), (OP_SITE, 0), (OP_PUSH, 1)])
+        p_sym = 10 + 4 * D + 2 * D - D * (D + 1) // 2
+        inv(f"x_site_dim_{D}", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, bytes(2 * p_sym))])]).build(), "§5.1, §5.2",
+            f"a site of D = {D} on a ({D}, 4) anchor", "E_SITE", 20, eig=False)
+    rec = program_rec("s", 1, [("src", 1, [10]), ("sc", 1, [])], [("s", 2, 1, 0, 0)], [(OP_PUSH, 0), (OP_SITE, 0), (OP_PUSH, 1)])
+    inv("x_site_scalar_anchor", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, bytes(2 * 12))])]).build(), "§5.2",
+        "a site anchored on a scalar (ndim 0, anchor_axis 0)", "E_SITE", 20, eig=False)
+    x = bs.copy()
+    ops = x.chunks[0].rec["ops"]
+    x.chunks[0].rec["ops"] = [o for o in ops if o["kind"] == OP_PUSH] + [o for o in ops if o["kind"] == OP_SITE]
+    inv("x_site_order", x.build(), "§5.2", "the anchor's PUSH comes before the site's SITE op", "E_SITE", 20)
+
+    # ---- 21 E_SECTION_KIND, 22 E_SECTION_DUPLICATE, 23 E_SECTION_MISSING ---------------------------
+    for kd in (0, 6, 255):
+        x = bs.copy()
+        x.chunks[0].secs[1].kind = kd
+        inv(f"x_section_kind_{kd}", x.build(), "§5.3, §8.1", f"section kind {kd}", "E_SECTION_KIND", 21)
+    x = bs.copy()
+    x.chunks[0].secs[0].site = 0
+    inv("x_section_payload_names_site", x.build(), "§8.1", "payload section with site 0", "E_SECTION_KIND", 21)
+    x = bs.copy()
+    x.chunks[0].secs[1].site = 1
+    inv("x_section_site_range", x.build(), "§8.1", "x_residuals for site 1 (the chunk has 1 site)", "E_SECTION_KIND", 21)
+    x = bs.copy()
+    x.chunks[0].secs[1].site = NO_SITE
+    inv("x_section_site_none", x.build(), "§8.1", "x_residuals with site 0xFFFFFFFF", "E_SECTION_KIND", 21)
+    x = bpl.copy()
+    x.chunks[0].secs.insert(0, raw_sec(KIND_X_PATCHES, 0, b"\x00"))
+    inv("x_section_on_plain_site", x.build(), "§8.1", "an x_patches section (count 0) on a PLAIN site, before the payload", "E_SECTION_KIND", 21, eig=False)
+    x = bs.copy()
+    x.chunks[0].secs.append(raw_sec(KIND_SIGNS, 0, b"\x00\x00"))
+    inv("x_section_signs_on_symmetric", x.build(), "§8.1", "a signs section on a symmetric-mode site", "E_SECTION_KIND", 21)
+    x = bs.copy()
+    x.chunks[0].secs.append(raw_sec(KIND_ANCHOR_PATCHES, 0, b"\x00"))
+    inv("x_section_anchor_patches_on_symmetric", x.build(), "§8.1", "an anchor_patches section on a symmetric-mode site", "E_SECTION_KIND", 21)
+    x = bp.copy()
+    x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != KIND_X_PATCHES] + [raw_sec(KIND_X_RESIDUALS, 0, b"")]
+    inv("x_section_residuals_on_paper", x.build(), "§8.1", "an x_residuals section on a PAPER site", "E_SECTION_KIND", 21)
+    pf = BB([chk_from(encode_chunk(ChunkLayout("plain3", ("src", "w"), (SiteSpec("s", 4, AxisRef("w", 0)),)),
+                                   {"src": t(np.random.default_rng(313), (6, 4)), "w": t(np.random.default_rng(314), (4, 6))}, {}, "paper", 0.0))],
+            scheme=1, meta=meta("paper", 0.0))
+    assert pf.chunks[0].rec["sites"][0]["flags"] == 3
+    pf.chunks[0].secs.append(raw_sec(KIND_SIGNS, 0, b"\x00"))
+    inv("x_section_signs_on_plain_paper", pf.build(), "§8.1", "a signs section on a site with PLAIN and PAPER set", "E_SECTION_KIND", 21)
+
+    x = bs.copy()
+    x.chunks[1].secs.append(x.chunks[1].secs[0])
+    inv("x_dup_payload", x.build(), "§8.1", "two payload sections", "E_SECTION_DUPLICATE", 22)
+    x = bs.copy()
+    x.chunks[0].secs.append(x.chunks[0].secs[1])
+    inv("x_dup_residuals", x.build(), "§8.1", "two x_residuals sections for one site", "E_SECTION_DUPLICATE", 22)
+    x = bs.copy()
+    x.chunks[0].secs.append(raw_sec(KIND_X_PATCHES, 0, b"\x00"))
+    inv("x_dup_residuals_and_patches", x.build(), "§8.1", "x_residuals and x_patches on one site", "E_SECTION_DUPLICATE", 22)
+    for kd, nm in ((KIND_SIGNS, "signs"), (KIND_X_PATCHES, "x_patches"), (KIND_ANCHOR_PATCHES, "anchor_patches")):
+        x = bp.copy()
+        x.chunks[0].secs.append(copy.deepcopy(x.chunks[0].sec(kd)))
+        inv(f"x_dup_{nm}", x.build(), "§8.1", f"two {nm} sections for one PAPER site", "E_SECTION_DUPLICATE", 22)
+
+    x = bs.copy()
+    x.chunks[0].secs = x.chunks[0].secs[1:]
+    inv("x_missing_payload", x.build(), "§8.1", "a chunk with an x_residuals section and no payload", "E_SECTION_MISSING", 23)
+    x = bs.copy()
+    x.chunks[1].secs = []
+    inv("x_missing_all_sections", x.build(), "§5.3, §8.1", "a chunk with section_count 0", "E_SECTION_MISSING", 23)
+    x = bp.copy()
+    x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != KIND_SIGNS]
+    inv("x_missing_signs", x.build(), "§8.1", "a non-plain PAPER site without a signs section", "E_SECTION_MISSING", 23)
+
+    # ---- 24 E_SECTION_SIZE ---------------------------------------------------------------------------
+    x = bs.copy()
+    s0 = x.chunks[0].secs[0]
+    x.chunks[0].secs[0] = Sec(KIND_PAYLOAD, NO_SITE, s0.stored[:-2], s0.decoded_length)
+    inv("x_size_raw_payload", x.build(), "§8.2", "raw payload: stored_length 2 less than decoded_length (which is P*W/8)", "E_SECTION_SIZE", 24)
+    x = bs.copy()
+    s1 = x.chunks[0].secs[1]
+    s1.decoded_length += 1
+    inv("x_size_raw_side", x.build(), "§8.2", "raw x_residuals: decoded_length = stored_length + 1", "E_SECTION_SIZE", 24)
+    nocs = zstandard.ZstdCompressor(level=3, write_content_size=False).compress(pay)
+    inv("x_size_zstd_no_content_size", zpay(nocs).build(), "§8.2", "a zstd payload frame without Frame_Content_Size", "E_SECTION_SIZE", 24)
+    short = ZSTD.compress(pay[:-2])
+    inv("x_size_zstd_declared_larger", zpay(short, len(pay)).build(), "§8.2",
+        "zstd payload: the frame holds 2 bytes fewer than decoded_length (= P*W/8)", "E_SECTION_SIZE", 24)
+    x = bs.copy()
+    side = s1.stored
+    x.chunks[0].secs[1] = Sec(KIND_X_RESIDUALS, 0, ZSTD.compress(side), len(side) - 1, 1)
+    inv("x_size_zstd_declared_smaller", x.build(), "§8.2", "zstd x_residuals: decoded_length 1 less than the frame's content size", "E_SECTION_SIZE", 24)
+    for n, what in ((1, "1 byte"), (0, "0 bytes")):
+        x = bp.copy()
+        sg = x.chunks[0].sec(KIND_SIGNS)
+        sg.stored, sg.decoded_length = sg.stored[:n], n
+        inv(f"x_size_signs_{n}", x.build(), "§8.2, §8.3", f"a sign bitmap of {what} for D = 12 (needs 2)", "E_SECTION_SIZE", 24)
+    x = bp.copy()
+    sg = x.chunks[0].sec(KIND_SIGNS)
+    data2 = sg.stored
+    x.chunks[0].secs[x.chunks[0].secs.index(sg)] = Sec(KIND_SIGNS, 0, ZSTD.compress(data2[:1]), 1, 1)
+    inv("x_size_signs_zstd_short", x.build(), "§8.2", "a zstd sign bitmap decoding to 1 byte for D = 12", "E_SECTION_SIZE", 24)
+
+    # ---- 25 E_SECTION_CONTENT: residuals ------------------------------------------------------------
+    R_ = lambda b: with_residuals(b).build()  # noqa: E731
+    inv("x_content_residual_header_unterminated", R_(b"\x80\x80"), "§8.4", "x_residuals: the first group length varint never ends", "E_SECTION_CONTENT", 25)
+    inv("x_content_residual_header_too_long", R_(b"\x80" * 10 + b"\x00" + good_res[1:]), "§8.4",
+        "x_residuals: an 11-byte group length varint", "E_SECTION_CONTENT", 25)
+    inv("x_content_residual_no_codec_byte", R_(b"\x05"), "§8.4", "x_residuals: a group length and nothing else", "E_SECTION_CONTENT", 25)
+    inv("x_content_residual_group_past_section", R_(varint(len(good_res) + 10) + good_res[1:]), "§8.4",
+        "x_residuals: the first group's length runs past the section", "E_SECTION_CONTENT", 25)
+    inv("x_content_residual_too_few", R_(res_with_group0(rawres[:-1], 0)), "§8.4", "x_residuals: first group one varint short", "E_SECTION_CONTENT", 25)
+    inv("x_content_residual_too_many", R_(res_with_group0(rawres + b"\x00", 0)), "§8.4", "x_residuals: first group one varint too many", "E_SECTION_CONTENT", 25)
+    inv("x_content_residual_leftover_byte", R_(res_with_group0(rawres + b"\x80", 0)), "§8.4",
+        "x_residuals: first group ends inside an unterminated varint", "E_SECTION_CONTENT", 25)
+
+    def long_varint(k: int, raw: bytes) -> bytes:
+        return (b"\x80" * 10 + b"\x00" + raw[1:]) if k == g_big else raw
+
+    inv("x_content_residual_varint_too_long", R_(residual_section(ap0, "float16", group_edit=long_varint)), "§8.4",
+        f"x_residuals: an 11-byte varint (of value 0) in a group of {int(groups[g_big])} values", "E_SECTION_CONTENT", 25)
+
+    def over_u64(k: int, raw: bytes) -> bytes:
+        return (b"\xff" * 9 + b"\x02" + raw[1:]) if k == g_big else raw
+
+    inv("x_content_residual_varint_over_u64", R_(residual_section(ap0, "float16", group_edit=over_u64)), "§1, §8.4",
+        "x_residuals: a 10-byte varint whose value is 2^64 or more", "E_SECTION_CONTENT", 25)
+    inv("x_content_residual_bytes_after_groups", R_(good_res + b"\x00"), "§8.4", "x_residuals: one byte after the last group", "E_SECTION_CONTENT", 25)
+    last_len = 2 + int(groups[-1])
+    inv("x_content_residual_missing_group", R_(good_res[:-last_len]), "§8.4", "x_residuals: the last group is missing", "E_SECTION_CONTENT", 25)
+    for vid, delta, what in (("x_content_residual_ordinal_high", 1 << 16, "above 2^15 - 1"), ("x_content_residual_ordinal_low", -(1 << 16), "below -2^15")):
+        r = np.zeros(ap0.size, np.int64)
+        r[0] = delta
+        inv(vid, R_(residual_section(ap0, "float16", r)), "§8.4", f"x_residuals: a residual moving value 0's ordinal {what}", "E_SECTION_CONTENT", 25)
+
+    # ---- 25 E_SECTION_CONTENT: patches ---------------------------------------------------------------
+    n = int(ap0.size)
+
+    def with_xp(b: bytes, codec: int = 0) -> bytes:
+        x = bs.copy()
+        x.chunks[0].secs = [x.chunks[0].secs[0], zstd_sec(KIND_X_PATCHES, 0, b) if codec else raw_sec(KIND_X_PATCHES, 0, b)]
+        return x.build()
+
+    ok = patches([0, 5], [int(ap0[0]), int(ap0[5])], 16)
+    for vid, b, what in (
+        ("x_content_patches_empty", b"", "an x_patches section of 0 bytes (no count)"),
+        ("x_content_patches_count_unterminated", b"\x80", "the count varint never ends"),
+        ("x_content_patches_count_too_long", b"\x80" * 10 + b"\x00", "an 11-byte count varint"),
+        ("x_content_patches_count_over_u64", b"\xff" * 9 + b"\x02", "a 10-byte count varint of value 2^64 or more"),
+        ("x_content_patches_count_exceeds", patches(list(range(n)) + [n], [0] * (n + 1), 16), f"count {n + 1} for a block of {n} values"),
+        ("x_content_patches_values_short", b"\x02\x00\x04\x00", "count 2 needs 4 value bytes; 3 bytes follow the count"),
+        ("x_content_patches_gaps_short", b"\x02\x00" + ok[3:], "count 2 but one gap varint before the values"),
+        ("x_content_patches_gaps_extra", b"\x02\x00\x04\x00" + ok[3:], "count 2 but three gap bytes (an extra varint)"),
+        ("x_content_patches_gap_unterminated", b"\x02\x00\x84" + ok[3:], "the last gap varint runs into the values"),
+        ("x_content_patches_gap_too_long", b"\x01" + b"\x80" * 10 + b"\x00" + ok[3:5], "an 11-byte gap varint"),
+        ("x_content_patches_position_range", patches([n], [0], 16), f"position {n} in a block of {n} values"),
+        ("x_content_patches_position_wrap", b"\x02\x03" + varint(U64) + ok[3:], "gaps 3 and 2^64 - 1: the second position wraps to 3 modulo 2^64"),
+        ("x_content_patches_gap_huge", b"\x01" + varint(1 << 63) + ok[3:5], "gap 2^63"),
+    ):
+        inv(vid, with_xp(b), "§8.5", f"x_patches: {what}", "E_SECTION_CONTENT", 25)
+    inv("x_content_patches_zstd", with_xp(patches([n + 3], [0], 16), codec=1), "§8.5", "zstd x_patches with a position out of range",
+        "E_SECTION_CONTENT", 25)
+    A = 12 * 16
+
+    def with_ap(b: bytes) -> bytes:
+        x = bp.copy()
+        x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != KIND_ANCHOR_PATCHES] + [raw_sec(KIND_ANCHOR_PATCHES, 0, b)]
+        return x.build()
+
+    def with_pxp(b: bytes) -> bytes:
+        x = bp.copy()
+        x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != KIND_X_PATCHES] + [raw_sec(KIND_X_PATCHES, 0, b)]
+        return x.build()
+
+    inv("x_content_anchor_patches_position_range", with_ap(patches([A], [0], 16)), "§8.5", f"anchor_patches: position {A} for an anchor of {A} elements",
+        "E_SECTION_CONTENT", 25)
+    inv("x_content_anchor_patches_count_exceeds", with_ap(patches(list(range(A + 1)), [0] * (A + 1), 16)), "§8.5",
+        f"anchor_patches: count {A + 1} for {A} elements", "E_SECTION_CONTENT", 25)
+    inv("x_content_anchor_patches_values_short", with_ap(b"\x02\x00\x00\x00"), "§8.5", "anchor_patches: count 2 (4 value bytes) with 3 bytes after the count",
+        "E_SECTION_CONTENT", 25)
+    inv("x_content_anchor_patches_empty", with_ap(b""), "§8.5", "anchor_patches of 0 bytes", "E_SECTION_CONTENT", 25)
+    inv("x_content_paper_x_patches_range", with_pxp(patches([78], [0], 16)), "§8.5", "x_patches on a PAPER site (n = 78): position 78",
+        "E_SECTION_CONTENT", 25)
+
+    # ---- 26 E_SYMBOL_COUNT ---------------------------------------------------------------------------
+    for vid, stored, what in (("x_symbols_payload_long", pay + b"\x00\x3c", "one symbol more than P (a symbol would be left over)"),
+                              ("x_symbols_payload_short", pay[:-2], "one symbol fewer than P"),
+                              ("x_symbols_payload_odd", pay + b"\x00", "P*W/8 + 1 bytes"),
+                              ("x_symbols_payload_empty", b"", "an empty payload")):
+        x = bs.copy()
+        x.chunks[0].secs[0] = raw_sec(KIND_PAYLOAD, NO_SITE, stored)
+        inv(vid, x.build(), "§6.3", f"payload: {what}", "E_SYMBOL_COUNT", 26)
+    x = bs.copy()
+    x.chunks[0].secs[0].over = {"decoded_length": U64}
+    inv("x_symbols_decoded_length_max", x.build(), "§6.3, §8.2", "payload decoded_length 2^64 - 1 (stored_length correct)", "E_SYMBOL_COUNT", 26)
+    rec = program_rec("u", 1, [("a", 1, [10]), ("w", 1, [4, 6])], [("s", 4, 1, 0, 0)], [(OP_SITE, 0), (OP_PUSH, 0), (OP_PUSH, 1)])
+    inv("x_symbols_underflow_push", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, bytes(2 * 32))])]).build(), "§6.3, §7.1",
+        "ops SITE 0, PUSH a, PUSH w with P = 32 correct: decoding pops w (24), then a (10) from 8 symbols", "E_SYMBOL_COUNT", 26, eig=False)
+    rec = program_rec("u", 1, [("a", 1, [5]), ("w", 1, [2, 3])], [("s", 2, 1, 0, 0)], [(OP_SITE, 0), (OP_PUSH, 0), (OP_PUSH, 1)])
+    inv("x_symbols_underflow_mu", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, bytes(2 * 12))])]).build(), "§6.3, §7.1",
+        "ops SITE 0 (D = 2), PUSH a, PUSH w with P = 12 correct: the SITE step pops 4 eigenvalue symbols from 1", "E_SYMBOL_COUNT", 26, eig=False)
+    rec = program_rec("neg", 1, [("w", 1, [16, 1])], [("s", 16, 0, 0, 0)], [(OP_SITE, 0), (OP_PUSH, 0)])
+    inv("x_symbols_negative_p", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, b"")])]).build(), "§6.3",
+        "a (16, 1) anchor and a non-plain D = 16 site: P = 16 + 32 - 136 = -88, which no decoded_length matches (empty payload)",
+        "E_SYMBOL_COUNT", 26, eig=False)
+    rec = program_rec("huge", 1, [("small", 1, [4]), ("huge", 3, [1 << 20, 1 << 20])], [], [(OP_PUSH, 0), (OP_PUSH, 1)])
+    inv("x_symbols_huge_tensor", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, bytes(8))])]).build(), "§6.3, §11.1",
+        "a float32 tensor of exactly 2^40 elements (2^41 symbols) and an 8-byte payload: P*W/8 = 2^42 + 8", "E_SYMBOL_COUNT", 26, eig=False)
+
+    # ---- 27 limits ---------------------------------------------------------------------------------
+    inv("x_limit_chunk_count", mod(bs, hdr={"chunk_count": 65537}).build(), "§4, §11.1", "header chunk_count 65,537", "E_LIMIT_COUNT", 27)
+    inv("x_limit_chunk_count_max", mod(bs, hdr={"chunk_count": 0xFFFFFFFF}).build(), "§4", "header chunk_count 2^32 - 1", "E_LIMIT_COUNT", 27)
+    inv("x_limit_metadata_length", mod(bs, hdr={"metadata_length": (64 << 20) + 1}).build(), "§4, §11.1", "metadata_length 64 MiB + 1",
+        "E_LIMIT_METADATA", 27)
+    inv("x_limit_metadata_length_max", mod(bs, hdr={"metadata_length": 0xFFFFFFFF}).build(), "§4", "metadata_length 2^32 - 1", "E_LIMIT_METADATA", 27)
+    bomb = zstandard.ZstdCompressor(level=1, write_content_size=True).compress(bytes((64 << 20) + 1))
+    inv("x_limit_metadata_zstd_declared", BB([], meta=bomb, meta_codec=1).build(), "§4.1",
+        f"a {len(bomb)}-byte zstd metadata frame declaring 64 MiB + 1 bytes (checked before decompressing)", "E_LIMIT_METADATA", 27, eig=False)
+    inv("x_limit_metadata_zstd_no_size", BB([], meta=zstandard.ZstdCompressor(level=3, write_content_size=False).compress(b"{}"), meta_codec=1).build(),
+        "§4.1", "a zstd metadata frame without a content size (counts as 2^64 - 1)", "E_LIMIT_METADATA", 27, eig=False)
+    x = bs.copy()
+    x.chunks[0].head["descriptor_length"] = (16 << 20) + 1
+    inv("x_limit_descriptor_length", x.build(), "§5, §11.1", "descriptor_length 16 MiB + 1", "E_LIMIT_COUNT", 27)
+    x = bs.copy()
+    x.chunks[0].head["section_count"] = 16385
+    inv("x_limit_section_count", x.build(), "§5, §11.1", "section_count 16,385", "E_LIMIT_COUNT", 27)
+    many = (struct.pack("<H", 4) + b"many" + b"\x01\x00\x00\x00" + struct.pack("<I", 65537) + b"\x00\x00\x01\x00\x00\x00" * 65537
+            + struct.pack("<II", 0, 0))
+    inv("x_limit_tensor_count", BB([Chk({}, [raw_sec(KIND_PAYLOAD, NO_SITE, b"")], desc=many)]).build(), "§5.1, §11.1",
+        "65,537 tensor records (empty names, scalars, no ops)", "E_LIMIT_COUNT", 27, eig=False)
+    rec = program_rec("many", 1, [("w", 1, [2, 2])], [("", 2, 0, 0, 1)] * 4097, [])
+    inv("x_limit_site_count", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, b"")])]).build(), "§5.1, §11.1", "4,097 site records", "E_LIMIT_COUNT", 27,
+        eig=False)
+    for nd in (9, 255):
+        rec = program_rec("nd", 1, [("t", 1, [1] * nd)], [], [(OP_PUSH, 0)])
+        inv(f"x_limit_ndim_{nd}", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, b"\x00\x00")])]).build(), "§5.1, §11.1",
+            f"a tensor of {nd} dimensions (all 1)", "E_LIMIT_NDIM", 27, eig=False)
+    for vid, dims, what in (("x_limit_tensor_elements", [1 << 20, (1 << 20) + 1], "2^40 + 2^20 elements"),
+                            ("x_limit_tensor_u64_wrap", [1 << 32, 1 << 32], "dims 2^32 x 2^32: the product wraps to 0 in 64 bits"),
+                            ("x_limit_tensor_wrap_small", [(1 << 63) + 1, 2], "dims (2^63 + 1) x 2: the product wraps to 2"),
+                            ("x_limit_tensor_dim_max", [U64], "one dim of 2^64 - 1")):
+        rec = program_rec("big", 1, [("t", 1, dims)], [], [(OP_PUSH, 0)])
+        inv(vid, BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, b"\x00\x00\x00\x00")])]).build(), "§1, §5.1, §11.1", what, "E_LIMIT_TENSOR", 27, eig=False)
+    for D in (32769, 0xFFFFFFFF):
+        inv(f"x_limit_dim_{D}", site_edit(dim=D), "§5.1, §11.1", f"site D = {D}", "E_LIMIT_DIM", 27)
+    x = bp.copy()
+    sg = x.chunks[0].sec(KIND_SIGNS)
+    sg.stored, sg.decoded_length = sg.stored + b"\x00", 3
+    inv("x_limit_section_signs", x.build(), "§8.2", "a 3-byte sign bitmap for D = 12 (limit 2)", "E_LIMIT_SECTION", 27)
+    lim_res = 11 * 32 + 3 * n
+    inv("x_limit_section_residuals", R_(bytes(lim_res + 1)), "§8.2", f"raw x_residuals of {lim_res + 1} bytes (limit {lim_res})", "E_LIMIT_SECTION", 27)
+    lim_xp = 10 + n * 12
+    for vid, dl, what in (("x_limit_section_x_patches_bomb", lim_xp + 1, "one byte over the limit"),
+                          ("x_limit_section_bomb_100mb", 100_000_000, "100,000,000 bytes")):
+        x = bs.copy()
+        x.chunks[0].secs[1] = Sec(KIND_X_PATCHES, 0, zstandard.ZstdCompressor(level=1, write_content_size=True).compress(bytes(dl)), dl, 1)
+        inv(vid, x.build(), "§8.2, §11.1", f"a small zstd x_patches frame declaring {what} (limit {lim_xp})", "E_LIMIT_SECTION", 27)
+    x = bp.copy()
+    lim_ap = 10 + A * 12
+    x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != KIND_ANCHOR_PATCHES] + [
+        Sec(KIND_ANCHOR_PATCHES, 0, zstandard.ZstdCompressor(level=1, write_content_size=True).compress(bytes(lim_ap + 1)), lim_ap + 1, 1)]
+    inv("x_limit_section_anchor_patches", x.build(), "§8.2", f"zstd anchor_patches declaring {lim_ap + 1} bytes (limit {lim_ap})", "E_LIMIT_SECTION", 27)
+    cnt0 = int(groups[0])
+    inv("x_limit_residual_group_raw", R_(res_with_group0(bytes(3 * cnt0 + 1), 0)), "§8.4",
+        f"a raw residual group of {3 * cnt0 + 1} bytes for {cnt0} values (limit {3 * cnt0})", "E_LIMIT_SECTION", 27)
+    inv("x_limit_residual_group_zstd", R_(res_with_group0(ZSTD.compress(bytes(3 * cnt0 + 1)))), "§8.4",
+        f"a zstd residual group declaring {3 * cnt0 + 1} bytes for {cnt0} values", "E_LIMIT_SECTION", 27)
+    inv("x_limit_residual_group_no_size", R_(res_with_group0(zstandard.ZstdCompressor(level=3, write_content_size=False).compress(rawres))),
+        "§8.4", "a zstd residual group frame without a content size (counts as 2^64 - 1)", "E_LIMIT_SECTION", 27)
+
+
+def add_optional(S: Suite) -> None:
+    bs = base_sym()
+    c, _ = no_correction_chunk("symmetric", 4, 0.0)
+    c2 = c.copy()
+    c2.rec["name"] = "again"
+    S.optional("o_duplicate_tensor_across_chunks", BB([c, c2], meta=meta("symmetric", 0.0)).build(), "§7.1, §11.4",
+               "the same tensor names (and bytes) in two chunks: the reference accepts (last one wins)", "accept", "E_DESCRIPTOR")
+    S.optional("o_scheme_contradicts_sites", mod(bs, scheme=1).build(), "§4, §11.4", "header scheme paper, sites in symmetric mode", "accept", "E_SCHEME")
+    for vid, text in (("o_metadata_nan", b'{"tolerance":NaN}'), ("o_metadata_infinity", b'{"tolerance":-Infinity}')):
+        S.optional(vid, BB([], meta=text).build(), "§4.1, §11.4", f"metadata JSON with a non-RFC 8259 literal: {text.decode()}", "accept", "E_METADATA", eig=False)
+    S.optional("o_metadata_nesting_600", BB([], meta=b'{"a":' + b"[" * 599 + b"]" * 599 + b"}").build(), "§4.1",
+               "metadata nested 600 levels deep (over the 512 a reader must accept; the reference accepts up to about 980)", "accept", "E_METADATA",
+               eig=False)
+    deep = b'{"a":' + b"[" * 100000 + b"]" * 100000 + b"}"
+    S.optional("o_metadata_deep_nesting", BB([], meta=ZSTD.compress(deep), meta_codec=1).build(), "§4.1",
+               "zstd metadata: valid JSON nested 100,000 deep (RFC 8259 §9 lets a parser limit depth); the reference rejects", "reject", "E_METADATA",
+               eig=False, tensors={})
+    S.optional("o_metadata_integer_4301_digits", BB([], meta=b'{"a":' + b"7" * 4301 + b"}").build(), "§4.1",
+               "metadata with a 4,301-digit integer (over the 4,300 a reader must accept); the reference rejects", "reject", "E_METADATA", eig=False,
+               tensors={})
+    rec = program_rec("wide", 1, [("w", 1, [32768])], [("max_d", 32768, 0, 0, SITE_PLAIN)], [(OP_SITE, 0), (OP_PUSH, 0)])
+    w = np.random.default_rng(99).normal(0, 0.05, 32768).astype("<f2").tobytes()
+    S.optional("o_site_d_32768_plain", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, w)])]).build(), "§11.1, §11.4",
+               "a PLAIN site of D = 32,768 (the limit) on a (32768,) anchor: valid, but beyond a small reader's own limits", "accept", "E_LIMIT_DIM",
+               eig=False)
+    rec = program_rec("z", 1, [("zero_but_large", 1, [1 << 40, 1 << 40, 0]), ("one", 1, [1])], [], [(OP_PUSH, 0), (OP_PUSH, 1)])
+    S.optional("o_zero_size_large_dims", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, b"\x00\x3c")])]).build(), "§1, §5.1, §11.4",
+               "a tensor of dims (2^40, 2^40, 0): 0 elements, every dim within 2^40, but the non-zero dims multiply to 2^80 (a running "
+               "64-bit product overflows); the reference refuses it as its own limit (numpy cannot represent the shape)", "reject",
+               "E_LIMIT_TENSOR", eig=False,
+               tensors={"zero_but_large": {"dtype": "float16", "shape": [1 << 40, 1 << 40, 0], "sha256": hashlib.sha256(b"").hexdigest(), "tolerance": None},
+                        "one": {"dtype": "float16", "shape": [1], "sha256": hashlib.sha256(b"\x00\x3c").hexdigest(), "tolerance": None}})
+    rec = program_rec("z", 1, [("zero_but_huge", 1, [U64, 0]), ("one", 1, [1])], [], [(OP_PUSH, 0), (OP_PUSH, 1)])
+    S.optional("o_zero_size_huge_dim", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, b"\x00\x3c")])]).build(), "§1, §5.1, §11.4",
+               "a tensor of dims (2^64 - 1, 0): 0 elements, but a dim (and the partial product) is over 2^40; the reference refuses dims "
+               "over 2^40 as its own limit", "reject", "E_LIMIT_TENSOR", eig=False,
+               tensors={"zero_but_huge": {"dtype": "float16", "shape": [U64, 0], "sha256": hashlib.sha256(b"").hexdigest(), "tolerance": None},
+                        "one": {"dtype": "float16", "shape": [1], "sha256": hashlib.sha256(b"\x00\x3c").hexdigest(), "tolerance": None}})
+
+
+def add_all(S: Suite) -> None:
+    add_valid(S)
+    add_invalid(S)
+    add_optional(S)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=HERE)
+    ap.add_argument("--no-check", action="store_true", help="skip the alternative-numerics self-check")
+    a = ap.parse_args(argv)
+    suite = Suite(a.out, not a.no_check)
+    add_all(suite)
+    m = suite.finish()
+    n = {c: sum(1 for v in m["vectors"] if v["category"] == c) for c in ("valid", "invalid", "optional")}
+    total = sum(p.stat().st_size for p in a.out.rglob("*") if p.is_file() and p.suffix in (".bb", ".bin", ".json", ".md"))
+    checked = "; ".join(v[0] for v in suite.variants) or "none (--no-check)"
+    print(f"{len(m['vectors'])} vectors ({n['valid']} valid, {n['invalid']} invalid, {n['optional']} optional), "
+          f"{total / 2**20:.2f} MiB; alternative numerics checked: {checked}")
+    if suite.variants:
+        d = suite.diffs
+        print(f"values differing from the reference under alternative numerics: {len(d)}" + (f", at most {max(d):g} ulp" if d else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

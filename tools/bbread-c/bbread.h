@@ -1,0 +1,88 @@
+/* bbread: an independent reader for the .bb container format (SPEC.md v1.0). */
+#ifndef BBREAD_H
+#define BBREAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---- reader's own limits (SPEC.md 11.4), applied only when decoding ---- */
+#define BB_MEM_BUDGET   ((uint64_t)1 << 33)  /* bytes tracked by xalloc at once */
+#define BB_MAX_EIG_DIM  8192u                /* largest D handed to the eigensolver */
+
+/* ---- errors: fail() reports a stable E_ code and unwinds to main ---- */
+void fail(const char *code, const char *fmt, ...);
+void fail_io(const char *fmt, ...); /* exit 2: not a container problem */
+
+/* ---- tracked allocator: everything is freed by xfree_all() ---- */
+void *xalloc(uint64_t size, const char *limit_code);
+void xfree(void *p);
+void xfree_all(void);
+
+/* ---- little-endian loads ---- */
+static inline uint16_t ld16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t ld32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static inline uint64_t ld64(const uint8_t *p) { return (uint64_t)ld32(p) | ((uint64_t)ld32(p + 4) << 32); }
+
+/* ---- CRC32C, SHA-256 ---- */
+uint32_t crc32c_update(uint32_t state, const uint8_t *p, size_t n); /* state starts at 0xFFFFFFFF */
+#define CRC32C_INIT 0xFFFFFFFFu
+static inline uint32_t crc32c_final(uint32_t state) { return state ^ 0xFFFFFFFFu; }
+uint32_t crc32c(const uint8_t *p, size_t n);
+
+typedef struct {
+    uint32_t h[8];
+    uint64_t len;
+    uint8_t buf[64];
+    size_t nbuf;
+} sha256_ctx;
+void sha256_init(sha256_ctx *c);
+void sha256_update(sha256_ctx *c, const uint8_t *p, size_t n);
+void sha256_final(sha256_ctx *c, uint8_t out[32]);
+
+/* ---- text ---- */
+int utf8_valid(const uint8_t *p, size_t n);
+int json_is_object(const uint8_t *p, size_t n); /* UTF-8 already checked */
+
+/* ---- varint: returns bytes used, 0 if malformed (unterminated, > 10 bytes, >= 2^64) ---- */
+size_t varint_read(const uint8_t *p, size_t n, uint64_t *out);
+
+/* ---- zstd: one frame, exact; see SPEC.md 8.2 ---- */
+/* Parses the frame header of src[0..n): returns 0 and the declared content size
+   (UINT64_MAX if absent) or fails with E_ZSTD. */
+uint64_t zstd_declared_size(const uint8_t *src, size_t n);
+/* Checks src is exactly one frame (E_ZSTD), decompresses into a new buffer of
+   capacity cap; *got receives the decompressed size. */
+uint8_t *zstd_decode(const uint8_t *src, size_t n, uint64_t cap, uint64_t *got, const char *limit_code);
+
+/* ---- dtypes (SPEC.md 6.1) ---- */
+enum { DT_F16 = 1, DT_BF16 = 2, DT_F32 = 3 };
+int dtype_bits(int code); /* 0 if unknown */
+const char *dtype_name(int code);
+double dtype_to_f64(int code, uint32_t bits);
+uint32_t round_to_dtype(double x, int code); /* SPEC.md 7.4 */
+void dtype_exp_field(int code, int *shift, int *width);
+
+/* ---- tensor output ---- */
+typedef struct {
+    const uint8_t *name;
+    uint16_t nlen;
+    int dtype;
+    int ndim;
+    uint64_t dims[8];
+    uint64_t numel;
+    uint8_t *data; /* numel * bits/8 bytes, owned (xalloc) */
+} tensor_t;
+
+/* Called for every decoded tensor of a verified chunk, in tensor-record order. */
+void emit_tensor(const tensor_t *t);
+
+/* ---- chunk ---- */
+/* Verifies and decodes the chunk buf[0..len) read through index entry i
+   (entry_len, entry_crc); calls emit_tensor for each tensor. */
+void process_chunk(const uint8_t *buf, uint64_t len, uint32_t i, uint32_t entry_crc);
+
+#endif
