@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
 
 from .codec import rotation as rot
 from .codec.dtypes import RawTensor, bits_of
-from .codec.encoder import EncodedChunk, SiteReport, canonical_rotation, encode_chunk
+from .codec.encoder import EncodedChunk, Moments, SiteReport, canonical_rotation, encode_chunk
 from .codec.layout import ModelLayout
 from .errors import InputError, VerifyError
 from .reader import Reader
@@ -62,8 +63,16 @@ def pack(
     tolerance: float | None = None,
     verify: bool = False,
     progress: Progress | None = None,
+    calibration: str | os.PathLike[str] | torch.Tensor | None = None,
+    calibration_samples: int = 16,
+    calibration_seqlen: int = 512,
 ) -> PackReport:
-    """Encode a SliceGPT checkpoint directory (TransformerCompression layout) into `dst`."""
+    """Encode a SliceGPT checkpoint directory (TransformerCompression layout) into `dst`.
+
+    `calibration` (a UTF-8 text file, or a (samples, seqlen) tensor of token ids) makes
+    the encoder round rotated tensors with error feedback under the model's own input
+    statistics, so the stored rotated model stays closer to the input's function (Llama).
+    Decoding is unaffected; the output is still deterministic."""
     from .adapters import plan
     from .adapters.tc_layout import read_checkpoint
 
@@ -85,12 +94,23 @@ def pack(
         "keys": list(ckpt.state_dict.keys()),
         "files": _encode_files(ckpt.extra_files),
     }
+    moments = None
+    if calibration is not None:
+        from .calibrate import calibration_tokens, stream_moments
+
+        tokens = calibration if isinstance(calibration, torch.Tensor) else calibration_tokens(
+            ckpt, calibration, calibration_samples, calibration_seqlen)
+        if tokens.dim() != 2 or tokens.numel() == 0:
+            raise InputError("calibration tokens must be a non-empty (samples, seqlen) tensor")
+        moments = stream_moments(ckpt, tokens)
+        metadata["rounding"] = "feedback"
+        metadata["calibration_tokens"] = int(tokens.numel())
     sd = ckpt.state_dict
     report = PackReport(str(dst), scheme, tolerance, layout.architecture, 0, 0, 0, 0)
     digests: list[dict[str, str]] = []
     with Writer(dst, scheme, len(layout.chunks), metadata) as w:
         report.metadata_bytes = w.metadata_bytes
-        for chunk, enc in _encode_all(layout, lambda n: torch_to_raw(sd[n], n), scheme, tolerance, progress):
+        for chunk, enc in _encode_all(layout, lambda n: torch_to_raw(sd[n], n), scheme, tolerance, progress, moments):
             w.add_chunk(enc.program, enc.sections)
             digests.append({n: _digest(t) for n, t in enc.intended.items()})
             report.sites.extend(enc.reports)
@@ -102,7 +122,8 @@ def pack(
     return report
 
 
-def _encode_all(layout: ModelLayout, get: Callable[[str], RawTensor], scheme: str, tolerance: float, progress: Progress | None):  # type: ignore[no-untyped-def]
+def _encode_all(layout: ModelLayout, get: Callable[[str], RawTensor], scheme: str, tolerance: float, progress: Progress | None,  # type: ignore[no-untyped-def]
+                moments: Moments | None = None):
     """Encode chunks in order, carrying rotations forward (and, in the paper scheme,
     the canonical rotations of later sites backward)."""
     where = {n: i for i, c in enumerate(layout.chunks) for n in c.tensors}
@@ -123,7 +144,8 @@ def _encode_all(layout: ModelLayout, get: Callable[[str], RawTensor], scheme: st
                     pending[(f.tensor, f.axis)] = canonical[s.name]
         tensors = {n: get(n) for n in chunk.tensors}
         incoming = {k: v for k, v in pending.items() if k[0] in local}
-        enc = encode_chunk(chunk, tensors, incoming, scheme, tolerance, canonical)
+        enc = encode_chunk(chunk, tensors, incoming, scheme, tolerance, canonical,
+                           {n: m for n, m in moments.items() if n in local} if moments else None)
         for k in incoming:
             pending.pop(k, None)
         for k, r in enc.outgoing.items():

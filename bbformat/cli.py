@@ -41,7 +41,8 @@ def _cmd_pack(a: argparse.Namespace) -> int:
     from .api import pack
     from .inspect import format_summary, inspect
 
-    rep = pack(a.src, a.out, scheme=a.scheme, tolerance=a.tolerance, verify=a.verify, progress=_progress(a.quiet, "pack"))
+    rep = pack(a.src, a.out, scheme=a.scheme, tolerance=a.tolerance, verify=a.verify, progress=_progress(a.quiet, "pack"),
+               calibration=a.calibration, calibration_samples=a.calibration_samples, calibration_seqlen=a.calibration_seqlen)
     info = inspect(a.out)
     if a.json:
         print(json.dumps(info["totals"], indent=2))
@@ -115,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--scheme", choices=("symmetric", "paper"), default="symmetric")
     pk.add_argument("--tolerance", type=float, default=None, help="max error of regenerated values (default: 0 = exact for symmetric; paper: 0.01 OPT, 0.005 Llama)")
     pk.add_argument("--verify", action="store_true", help="decode the result and check it bit for bit against the encoder's intent")
+    pk.add_argument("--calibration", default=None, metavar="TEXT",
+                    help="UTF-8 text: round rotated tensors with error feedback under the model's input statistics (Llama; needs transformers)")
+    pk.add_argument("--calibration-samples", type=int, default=16, metavar="N", help="calibration sequences (default 16)")
+    pk.add_argument("--calibration-seqlen", type=int, default=512, metavar="T", help="tokens per calibration sequence (default 512)")
     pk.add_argument("--quiet", action="store_true")
     pk.add_argument("--json", action="store_true", help="print the size totals as JSON")
     pk.set_defaults(func=_cmd_pack)

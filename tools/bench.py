@@ -44,7 +44,10 @@ from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec  # noqa: E402
 from bbformat.codec.program import decode_program  # noqa: E402
 from bbformat.codec.sections import StoredCorrector, decoded_limit, decompress  # noqa: E402
 
-MODES = [("paper", 0.005, "paper τ=0.005"), ("symmetric", 0.0, "symmetric exact"), ("symmetric", 1e-3, "symmetric τ=1e-3")]
+CALIB = ROOT.parent / "shared" / "data" / "calib.txt"
+# (scheme, tolerance, label, calibrated rounding)
+MODES = [("paper", 0.005, "paper τ=0.005", False), ("symmetric", 0.0, "symmetric exact", False),
+         ("symmetric", 1e-3, "symmetric τ=1e-3", False), ("symmetric", 0.0, "symmetric exact, calibrated", True)]
 
 
 def log(msg: str) -> None:
@@ -168,12 +171,12 @@ def bench_smollm2(work: Path, repeats: int, quick: bool) -> dict:
         row = {"sparsity": s, "plain_bytes": plain, "tokens": ntok, "modes": [], "alternatives": alternatives(d, repeats)}
         sliced = load_any(str(d))[0]
         models = []
-        for scheme, tol, label in MODES:
-            out = work / f"smol_{s}_{scheme}_{tol}.bb"
+        for scheme, tol, label, cal in MODES:
+            out = work / f"smol_{s}_{scheme}_{tol}{'_cal' if cal else ''}.bb"
             log(f"sparsity {s}: pack {label}")
-            _, t_pack = timed(lambda: bbformat.pack(d, out, scheme=scheme, tolerance=tol), repeats)
+            _, t_pack = timed(lambda: bbformat.pack(d, out, scheme=scheme, tolerance=tol, calibration=CALIB if cal else None), repeats)
             info = bbformat.inspect(out)["totals"]
-            back = work / f"unpacked_{s}_{scheme}_{tol}"
+            back = work / f"unpacked_{s}_{scheme}_{tol}{'_cal' if cal else ''}"
             _, t_unpack = timed(lambda: bbformat.unpack(out, back), repeats)
             loads = [load_in_child(out) for _ in range(repeats)]
             m = {"mode": label, "container_bytes": info["container_bytes"], "saved_pct_plain": info["saved_pct_of_plain"],
@@ -183,7 +186,7 @@ def bench_smollm2(work: Path, repeats: int, quick: bool) -> dict:
                  "load_rss_mib": statistics.median(x[1] for x in loads)}
             row["modes"].append(m)
             models.append(load_any(str(out))[0])
-        log(f"sparsity {s}: perplexity on {ntok} tokens (sliced and 3 unpacked models)")
+        log(f"sparsity {s}: perplexity on {ntok} tokens (sliced and {len(MODES)} unpacked models)")
         w = wins[: ntok // WINDOW]
         row["ppl_sliced"] = run(sliced, w)["perplexity"]
         for m, model in zip(row["modes"], models):
@@ -395,9 +398,9 @@ def goals(res: dict) -> list[str]:
     for row in res.get("smollm2", {}).get("rows", []):
         for m in row["modes"]:
             d = m["ppl"] - row["ppl_sliced"]
-            if m["mode"] == "symmetric exact":
-                out.append(f"| s={row['sparsity']}: exact Δppl ≤ 0.01 | {d:+.4f} | {'yes' if abs(d) <= 0.01 else 'NO'} |")
-                out.append(f"| s={row['sparsity']}: exact keeps ≥ 70% of the bound | {m['saved_pct_bound']:.1f}% | {'yes' if m['saved_pct_bound'] >= 70 else 'NO'} |")
+            if m["mode"].startswith("symmetric exact"):
+                out.append(f"| s={row['sparsity']}: {m['mode']}: Δppl ≤ 0.01 | {d:+.4f} | {'yes' if abs(d) <= 0.01 else 'NO'} |")
+                out.append(f"| s={row['sparsity']}: {m['mode']}: keeps ≥ 70% of the bound | {m['saved_pct_bound']:.1f}% | {'yes' if m['saved_pct_bound'] >= 70 else 'NO'} |")
             if m["mode"] == "symmetric τ=1e-3":
                 out.append(f"| s={row['sparsity']}: τ=1e-3 Δppl ≤ 0.1 | {d:+.4f} | {'yes' if abs(d) <= 0.1 else 'NO'} |")
                 out.append(f"| s={row['sparsity']}: τ=1e-3 keeps ≥ 95% of the bound | {m['saved_pct_bound']:.1f}% | {'yes' if m['saved_pct_bound'] >= 95 else 'NO'} |")
@@ -407,10 +410,15 @@ def goals(res: dict) -> list[str]:
         out.append(f"| Table 1: symmetric τ=1e-3 beats the paper's after-bits-back on every row | {n}/{len(rows)} rows | {'yes' if n == len(rows) else 'NO'} |")
     out += ["",
             "Why exact mode can move perplexity at all: `symmetric` stores an equivalent *rotated* model, rounded to fp16 "
-            "after rotation; the decoder reproduces that model bit for bit, but it is not bit-identical to the sliced input. "
-            "The change is fp16 rounding noise of a different basis (top-1 agreement with the sliced model ≈ 99.8%), of either "
-            "sign across rows; where it exceeds 0.01, closing the gap needs fewer perturbed weights (e.g. rotating only the "
-            "anchor and exact-coding the followers' rounding, or rounding the rotated model with error feedback), not more bits.",
+            "after rotation; the decoder reproduces that model bit for bit, but it is not bit-identical to the sliced input: "
+            "every rotated weight is rounded once more. Perturbing one tensor group at a time on the s=0.3 model (random "
+            "rotation, fp16 rounding, rotated back; 16,384 tokens, 2 seeds) located the damage: shortcut matrices +0.0151/+0.0054, "
+            "attention +0.0027/−0.0001, MLP ≈ +0.002, head +0.0012/0.0000. The shortcuts act on the un-normalised residual "
+            "stream, whose first principal direction carries ~61% of its energy (massive activations), so their rounding error "
+            "is amplified. `--calibration TEXT` (the `calibrated` rows) rounds the rotated shortcuts (axis 0, stream moment) and "
+            "q/k/v/gate/up projections (axis 1, normalised-stream moment) with error feedback (OPTQ on the fp16 grid, moments "
+            "from 16×512 calibration tokens of calib.txt, disjoint from eval.txt); decoding is unchanged and still bit-exact. "
+            "In the same group experiment, feedback rounding took the shortcut effect from +0.0151/+0.0054 to −0.0010/−0.0004.",
             ""]
     return out
 

@@ -10,6 +10,7 @@ from ..errors import InputError
 from . import rotation as rot
 from .dtypes import RawTensor, bits_of, bits_to_f64, tensor_to_symbols, uint_dtype, wide_dtype
 from .layout import ChunkLayout, SiteSpec
+from .rounding import round_feedback
 from .program import (
     OP_PUSH,
     OP_SITE,
@@ -28,6 +29,8 @@ from .stack import SymbolStack
 
 SCHEMES = ("paper", "symmetric")
 Rotations = dict[tuple[str, int], np.ndarray]
+# tensor name -> (axis, second moment E[x xᵀ] of that axis's inputs, in the input's basis)
+Moments = dict[str, tuple[int, np.ndarray]]
 
 
 def touched_in_scheme(site: SiteSpec, scheme: str) -> list[str]:
@@ -104,9 +107,11 @@ def encode_chunk(
     scheme: str,
     tolerance: float,
     canonical: dict[str, np.ndarray] | None = None,
+    moments: Moments | None = None,
 ) -> EncodedChunk:
     """Encode one chunk. `incoming` rotates axes touched by sites of earlier chunks
-    (paper: also later ones); `canonical` caches U0 per site name."""
+    (paper: also later ones); `canonical` caches U0 per site name; `moments` switches
+    rotated tensors that have one to error-feedback rounding (codec/rounding.py)."""
     if scheme not in SCHEMES:
         raise InputError(f"unknown scheme {scheme!r}")
     canonical = {} if canonical is None else canonical
@@ -129,13 +134,23 @@ def encode_chunk(
         base[n] = _rotate(tensors[n].to_f64(), rots) if rots else tensors[n].to_f64()
         if rots:
             rotated_in.add(n)
+    # Second moments follow their axis through the incoming rotations: H' = Rᵀ H R.
+    base_h: Moments = {}
+    for n, (ax, h) in (moments or {}).items():
+        if n in base:
+            for (t, rax), r in incoming.items():
+                if t == n and rax == ax:
+                    h = r.T @ h @ r
+            base_h[n] = (ax, h)
+    feedback_cache: dict[tuple[str, bytes], RawTensor] = {}
     for s in layout.sites:
         if s.name not in canonical:
             canonical[s.name] = canonical_rotation(base[s.anchor.tensor], s.anchor.axis)
 
     plain: dict[int, str] = {}
     for _ in range(len(layout.sites) + 1):
-        result = _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain)
+        result = _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain,
+                              base_h, feedback_cache)
         newly = {k: v for k, v in result[1].items() if k not in plain}
         if not newly:
             enc = result[0]
@@ -145,7 +160,22 @@ def encode_chunk(
     raise AssertionError("site planning did not converge")
 
 
-def _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain):  # type: ignore[no-untyped-def]
+def _rounded(name, x, rots, dtype, base_h, cache):  # type: ignore[no-untyped-def]
+    """The rotated tensor in its dtype: with error feedback along the axis that has a
+    second moment, else nearest."""
+    if name not in base_h:
+        return RawTensor.from_f64(x, dtype)
+    ax, h = base_h[name]
+    key = (name, b"".join(np.ascontiguousarray(r).tobytes() for a, r in rots if a == ax))
+    if key not in cache:
+        for a, r in rots:
+            if a == ax:
+                h = r.T @ h @ r
+        cache[key] = RawTensor(dtype, round_feedback(x, ax, h, dtype))
+    return cache[key]
+
+
+def _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain, base_h, cache):  # type: ignore[no-untyped-def]
     paper = scheme == "paper"
     stack = SymbolStack(w)
     anchor_rot: dict[int, np.ndarray] = {}
@@ -180,7 +210,7 @@ def _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dty
                 elif follower_rot.get(s_idx) is not None:
                     rots.append((a.axis, follower_rot[s_idx]))  # type: ignore[arg-type]
         if rots or name in rotated_in:
-            t = RawTensor.from_f64(_rotate(base[name], rots), dtype)
+            t = _rounded(name, _rotate(base[name], rots), rots, dtype, base_h, cache)
         else:
             t = tensors[name]
         if q is not None:

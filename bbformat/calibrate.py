@@ -1,0 +1,104 @@
+"""Second moments of the inputs of the tensors a pack rotates, from calibration text.
+
+With them the encoder rounds rotated tensors with error feedback (codec/rounding.py), so
+the stored rotated model stays closer to the input model's function. Encoder only: the
+container format and decoders are unaffected. Llama only (it runs the sliced model).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .adapters.tc_layout import Checkpoint
+from .codec.encoder import Moments
+from .codec.rounding import quantize_moment
+from .errors import InputError, UnsupportedModelError
+
+DEFAULT_SAMPLES = 16
+DEFAULT_SEQLEN = 512
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                    "tokenizer.model", "added_tokens.json", "chat_template.jinja")
+
+
+def calibration_tokens(ckpt: Checkpoint, text_path: str | os.PathLike[str], samples: int = DEFAULT_SAMPLES,
+                       seqlen: int = DEFAULT_SEQLEN) -> torch.Tensor:
+    """The first samples × seqlen tokens of a UTF-8 text, with the checkpoint's tokenizer."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise InputError("calibration needs the 'transformers' package") from None
+    if samples < 1 or seqlen < 2:
+        raise InputError(f"calibration needs samples >= 1 and seqlen >= 2, got {samples} x {seqlen}")
+    try:
+        text = Path(text_path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read calibration text {text_path}: {exc}") from None
+    files = {n: b for n, b in ckpt.extra_files.items() if n in _TOKENIZER_FILES}
+    if not files:
+        raise InputError("calibration needs the checkpoint's tokenizer files (tokenizer.json, ...)")
+    with tempfile.TemporaryDirectory() as d:
+        for n, b in files.items():
+            (Path(d) / n).write_bytes(b)
+        try:
+            tok = AutoTokenizer.from_pretrained(d)
+        except Exception as exc:  # noqa: BLE001 - any tokenizer failure is a bad input
+            raise InputError(f"cannot load the checkpoint's tokenizer: {exc}") from None
+    ids = tok(text, return_tensors="pt").input_ids[0]
+    need = samples * seqlen
+    if ids.numel() < need:
+        raise InputError(f"calibration text has {ids.numel()} tokens, fewer than {samples} x {seqlen}")
+    return ids[:need].reshape(samples, seqlen)
+
+
+@torch.no_grad()
+def stream_moments(ckpt: Checkpoint, batches: torch.Tensor) -> Moments:
+    """Per rotated tensor, (axis, E[x xᵀ]) of the inputs along its residual-stream axis:
+    the raw stream for the shortcut matrices (axis 0), the normalised stream for the
+    q/k/v and gate/up projections (axis 1). float64 accumulation; rounded to 10
+    significant bits so rounding decisions do not hinge on the last bits."""
+    from .loader import _fill, build_sliced_llama
+
+    if ckpt.hf_config.get("model_type") != "llama":
+        raise UnsupportedModelError(f"calibrated rounding supports Llama models; this is {ckpt.hf_config.get('model_type')!r}")
+    model = build_sliced_llama(ckpt.hf_config, ckpt.slicing_config, torch.float32)
+    expected = {n for n, _ in model.named_parameters()}
+    _fill(model, ckpt.state_dict.items(), expected)
+    hidden = int(ckpt.hf_config["hidden_size"])
+    eps = float(ckpt.hf_config.get("rms_norm_eps", 1e-5))
+    raw: dict[str, torch.Tensor] = {}
+    normed: dict[str, torch.Tensor] = {}
+
+    def add(key: str, x: torch.Tensor) -> None:
+        x = x.detach().double().reshape(-1, x.shape[-1])
+        xn = x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) / hidden + eps)
+        raw[key] = raw.get(key, 0) + x.T @ x  # type: ignore[operator]
+        normed[key] = normed.get(key, 0) + xn.T @ xn  # type: ignore[operator]
+
+    hooks = []
+    for i, layer in enumerate(model.model.layers):
+        hooks.append(layer.register_forward_pre_hook(
+            lambda m, a, k, i=i: add(f"attn.{i}", k["hidden_states"] if "hidden_states" in k else a[0]), with_kwargs=True))
+        hooks.append(layer.post_attention_layernorm.register_forward_pre_hook(lambda m, a, i=i: add(f"mlp.{i}", a[0])))
+    try:
+        for b in batches:
+            model(b[None].long())
+    finally:
+        for h in hooks:
+            h.remove()
+    count = int(batches.numel())
+    out: Moments = {}
+    for i in range(len(model.model.layers)):
+        p = f"model.layers.{i}."
+        a_raw, a_n = (quantize_moment(raw[f"attn.{i}"].numpy() / count), quantize_moment(normed[f"attn.{i}"].numpy() / count))
+        m_raw, m_n = (quantize_moment(raw[f"mlp.{i}"].numpy() / count), quantize_moment(normed[f"mlp.{i}"].numpy() / count))
+        out[p + "attn_shortcut_Q"] = (0, a_raw)
+        out[p + "mlp_shortcut_Q"] = (0, m_raw)
+        for n in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"):
+            out[p + n] = (1, a_n)
+        for n in ("mlp.gate_proj.weight", "mlp.up_proj.weight"):
+            out[p + n] = (1, m_n)
+    return {k: v for k, v in out.items() if k in ckpt.state_dict and np.all(np.isfinite(v[1]))}
