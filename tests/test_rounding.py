@@ -12,7 +12,9 @@ from bbformat.adapters.tc_layout import read_checkpoint, write_checkpoint
 from bbformat.codec.dtypes import RawTensor, bits_to_f64, f64_to_bits
 from bbformat.codec.encoder import encode_chunk
 from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec
+from bbformat.codec.program import decode_program
 from bbformat.codec.rounding import function_error, quantize_moment, round_feedback
+from bbformat.codec.sections import StoredCorrector, decoded_limit, decompress
 from bbformat.testing import make_tiny_checkpoint, reference_logits
 
 DTYPES = ["float16", "bfloat16", "float32"]
@@ -81,9 +83,9 @@ def test_encoder_with_moments_keeps_bits_back_exact() -> None:
     h = _moment(rng, d, 25.0)
     plain = encode_chunk(layout, tensors, {}, "symmetric", 0.0)
     fed = encode_chunk(layout, tensors, {}, "symmetric", 0.0, moments={"follower": (1, h)})
-    from tests.test_bits_back import _stored_decode
-
-    dec = _stored_decode(fed)
+    side = {(sec.kind, sec.site): decompress(sec.stored, sec.codec, len(sec.data), decoded_limit(fed.program, sec.kind, sec.site))
+            for sec in fed.sections if sec.kind != 1}
+    dec = decode_program(fed.program, fed.payload, StoredCorrector(fed.program, side))
     for name, t in fed.intended.items():
         assert dec[name].equal(t), name
     # same rotation, same anchor; only the follower's rounding differs, and for the better
