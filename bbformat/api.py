@@ -72,7 +72,9 @@ def pack(
     `calibration` (a UTF-8 text file, or a (samples, seqlen) tensor of token ids) makes
     the encoder round rotated tensors with error feedback under the model's own input
     statistics, so the stored rotated model stays closer to the input's function (Llama).
-    Decoding is unaffected; the output is still deterministic."""
+    Decoding is unaffected. The output is deterministic for a given software and thread
+    environment (the moments are rounded to 10 bits, which makes a differing BLAS or
+    thread count flip a rounding decision rarely, but not never)."""
     from .adapters import plan
     from .adapters.tc_layout import read_checkpoint
 
@@ -96,12 +98,11 @@ def pack(
     }
     moments = None
     if calibration is not None:
-        from .calibrate import calibration_tokens, stream_moments
+        from .calibrate import calibration_tokens, check_calibratable, stream_moments
 
+        check_calibratable(ckpt)
         tokens = calibration if isinstance(calibration, torch.Tensor) else calibration_tokens(
             ckpt, calibration, calibration_samples, calibration_seqlen)
-        if tokens.dim() != 2 or tokens.numel() == 0:
-            raise InputError("calibration tokens must be a non-empty (samples, seqlen) tensor")
         moments = stream_moments(ckpt, tokens)
         metadata["rounding"] = "feedback"
         metadata["calibration_tokens"] = int(tokens.numel())

@@ -24,6 +24,15 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
                     "tokenizer.model", "added_tokens.json", "chat_template.jinja")
 
 
+def check_calibratable(ckpt: Checkpoint) -> None:
+    if ckpt.hf_config.get("model_type") != "llama":
+        raise UnsupportedModelError(f"calibrated rounding supports Llama models; this is {ckpt.hf_config.get('model_type')!r}")
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise InputError("calibration needs the 'transformers' package") from None
+
+
 def calibration_tokens(ckpt: Checkpoint, text_path: str | os.PathLike[str], samples: int = DEFAULT_SAMPLES,
                        seqlen: int = DEFAULT_SEQLEN) -> torch.Tensor:
     """The first samples × seqlen tokens of a UTF-8 text, with the checkpoint's tokenizer."""
@@ -62,13 +71,15 @@ def stream_moments(ckpt: Checkpoint, batches: torch.Tensor) -> Moments:
     significant bits so rounding decisions do not hinge on the last bits."""
     from .loader import _fill, build_sliced_llama
 
-    if ckpt.hf_config.get("model_type") != "llama":
-        raise UnsupportedModelError(f"calibrated rounding supports Llama models; this is {ckpt.hf_config.get('model_type')!r}")
+    check_calibratable(ckpt)
     model = build_sliced_llama(ckpt.hf_config, ckpt.slicing_config, torch.float32)
     expected = {n for n, _ in model.named_parameters()}
     _fill(model, ckpt.state_dict.items(), expected)
     hidden = int(ckpt.hf_config["hidden_size"])
-    eps = float(ckpt.hf_config.get("rms_norm_eps", 1e-5))
+    eps = float(model.config.rms_norm_eps)
+    vocab = int(model.config.vocab_size)
+    if batches.dim() != 2 or batches.numel() == 0 or int(batches.min()) < 0 or int(batches.max()) >= vocab:
+        raise InputError(f"calibration tokens must be a non-empty (samples, seqlen) tensor of ids in [0, {vocab})")
     raw: dict[str, torch.Tensor] = {}
     normed: dict[str, torch.Tensor] = {}
 

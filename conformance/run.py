@@ -140,11 +140,20 @@ def run_command(template: str, path: Path, timeout: float) -> tuple[dict | None,
     with tempfile.TemporaryDirectory(prefix="bbconf-") as out:
         argv = [a.replace("{path}", str(path)).replace("{out}", out) for a in shlex.split(template)]
         try:
-            p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None, f"crash: timeout after {timeout:g} s", ""
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
         except OSError as exc:
             return None, f"crash: cannot run {argv[0]}: {exc.strerror}", ""
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+            p = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the decoder and anything it started
+            except OSError:
+                pass
+            proc.communicate()
+            return None, f"crash: timeout after {timeout:g} s", ""
         err = p.stderr.decode("utf-8", "replace")
         if any(m in err for m in SANITIZER_MARKERS):
             line = next(ln for ln in err.splitlines() if any(m in ln for m in SANITIZER_MARKERS))
@@ -162,8 +171,9 @@ def run_command(template: str, path: Path, timeout: float) -> tuple[dict | None,
         if (res.get("result") == "accept") != (p.returncode == 0):
             return None, f"crash: result {res.get('result')!r} with exit status {p.returncode}", err
         # read the value files before the temporary directory goes away
-        for t in (res.get("tensors") or {}).values() if res.get("result") == "accept" else ():
-            if isinstance(t, dict) and t.get("file"):
+        tensors = res.get("tensors") if res.get("result") == "accept" else None
+        for t in tensors.values() if isinstance(tensors, dict) else ():
+            if isinstance(t, dict) and isinstance(t.get("file"), str):
                 try:
                     t["_data"] = Path(t["file"]).read_bytes()
                 except OSError:
@@ -185,8 +195,11 @@ def run_vector(template: str, vec: dict, timeout: float) -> str | None:
     if crash:
         return crash
     with tempfile.TemporaryDirectory(prefix="bbconf-v-") as keep:
-        _materialise(res, Path(keep))
-        return check(vec, res)
+        try:
+            _materialise(res, Path(keep))
+            return check(vec, res)
+        except (AttributeError, TypeError, KeyError, ValueError) as exc:  # a malformed protocol object
+            return f"crash: malformed protocol object: {type(exc).__name__}: {exc}"[:300]
 
 
 def load_manifest(path: Path = HERE / "manifest.json") -> dict:

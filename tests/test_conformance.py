@@ -157,6 +157,12 @@ def test_runner_crash_detection(tmp_path: Path) -> None:
     slow = tmp_path / "slow.py"
     slow.write_text("import time; time.sleep(30)")
     assert "timeout" in runner.run_vector(f"{sys.executable} {slow} {{path}}", v, 1)
+    ok = next(v for v in VECTORS if v["expected"] == "accept" and v.get("tensors"))
+    for body in ('[1]', '{"t": "x"}', '{"t": {"dtype": "float16", "shape": null, "sha256": "0", "file": 7}}'):
+        script = tmp_path / "malformed.py"
+        script.write_text("print('{\"result\":\"accept\",\"tensors\":%s}')" % body)
+        why = runner.run_vector(f"{sys.executable} {script} {{path}}", ok, 30)
+        assert why is not None and why.startswith(("crash", "tensor", "no tensor")), (body, why)
 
 
 # ---- coverage of SPEC.md -----------------------------------------------------------------------------

@@ -134,3 +134,19 @@ def test_calibration_rejects_non_llama(tmp_path: Path) -> None:
     with pytest.raises(bbformat.BBFormatError, match="Llama"):
         bbformat.pack(tmp_path / "src", tmp_path / "o.bb", calibration=torch.zeros((2, 8), dtype=torch.long))
     assert not (tmp_path / "o.bb").exists()
+
+
+def test_feedback_cache_keys_on_rotations_of_every_axis() -> None:
+    """A tensor re-rounded under different rotations (a second planning pass) must not
+    come back from the cache rounded under the old ones."""
+    from bbformat.codec.encoder import _rounded
+
+    rng = np.random.default_rng(6)
+    x = rng.normal(0, 0.05, (12, 10))
+    r1 = np.linalg.qr(rng.normal(size=(10, 10)))[0]
+    base_h = {"t": (0, _moment(rng, 12, 10.0))}
+    cache: dict = {}
+    first = _rounded("t", x @ r1, [(1, r1)], "float16", base_h, cache)
+    second = _rounded("t", x, [], "float16", base_h, cache)
+    assert np.array_equal(second.bits, round_feedback(x, 0, base_h["t"][1], "float16"))
+    assert not np.array_equal(first.bits, second.bits)

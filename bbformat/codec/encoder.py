@@ -166,7 +166,8 @@ def _rounded(name, x, rots, dtype, base_h, cache):  # type: ignore[no-untyped-de
     if name not in base_h:
         return RawTensor.from_f64(x, dtype)
     ax, h = base_h[name]
-    key = (name, b"".join(np.ascontiguousarray(r).tobytes() for a, r in rots if a == ax))
+    # the rounding depends on every rotation of the tensor, on any axis
+    key = (name, b"".join(a.to_bytes(1, "little") + np.ascontiguousarray(r).tobytes() for a, r in rots))
     if key not in cache:
         for a, r in rots:
             if a == ax:
