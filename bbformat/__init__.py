@@ -8,6 +8,8 @@ from .errors import (
     InputError,
     IntegrityError,
     LimitError,
+    NoSpaceError,
+    OutputError,
     UnsupportedModelError,
     VerifyError,
 )
@@ -25,6 +27,8 @@ __all__ = [
     "InputError",
     "IntegrityError",
     "LimitError",
+    "NoSpaceError",
+    "OutputError",
     "PackReport",
     "Reader",
     "UnsupportedModelError",

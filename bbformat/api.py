@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from .codec import rotation as rot
 from .codec.dtypes import RawTensor, bits_of
 from .codec.encoder import EncodedChunk, Moments, SiteReport, canonical_rotation, encode_chunk
 from .codec.layout import ModelLayout
+from .container.records import MAX_METADATA
 from .errors import InputError, VerifyError
 from .reader import Reader
 from .tensors import raw_to_torch, torch_to_raw
@@ -80,6 +82,9 @@ def pack(
 
     if scheme not in ("paper", "symmetric"):
         raise InputError(f"unknown scheme {scheme!r} (choose 'paper' or 'symmetric')")
+    _check_paths(Path(src), Path(dst))
+    # Every input check (files, pickle, JSON, config vs tensors, NaN/Inf) happens before the
+    # Writer creates anything at dst.
     ckpt = read_checkpoint(Path(src))
     layout = plan(ckpt, scheme)
     if tolerance is None:
@@ -106,6 +111,9 @@ def pack(
         moments = stream_moments(ckpt, tokens)
         metadata["rounding"] = "feedback"
         metadata["calibration_tokens"] = int(tokens.numel())
+    meta_len = len(json.dumps(metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    if meta_len > MAX_METADATA:  # the header's JSON, as the Writer serialises it; readers refuse more
+        raise InputError(f"the container's metadata (side files and keys) would be {meta_len:,} bytes; readers refuse more than {MAX_METADATA:,}")
     sd = ckpt.state_dict
     report = PackReport(str(dst), scheme, tolerance, layout.architecture, 0, 0, 0, 0)
     digests: list[dict[str, str]] = []
@@ -121,6 +129,21 @@ def pack(
     if verify:
         verify_container(dst, digests)
     return report
+
+
+def _check_paths(src: Path, dst: Path) -> None:
+    """Refuse an output path that is a directory or would replace one of the input's files."""
+    from .adapters.tc_layout import input_files
+
+    inputs = input_files(src)  # also: SRC exists and holds a weights file
+    if dst.is_dir():
+        raise InputError(f"{dst} is a directory; give the path of the .bb file to write")
+    if not dst.parent.is_dir():
+        raise InputError(f"output directory {dst.parent} does not exist")
+    target = dst.resolve()
+    for p in inputs:
+        if p.resolve() == target:
+            raise InputError(f"refusing to write {dst}: it would replace the input file {p}")
 
 
 def _encode_all(layout: ModelLayout, get: Callable[[str], RawTensor], scheme: str, tolerance: float, progress: Progress | None,  # type: ignore[no-untyped-def]
@@ -169,14 +192,14 @@ def verify_container(path: str | os.PathLike[str], digests: list[dict[str, str]]
                 raise VerifyError(f"block {block.name}: decoded tensors differ from the encoder's intent: {', '.join(bad[:5])}")
 
 
-def open_container(path: str | os.PathLike[str]) -> Reader:
+def open_container(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto") -> Reader:
     """A streaming reader: `iter_blocks()` decodes one block at a time."""
-    return Reader(path)
+    return Reader(path, max_block_bytes=max_block_bytes)
 
 
-def read_tensors(path: str | os.PathLike[str]) -> dict[str, "object"]:
+def read_tensors(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto") -> dict[str, "object"]:
     """Decode a whole container into an ordered dict of torch tensors."""
-    with Reader(path) as r:
+    with Reader(path, max_block_bytes=max_block_bytes) as r:
         out: dict[str, RawTensor] = {}
         for block in r.iter_blocks("reverse"):
             out.update(block.tensors)
@@ -190,13 +213,19 @@ def unpack(
     *,
     fmt: str = "pt",
     progress: Progress | None = None,
+    max_block_bytes: int | str | None = "auto",
 ) -> Path:
-    """Write the TransformerCompression layout back: <stem>.pt (or .safetensors) and the JSON files."""
+    """Write the TransformerCompression layout back: <stem>.pt (or .safetensors) and the JSON files.
+
+    Everything is decoded first, then written as atomically as POSIX allows (see
+    adapters.tc_layout.write_checkpoint): a new DST appears complete in one rename; into an
+    existing DST the files are staged and fsynced, then renamed in one burst, weights last.
+    A failed write raises OutputError (NoSpaceError when out of space) and leaves nothing partial."""
     from .adapters.tc_layout import Checkpoint, write_checkpoint
 
     if fmt not in ("pt", "safetensors"):
         raise InputError(f"unknown output format {fmt!r} (choose 'pt' or 'safetensors')")
-    with Reader(src) as r:
+    with Reader(src, max_block_bytes=max_block_bytes) as r:
         meta = r.metadata
         decoded: dict[str, RawTensor] = {}
         n = len(r)

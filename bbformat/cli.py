@@ -22,6 +22,24 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+def _size(text: str) -> int | str | None:
+    """'auto', 'none', or bytes with an optional K/M/G/T suffix (powers of 1024)."""
+    t = text.strip().lower()
+    if t in ("auto", "none"):
+        return None if t == "none" else "auto"
+    mult = 1
+    if t and t[-1] in "kmgt":
+        mult = 1024 ** ("kmgt".index(t[-1]) + 1)
+        t = t[:-1]
+    try:
+        n = int(float(t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 2G, 512M, auto, none)") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
+    return n
+
+
 def _progress(quiet: bool, verb: str) -> Callable[[int, int, str], None] | None:
     if quiet or not sys.stderr.isatty():
         return None
@@ -59,7 +77,7 @@ def _cmd_pack(a: argparse.Namespace) -> int:
 def _cmd_unpack(a: argparse.Namespace) -> int:
     from .api import unpack
 
-    out = unpack(a.src, a.dst, fmt=a.format, progress=_progress(a.quiet, "unpack"))
+    out = unpack(a.src, a.dst, fmt=a.format, progress=_progress(a.quiet, "unpack"), max_block_bytes=a.max_memory)
     if not a.quiet:
         print(f"wrote {out}")
     return 0
@@ -68,7 +86,7 @@ def _cmd_unpack(a: argparse.Namespace) -> int:
 def _cmd_inspect(a: argparse.Namespace) -> int:
     from .inspect import format_summary, inspect
 
-    info = inspect(a.src)
+    info = inspect(a.src, max_block_bytes=a.max_memory)
     print(json.dumps(info, indent=2) if a.json else format_summary(info))
     return 0 if info["totals"]["all_crc_ok"] else 5
 
@@ -132,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     ins = sub.add_parser("inspect", help="summarise a container")
     ins.add_argument("src")
     ins.add_argument("--json", action="store_true")
+    for sp in (up, ins):
+        sp.add_argument("--max-memory", type=_size, default="auto", metavar="SIZE",
+                        help="refuse a block whose declared working set (SPEC.md 11.5) exceeds SIZE, e.g. 2G "
+                             "(default: auto = physical memory; none = no budget)")
     ins.set_defaults(func=_cmd_inspect)
     dm = sub.add_parser("demo", help="run pack/inspect/unpack end to end on a tiny built-in sliced model")
     dm.add_argument("--keep", metavar="DIR", help="keep the model, container and unpacked files in DIR")

@@ -1,6 +1,9 @@
 """One exception hierarchy. Every error has a stable code and a CLI exit status."""
 from __future__ import annotations
 
+import errno
+import os
+
 
 class BBFormatError(Exception):
     """Base of every error bbformat raises on purpose."""
@@ -54,3 +57,28 @@ class VerifyError(BBFormatError):
 
     code = "E_VERIFY"
     exit_status = 7
+
+
+class OutputError(BBFormatError):
+    """Writing the output failed (permissions, I/O error, ...). Nothing partial is left at
+    the destination: an output that existed before is unchanged, a new one does not appear."""
+
+    code = "E_OUTPUT"
+    exit_status = 8
+
+
+class NoSpaceError(OutputError):
+    """Writing the output ran out of space: disk full, quota exceeded or file-size limit."""
+
+    code = "E_NO_SPACE"
+    exit_status = 8
+
+
+_NO_SPACE = {errno.ENOSPC, errno.EFBIG} | ({errno.EDQUOT} if hasattr(errno, "EDQUOT") else set())
+
+
+def output_error(exc: OSError, target: str | os.PathLike[str], note: str = "") -> OutputError:
+    """The bbformat error for an OSError met while writing `target` (one line, errno's text)."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    cls = NoSpaceError if exc.errno in _NO_SPACE else OutputError
+    return cls(f"cannot write {os.fspath(target)}: {reason}{note}")

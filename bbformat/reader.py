@@ -28,6 +28,27 @@ from .container.framing import (
 from .errors import FormatError, IntegrityError, InputError
 
 
+AUTO = "auto"
+
+
+def physical_memory() -> int | None:
+    """Bytes of RAM on this machine, or None where the OS does not say."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def resolve_budget(max_block_bytes: int | str | None) -> int | None:
+    """'auto' (the default): physical memory, so a block that declares more than the machine
+    has is refused before anything is allocated; None: SPEC.md limits only."""
+    if max_block_bytes == AUTO:
+        return physical_memory()
+    if max_block_bytes is None or (isinstance(max_block_bytes, int) and max_block_bytes > 0):
+        return max_block_bytes
+    raise InputError(f"max_block_bytes must be a positive integer, 'auto' or None, not {max_block_bytes!r}")
+
+
 @dataclass
 class DecodedBlock:
     index: int
@@ -40,9 +61,13 @@ def decode_parsed(chunk: ParsedChunk) -> dict[str, RawTensor]:
 
 
 class Reader:
-    """Random-access reader over a seekable file."""
+    """Random-access reader over a seekable file.
 
-    def __init__(self, source: str | os.PathLike[str] | BinaryIO) -> None:
+    max_block_bytes bounds the declared working set of any one chunk (SPEC.md 11.5); a chunk
+    over it is refused with E_LIMIT_MEMORY before its sections are decompressed."""
+
+    def __init__(self, source: str | os.PathLike[str] | BinaryIO, *, max_block_bytes: int | str | None = AUTO) -> None:
+        self._budget = resolve_budget(max_block_bytes)
         if isinstance(source, (str, os.PathLike)):
             try:
                 self._f: BinaryIO = open(source, "rb")
@@ -99,7 +124,7 @@ class Reader:
         if not 0 <= i < len(self.entries):
             raise IndexError(i)
         e = self.entries[i]
-        return parse_chunk(self._read_at(e.offset, e.length), expected_index=i, expected_crc=e.crc)
+        return parse_chunk(self._read_at(e.offset, e.length), expected_index=i, expected_crc=e.crc, max_block_bytes=self._budget)
 
     def decode_block(self, i: int) -> DecodedBlock:
         chunk = self.read_chunk(i)
@@ -139,9 +164,10 @@ def _read_exact(f: BinaryIO, n: int, what: str) -> bytes:
     return b"".join(parts)
 
 
-def iter_stream(f: BinaryIO) -> Iterator[DecodedBlock | Header]:
+def iter_stream(f: BinaryIO, *, max_block_bytes: int | str | None = AUTO) -> Iterator[DecodedBlock | Header]:
     """Read forward from a non-seekable stream: yields the Header, then each block;
-    finally checks the index and footer against what was read."""
+    finally checks the index and footer against what was read. max_block_bytes as for Reader."""
+    budget = resolve_budget(max_block_bytes)
     fixed_bytes = _read_exact(f, R.HEADER_FIXED_SIZE, "header")
     fixed = parse_header_fixed(fixed_bytes)
     hlen = header_length(fixed)
@@ -157,7 +183,7 @@ def iter_stream(f: BinaryIO) -> Iterator[DecodedBlock | Header]:
         if length < R.CHUNK_FIXED_SIZE + 4:
             raise FormatError("chunk length too small", "E_BOUNDS")
         data = head + _read_exact(f, length - R.CHUNK_FIXED_SIZE, "chunk")
-        chunk = parse_chunk(data, expected_index=i)
+        chunk = parse_chunk(data, expected_index=i, max_block_bytes=budget)
         entries.append(IndexEntry(pos, length, chunk.crc))
         pos += length
         yield DecodedBlock(i, chunk.program.name, decode_parsed(chunk))

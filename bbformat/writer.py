@@ -1,13 +1,18 @@
 """Streaming container writer: header, then one chunk per block, then index and footer.
 
-A state machine: calls out of order raise. Writing to a path is atomic (temp file
-in the same directory, fsync, rename); any stream with `write` also works, and it
-need not be seekable.
+A state machine: calls out of order raise. Writing to a path is atomic: the bytes go to
+`.NAME.bbtmp-<12 hex>` in the destination's directory, which is fsynced and renamed over
+NAME only once complete, so NAME is at every moment absent, the previous file or the new
+complete one, even if the process is killed. A killed process can leave its temp behind;
+the next successful write of NAME removes such leftovers once they are an hour old (see
+fsutil). Any stream with `write` also works, and it need not be seekable.
+
+An OSError while writing (disk full, file-size limit, I/O error) becomes an OutputError
+(NoSpaceError for ENOSPC/EDQUOT/EFBIG), after the temp file is removed.
 """
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
@@ -16,8 +21,8 @@ from .codec.sections import Section
 from .container.chunks import build_chunk
 from .container.crc import crc32c
 from .container.framing import IndexEntry, build_footer, build_header, build_index
-from .errors import BBFormatError, InputError
-from .fsutil import fsync_dir
+from .errors import BBFormatError, InputError, output_error
+from .fsutil import fsync_dir, remove_stale_temps, temp_name
 
 
 class WriterStateError(BBFormatError):
@@ -27,23 +32,48 @@ class WriterStateError(BBFormatError):
 class Writer:
     def __init__(self, dest: str | os.PathLike[str] | BinaryIO, scheme: str, chunk_count: int, metadata: dict) -> None:
         self._path: Path | None = None
-        self._tmp: str | None = None
+        self._tmp: Path | None = None
+        self._state = "chunks"
         if isinstance(dest, (str, os.PathLike)):
             self._path = Path(dest)
             parent = self._path.parent if str(self._path.parent) else Path(".")
             if not parent.is_dir():
                 raise InputError(f"output directory {parent} does not exist")
-            fd, self._tmp = tempfile.mkstemp(prefix=f".{self._path.name}.", suffix=".tmp", dir=parent)
-            self._out: BinaryIO = os.fdopen(fd, "wb")
+            if self._path.is_dir():
+                raise InputError(f"output {self._path} is a directory")
+            self._existed = os.path.lexists(self._path)
+            self._tmp = parent / temp_name(self._path.name)
+            try:
+                self._out: BinaryIO = open(self._tmp, "xb")  # noqa: SIM115 (closed in close/abort)
+            except OSError as exc:
+                self._tmp = None
+                raise output_error(exc, self._path, self._untouched()) from None
         else:
             self._out = dest
         self._expected = chunk_count
         self._entries: list[IndexEntry] = []
-        self._state = "chunks"
         header = build_header(scheme, chunk_count, metadata)
-        self._out.write(header)
-        self._pos = len(header)
+        self._pos = 0
+        self._write(header)
         self.metadata_bytes = len(header)
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self._out.write(data)
+        except OSError as exc:
+            self._fail(exc)
+        self._pos += len(data)
+
+    def _fail(self, exc: OSError) -> None:
+        """Discard the partial output and raise the OSError as an OutputError."""
+        self.abort()
+        target = self._path if self._path is not None else getattr(self._out, "name", "the output stream")
+        raise output_error(exc, str(target), self._untouched()) from None
+
+    def _untouched(self) -> str:
+        if self._path is None:
+            return ""
+        return f"; the existing {self._path} is unchanged" if self._existed else f"; {self._path} was not created"
 
     @property
     def bytes_written(self) -> int:
@@ -57,8 +87,7 @@ class Writer:
         data = build_chunk(len(self._entries), program, sections)
         entry = IndexEntry(self._pos, len(data), int.from_bytes(data[-4:], "little"))
         assert entry.crc == crc32c(data[:-4])
-        self._out.write(data)
-        self._pos += len(data)
+        self._write(data)
         self._entries.append(entry)
         return entry
 
@@ -70,30 +99,39 @@ class Writer:
             raise WriterStateError(f"{len(self._entries)} chunks written, {self._expected} declared")
         index = build_index(self._entries)
         footer = build_footer(self._pos, index)
-        self._out.write(index + footer)
-        self._pos += len(index) + len(footer)
+        self._write(index + footer)
+        try:
+            self._out.flush()
+            if self._path is not None:
+                os.fsync(self._out.fileno())
+                self._out.close()
+                assert self._tmp is not None
+                os.replace(self._tmp, self._path)
+        except OSError as exc:
+            self._fail(exc)
         self._state = "closed"
         if self._path is not None:
-            self._out.flush()
-            os.fsync(self._out.fileno())
-            self._out.close()
-            assert self._tmp is not None
-            os.replace(self._tmp, self._path)
             self._tmp = None
             fsync_dir(self._path.parent)
-        else:
-            self._out.flush()
+            remove_stale_temps(self._path.parent, self._path.name)
         return self._pos
 
     def abort(self) -> None:
         """Discard a partial output; nothing appears at the destination."""
-        if self._state == "closed":
+        if self._state in ("closed", "aborted"):
             return
         self._state = "aborted"
         if self._path is not None:
-            self._out.close()
-            if self._tmp and os.path.exists(self._tmp):
-                os.unlink(self._tmp)
+            try:
+                self._out.close()  # flushes what is buffered: may fail again on a full disk
+            except OSError:
+                pass
+            if self._tmp is not None:
+                try:
+                    self._tmp.unlink()
+                except OSError:  # already gone, or not ours to remove any more
+                    pass
+                self._tmp = None
 
     def __enter__(self) -> "Writer":
         return self

@@ -514,18 +514,21 @@ CODES = {
     "E_LIMIT_TENSOR": ("a tensor with more than 2^40 elements (product of dims, computed without overflow)", "§5.1, §11.1", 27),
     "E_LIMIT_DIM": ("a site dimension D over 32,768", "§5.1, §11.1", 27),
     "E_LIMIT_SECTION": ("a section or residual group declaring more decoded bytes than its kind allows (decompression bombs)", "§8.2, §8.4, §11.1", 27),
+    "E_LIMIT_MEMORY": ("(a reader's own limit, MAY) a chunk whose declared working set exceeds the reader's memory budget", "§11.4, §11.5", None),
     "E_TRAILING": ("bytes after the footer when reading forward from a stream", "§2, §10.3", 28),
     # not about container validity (bbformat/errors.py)
     "E_INPUT": ("bad input to the tools: paths, options, checkpoint files", "§11.2 (closing note)", None),
     "E_UNSUPPORTED_MODEL": ("an architecture, dtype or state dict the encoder refuses", "§11.2 (closing note)", None),
     "E_VERIFY": ("pack --verify found the decoded container differs from the encoder's intent", "§11.2 (closing note)", None),
+    "E_OUTPUT": ("the output cannot be written (permissions, I/O error); nothing partial is left", "§11.2 (closing note)", None),
+    "E_NO_SPACE": ("the output's file system is full or a file-size limit was hit; nothing partial is left", "§11.2 (closing note)", None),
     "E_WRITER_STATE": ("Writer calls out of order (e.g. close() before every declared chunk)", "§11.2 (closing note)", None),
     "E_FORMAT": ("class default of FormatError (never raised without a specific code)", "—", None),
     "E_CRC": ("class default of IntegrityError (never raised without a specific code)", "—", None),
     "E_LIMIT": ("class default of LimitError (never raised without a specific code)", "—", None),
     "E_BBFORMAT": ("class default of BBFormatError (never raised without a specific code)", "—", None),
 }
-CLASS_OF = {"E_INPUT": bberr.InputError, "E_UNSUPPORTED_MODEL": bberr.UnsupportedModelError, "E_VERIFY": bberr.VerifyError,
+CLASS_OF = {"E_OUTPUT": bberr.OutputError, "E_NO_SPACE": bberr.NoSpaceError, "E_INPUT": bberr.InputError, "E_UNSUPPORTED_MODEL": bberr.UnsupportedModelError, "E_VERIFY": bberr.VerifyError,
             "E_FORMAT": bberr.FormatError, "E_CRC": bberr.IntegrityError, "E_LIMIT": bberr.LimitError, "E_BBFORMAT": bberr.BBFormatError}
 
 

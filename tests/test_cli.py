@@ -89,3 +89,18 @@ def test_demo(tmp_path: Path) -> None:
     r = _run("demo", "--keep", str(tmp_path / "d"), "--layers", "2")
     assert r.returncode == 0, r.stderr
     assert "OK" in r.stdout
+
+
+def test_max_memory_budget(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-memory refuses a block over its declared working set before decoding it (exit 6)."""
+    out = tmp_path / "m.bb"
+    assert main(["pack", str(model_dir), str(out), "--quiet"]) == 0
+    for argv in (["inspect", str(out)], ["unpack", str(out), str(tmp_path / "u"), "--quiet"]):
+        assert main([*argv, "--max-memory", "4K"]) == 6
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "[E_LIMIT_MEMORY]" in err and "needs up to" in err
+        assert main([*argv, "--max-memory", "none"]) == 0
+        assert main([*argv, "--max-memory", "1G"]) == 0
+    with pytest.raises(SystemExit) as info:
+        main(["inspect", str(out), "--max-memory", "-3"])
+    assert info.value.code == 64

@@ -41,3 +41,16 @@ def test_python_api_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap
     exec(compile(code, "README.md", "exec"), {})
     assert (tmp_path / "demo" / "unpacked").is_dir()
     assert "layers.0" in capsys.readouterr().out
+
+
+def test_untrusted_files_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import bbformat
+    from bbformat.adapters.tc_layout import write_checkpoint
+    from bbformat.testing import make_tiny_checkpoint
+
+    write_checkpoint(make_tiny_checkpoint("llama", seed=0, layers=2), tmp_path / "demo" / "model")
+    bbformat.pack(tmp_path / "demo" / "model", tmp_path / "demo" / "model.bb")
+    monkeypatch.chdir(tmp_path)
+    (code,) = [b for b in _blocks("python") if "max_block_bytes" in b]
+    exec(compile(code, "README.md", "exec"), {"bbformat": bbformat})
+    assert "layers.0" in capsys.readouterr().out

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..codec.layout import AxisRef, ChunkLayout, ModelLayout, SiteSpec
-from ..errors import UnsupportedModelError
+from ..errors import InputError, UnsupportedModelError
 from .tc_layout import Checkpoint
 
 # Derived buffers some transformers versions keep in state dicts: stored as-is.
@@ -51,6 +51,47 @@ class Dims:
     head: int
 
 
+def config_int(hf: dict, key: str, default: int | None = None) -> int:
+    """A positive integer field of config.json (null or absent: `default`, if there is one)."""
+    v = hf.get(key)
+    if v is None and default is not None:
+        return default
+    if v is None:
+        raise UnsupportedModelError(f"config.json lacks {key}")
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise UnsupportedModelError(f"config.json field {key} must be a positive integer, not {v!r}")
+    return v
+
+
+def config_bool(cfg: dict, key: str, where: str) -> bool | None:
+    v = cfg.get(key)
+    if v is not None and not isinstance(v, bool):
+        raise UnsupportedModelError(f"{where} field {key} must be true or false, not {v!r}")
+    return v
+
+
+def _layer_re(names: Names) -> re.Pattern[str]:
+    return re.compile(re.escape(names.layer).replace(r"\{i\}", r"(\d{1,9})") + r"(.+)$")
+
+
+def check_layer_count(sd: dict[str, torch.Tensor], names: Names, n_layers: int) -> None:
+    """config.json's num_hidden_layers against the layers the state dict holds (before anything
+    is sized by the config, so an absurd layer count costs nothing)."""
+    rx = _layer_re(names)
+    known = {names.q, names.k, names.v, names.o, *names.up, names.down, names.attn_q, names.mlp_q, *names.biases.values()}
+    top: tuple[int, str] | None = None
+    for k in sd:
+        m = rx.match(k)  # only a layer's own tensors count; other stray keys are "unexpected" later
+        if m and m.group(2) in known and (top is None or int(m.group(1)) > top[0]):
+            top = (int(m.group(1)), k)
+    if top is None:
+        raise UnsupportedModelError(f"config.json num_hidden_layers is {n_layers}, but the state dict holds no "
+                                    f"{names.layer.format(i='N')}* tensors")
+    if top[0] + 1 != n_layers:
+        raise UnsupportedModelError(f"config.json num_hidden_layers is {n_layers}, but the state dict holds layers "
+                                    f"0..{top[0]} ({top[0] + 1} layers; the last: {top[1]})")
+
+
 def _int(v: Any, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise UnsupportedModelError(f"SlicingConfig {what} must be a positive integer, not {v!r}")
@@ -75,7 +116,8 @@ def _dim_map(sc: dict, key: str, n: int, default: int | None) -> list[int]:
 def slicing_dims(ckpt: Checkpoint, n_layers: int, hidden: int, n_embeddings: int = 1) -> Dims:
     """Per-layer residual widths from the SlicingConfig, checked to chain as TC slices them."""
     sc = ckpt.slicing_config
-    if sc.get("parallel_blocks"):
+    config_bool(sc, "do_slice_head", "SlicingConfig")
+    if config_bool(sc, "parallel_blocks", "SlicingConfig"):
         raise UnsupportedModelError("parallel-block (Phi-2 style) models are not supported")
     if sc.get("hidden_size") not in (None, 0, hidden):
         raise UnsupportedModelError(f"SlicingConfig hidden_size {sc['hidden_size']} differs from config.json's {hidden}")
@@ -126,12 +168,57 @@ class Extras:
     top: list[str]
 
 
-def check_state_dict(sd: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], names: Names, n_layers: int) -> Extras:
-    """Refuse a state dict that does not match its config; return the tolerated extras."""
+def _nonfinite(t: torch.Tensor) -> tuple[int, int]:
+    """(NaN count, ±Inf count), a block of rows at a time (views, so TC's sliced views are not copied)."""
+    if t.dim() == 0 or t.numel() == 0:
+        return int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+    step = max(1, (1 << 22) // max(1, t.numel() // t.shape[0]))
+    nan = inf = 0
+    for i in range(0, t.shape[0], step):
+        block = t[i : i + step]
+        if not bool(torch.isfinite(block).all()):
+            nan += int(torch.isnan(block).sum())
+            inf += int(torch.isinf(block).sum())
+    return nan, inf
+
+
+def check_finite(sd: dict[str, torch.Tensor]) -> None:
+    """Refuse NaN and ±Inf anywhere. In a rotated tensor they would poison the Gram matrix whose
+    eigendecomposition recovers the rotation, and with it the bits-back stack; in the few tensors
+    no rotation touches they would be stored faithfully, but a sliced model holding them is
+    broken, so they are refused there too."""
+    bad = []
     for k, t in sd.items():
+        nan, inf = _nonfinite(t)
+        if nan or inf:
+            bad.append((k, nan, inf, t.numel()))
+    if bad:
+        k, nan, inf, numel = bad[0]
+        more = f"; {len(bad) - 1} more tensor(s) too: {', '.join(b[0] for b in bad[1:4])}" if len(bad) > 1 else ""
+        raise InputError(f"{k} holds {nan + inf:,} non-finite value(s) of {numel:,} ({nan:,} NaN, {inf:,} ±Inf): "
+                         f"bbformat refuses NaN/Inf weights{more}")
+
+
+def _describe(shape: tuple[int, ...]) -> str:
+    return f"{shape} ({len(shape)}-D)"
+
+
+def check_state_dict(sd: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], names: Names, n_layers: int,
+                     tied: bool | None = None) -> Extras:
+    """Refuse a state dict that does not match its config; return the tolerated extras.
+
+    Order: what a tensor is (dense, CPU, float dtype), the head, missing keys, unexpected keys,
+    shapes, and last (a pass over every value) NaN/Inf."""
+    for k, t in sd.items():
+        if t.layout != torch.strided or t.is_nested or t.is_quantized or t.device.type != "cpu":
+            kind = t.layout if t.layout != torch.strided else ("nested" if t.is_nested else "quantized" if t.is_quantized else t.device)
+            raise UnsupportedModelError(f"{k} is a {kind} tensor; only dense CPU tensors are stored")
         if t.dtype not in DTYPES:
             raise UnsupportedModelError(f"{k} has dtype {t.dtype}; only float16, bfloat16 and float32 are stored")
     if names.head not in sd:
+        if tied is False:
+            raise UnsupportedModelError(f"{names.head} is missing, though config.json says the head is not tied "
+                                        "(tie_word_embeddings=false): the state dict must hold it")
         raise UnsupportedModelError(f"{names.head} is missing: the head is tied to the embedding (TransformerCompression unties it before slicing)")
     e, h = sd[names.embed] if names.embed in sd else None, sd[names.head]
     if e is not None and e.untyped_storage().data_ptr() == h.untyped_storage().data_ptr():
@@ -139,7 +226,7 @@ def check_state_dict(sd: dict[str, torch.Tensor], expected: dict[str, tuple[int,
     missing = [k for k in expected if k not in sd]
     if missing:
         raise UnsupportedModelError(f"state dict lacks {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
-    layer_re = re.compile(re.escape(names.layer).replace(r"\{i\}", r"(\d+)") + r"(.+)$")
+    layer_re = _layer_re(names)
     extras = Extras({}, [])
     for k in sd:
         if k in expected:
@@ -158,8 +245,12 @@ def check_state_dict(sd: dict[str, torch.Tensor], expected: dict[str, tuple[int,
         else:
             raise UnsupportedModelError(f"unexpected tensor {k!r} for this architecture/config")
     for k, shape in expected.items():
-        if tuple(sd[k].shape) != shape:
-            raise UnsupportedModelError(f"{k} has shape {tuple(sd[k].shape)}, the config implies {shape}")
+        got = tuple(sd[k].shape)
+        if got != shape:
+            if len(got) != len(shape):
+                raise UnsupportedModelError(f"{k} has shape {_describe(got)}, the config implies {_describe(shape)}")
+            raise UnsupportedModelError(f"{k} has shape {got}, the config implies {shape}")
+    check_finite(sd)
     return extras
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..codec.layout import ModelLayout
 from ..errors import UnsupportedModelError
-from .base import Names, add_optional_biases, build_layout, check_state_dict, slicing_dims
+from .base import Names, add_optional_biases, build_layout, check_layer_count, check_state_dict, config_bool, config_int, slicing_dims
 from .tc_layout import Checkpoint
 
 NAMES = Names(
@@ -18,14 +18,11 @@ NAMES = Names(
 
 def shapes(hf: dict) -> tuple[int, int, int, int, int, int, int]:
     """(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab) from config.json."""
-    try:
-        hidden, n, heads = int(hf["hidden_size"]), int(hf["num_hidden_layers"]), int(hf["num_attention_heads"])
-        kv = int(hf.get("num_key_value_heads") or heads)
-        hd = int(hf.get("head_dim") or hidden // heads)
-        ffn, vocab = int(hf["intermediate_size"]), int(hf["vocab_size"])
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
-        raise UnsupportedModelError(f"config.json lacks a valid Llama field: {exc}") from None
-    if min(hidden, n, heads, kv, hd, ffn, vocab) <= 0 or heads % kv:
+    hidden, n, heads = config_int(hf, "hidden_size"), config_int(hf, "num_hidden_layers"), config_int(hf, "num_attention_heads")
+    kv = config_int(hf, "num_key_value_heads", heads)
+    hd = config_int(hf, "head_dim", max(1, hidden // heads))
+    ffn, vocab = config_int(hf, "intermediate_size"), config_int(hf, "vocab_size")
+    if heads % kv:
         raise UnsupportedModelError(f"config.json has inconsistent Llama sizes (heads {heads}, kv heads {kv})")
     return hidden, n, heads, kv, hd, ffn, vocab
 
@@ -33,6 +30,8 @@ def shapes(hf: dict) -> tuple[int, int, int, int, int, int, int]:
 def plan(ckpt: Checkpoint, scheme: str) -> ModelLayout:
     hidden, n, heads, kv, hd, ffn, vocab = shapes(ckpt.hf_config)
     sd = ckpt.state_dict
+    tied = config_bool(ckpt.hf_config, "tie_word_embeddings", "config.json")
+    check_layer_count(sd, NAMES, n)
     d = slicing_dims(ckpt, n, hidden)
     exp: dict[str, tuple[int, ...]] = {NAMES.embed: (vocab, d.emb), NAMES.head: (vocab, d.head)}
     for i in range(n):
@@ -48,5 +47,5 @@ def plan(ckpt: Checkpoint, scheme: str) -> ModelLayout:
         exp[p + NAMES.mlp_q] = (d.d_attn[i], d.d_mlp[i])
         add_optional_biases(exp, sd, NAMES, i, {"q": (heads * hd,), "k": (kv * hd,), "v": (kv * hd,), "o": (d.d_attn[i],),
                                                 "up": (ffn,), "gate": (ffn,), "down": (d.d_mlp[i],)})
-    extras = check_state_dict(sd, exp, NAMES, n)
+    extras = check_state_dict(sd, exp, NAMES, n, tied)
     return build_layout("llama", scheme, NAMES, n, d, set(sd), extras)

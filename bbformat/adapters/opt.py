@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..codec.layout import ModelLayout
 from ..errors import UnsupportedModelError
-from .base import Names, add_optional_biases, build_layout, check_state_dict, slicing_dims
+from .base import Names, add_optional_biases, build_layout, check_layer_count, check_state_dict, config_bool, config_int, slicing_dims
 from .tc_layout import Checkpoint
 
 NAMES = Names(
@@ -21,16 +21,13 @@ POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding: position ids start at 2
 
 def shapes(hf: dict) -> tuple[int, int, int, int, int, int]:
     """(hidden, layers, heads, ffn_dim, vocab, max_positions) from config.json; refuses variants."""
-    try:
-        hidden, n, heads = int(hf["hidden_size"]), int(hf["num_hidden_layers"]), int(hf["num_attention_heads"])
-        ffn, vocab, maxpos = int(hf["ffn_dim"]), int(hf["vocab_size"]), int(hf["max_position_embeddings"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UnsupportedModelError(f"config.json lacks a valid OPT field: {exc}") from None
-    if hf.get("word_embed_proj_dim", hidden) != hidden:
+    hidden, n, heads = config_int(hf, "hidden_size"), config_int(hf, "num_hidden_layers"), config_int(hf, "num_attention_heads")
+    ffn, vocab, maxpos = config_int(hf, "ffn_dim"), config_int(hf, "vocab_size"), config_int(hf, "max_position_embeddings")
+    if config_int(hf, "word_embed_proj_dim", hidden) != hidden:
         raise UnsupportedModelError("OPT models with project_in/project_out (word_embed_proj_dim != hidden_size, e.g. OPT-350m) are not supported")
-    if hf.get("do_layer_norm_before", True) is False:
+    if config_bool(hf, "do_layer_norm_before", "config.json") is False:
         raise UnsupportedModelError("post-norm OPT models (do_layer_norm_before=false, e.g. OPT-350m) are not supported")
-    if min(hidden, n, heads, ffn, vocab, maxpos) <= 0 or hidden % heads:
+    if hidden % heads:
         raise UnsupportedModelError(f"config.json has inconsistent OPT sizes (hidden {hidden}, heads {heads})")
     return hidden, n, heads, ffn, vocab, maxpos
 
@@ -38,6 +35,8 @@ def shapes(hf: dict) -> tuple[int, int, int, int, int, int]:
 def plan(ckpt: Checkpoint, scheme: str) -> ModelLayout:
     hidden, n, heads, ffn, vocab, maxpos = shapes(ckpt.hf_config)
     sd = ckpt.state_dict
+    tied = config_bool(ckpt.hf_config, "tie_word_embeddings", "config.json")
+    check_layer_count(sd, NAMES, n)
     d = slicing_dims(ckpt, n, hidden, n_embeddings=2)
     exp: dict[str, tuple[int, ...]] = {NAMES.embed: (vocab, d.emb), NAMES.head: (vocab, d.head)}
     exp[NAMES.positions] = (maxpos + POSITION_OFFSET, d.emb)  # type: ignore[index]
@@ -54,5 +53,5 @@ def plan(ckpt: Checkpoint, scheme: str) -> ModelLayout:
         exp[p + NAMES.mlp_q] = (d.d_attn[i], d.d_mlp[i])
         add_optional_biases(exp, sd, NAMES, i, {"q": (hidden,), "k": (hidden,), "v": (hidden,), "o": (d.d_attn[i],),
                                                 "up": (ffn,), "down": (d.d_mlp[i],)})
-    extras = check_state_dict(sd, exp, NAMES, n)
+    extras = check_state_dict(sd, exp, NAMES, n, tied)
     return build_layout("opt", scheme, NAMES, n, d, set(sd), extras)

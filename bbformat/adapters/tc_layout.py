@@ -53,8 +53,12 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
+import pickle
+import re
+import shutil
 import struct
+import warnings
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,10 +66,14 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError
+from .. import fsutil
+from ..errors import InputError, output_error
 from ..fsutil import fsync_dir
 
 WEIGHT_SUFFIXES = (".pt", ".safetensors")
+# Side files travel base64-encoded in the container's metadata, which a reader refuses past
+# 64 MiB (SPEC.md, reader limits): 3/4 of that, less room for the tensor keys, is their budget.
+SIDE_FILES_MAX_BYTES = 46 << 20
 # Non-JSON side files that travel with the checkpoint (tokenizers and the like).
 _SIDE_NAMES = {"merges.txt", "vocab.txt", "chat_template.jinja"}
 _SIDE_SUFFIXES = (".json", ".model", ".tiktoken")
@@ -103,10 +111,13 @@ def _check_stem(stem: str) -> None:
 def _parse_json(files: Mapping[str, bytes], name: str) -> dict[str, Any]:
     if name not in files:
         raise InputError(f"{name} is missing (TransformerCompression layout needs config.json and <stem>.json)")
-    try:
+    try:  # json.loads only: no eval, no object hooks; ValueError covers JSONDecodeError and
+        # over-long integer literals, RecursionError absurdly deep nesting
         obj = json.loads(files[name].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError) as exc:
         raise InputError(f"{name} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InputError(f"{name} is not usable JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise InputError(f"{name} must hold a JSON object, not {type(obj).__name__}")
     return obj
@@ -129,9 +140,10 @@ def _find_weights(src: Path) -> tuple[Path, Path]:
     found = sorted(p for p in src.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES and not p.name.startswith("."))
     if not found:
         raise InputError(f"{src} holds no <stem>.pt or <stem>.safetensors")
+    found = _prefer_safetensors(found)
     if len(found) > 1:
         # several weight files: only those with a matching <stem>.json are candidates
-        paired = [p for p in found if (src / f"{p.stem}.json").is_file()]
+        paired = _prefer_safetensors([p for p in found if (src / f"{p.stem}.json").is_file()])
         if len(paired) != 1:
             names = ", ".join(p.name for p in (paired or found))
             raise InputError(f"{src} is ambiguous: several weight files ({names}); pass the one to use")
@@ -139,10 +151,78 @@ def _find_weights(src: Path) -> tuple[Path, Path]:
     return src, found[0]
 
 
-def _load_pt(path: Path) -> dict[str, torch.Tensor]:
+def input_files(src: Path | str) -> list[Path]:
+    """The files of the checkpoint directory that SRC names which pack reads or could read
+    (weights files and side files): an output path must not be one of them."""
+    d, _ = _find_weights(Path(src))
+    return [p for p in sorted(d.iterdir()) if p.is_file() and (p.suffix in WEIGHT_SUFFIXES or _is_side_file(p.name))]
+
+
+def _prefer_safetensors(found: list[Path]) -> list[Path]:
+    """<stem>.pt and <stem>.safetensors side by side: take the safetensors (no pickle at all)."""
+    if len(found) > 1 and len({p.stem for p in found}) == 1:
+        st = [p for p in found if p.suffix == ".safetensors"]
+        if st:
+            return st[:1]
+    return found
+
+
+_ZIP_MAGIC = b"PK\x03\x04"
+_TORCH_BOILERPLATE = ("Weights only load failed", "Please file an issue", "Check the documentation", "In PyTorch 2.6")
+
+
+def _check_torch_zip(path: Path) -> None:
+    """A .pt must be what torch.save writes: a zip archive of uncompressed records. Legacy
+    (pre-1.6) torch files and bare pickles are refused unread, and so are compressed members,
+    which torch.save never writes (a decompression bomb would need them)."""
     try:
-        obj = torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as exc:  # pickle / zip / weights_only refusals all mean: unusable input
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != _ZIP_MAGIC:
+            raise InputError(f"{path.name} is not a torch zip archive (what torch.save writes since PyTorch 1.6): refusing it "
+                             "unread (.pt files are read only as torch zip archives, with torch.load(weights_only=True))")
+        size = path.stat().st_size
+        with zipfile.ZipFile(path) as z:
+            infos = z.infolist()
+    except InputError:
+        raise
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError, NotImplementedError) as exc:
+        raise InputError(f"cannot read {path.name} as a torch zip archive for torch.load(weights_only=True): {exc}") from None
+    if any(i.filename.endswith("/constants.pkl") or "/code/" in i.filename for i in infos):
+        raise InputError(f"{path.name} is a TorchScript archive, not a state dict saved with torch.save; refusing it")
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise InputError(f"{path.name}: archive member {info.filename!r} is compressed, which torch.save never writes; refusing it")
+    if sum(i.file_size for i in infos) > size:
+        raise InputError(f"{path.name}: archive members claim more bytes than the file holds; refusing it")
+
+
+def _weights_only_refusal(path: Path, exc: BaseException) -> InputError:
+    """One line for torch's multi-paragraph weights_only error (minus its advice to retry
+    with weights_only=False, which is exactly what must not be done with an untrusted file)."""
+    text = str(exc)
+    glob = re.search(r"GLOBAL\s+([\w.]+)", text)
+    if glob:
+        return InputError(f"refusing {path.name}: its pickle asks for {glob.group(1)}, which a state dict of tensors never needs "
+                          "(unpickling it could run code); nothing was executed")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(_TORCH_BOILERPLATE)]
+    detail = "; ".join(ln.replace("WeightsUnpickler error:", "").strip() for ln in lines).strip("; ") or type(exc).__name__
+    return InputError(f"refusing {path.name}: torch.load(weights_only=True) rejected its pickle ({detail[:300]}); nothing was executed")
+
+
+def _load_pt(path: Path) -> dict[str, torch.Tensor]:
+    """Only ever torch.load(weights_only=True) (explicit, so TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD cannot
+    turn it off): its unpickler refuses every global but tensors, storages and plain containers."""
+    _check_torch_zip(path)
+    try:
+        with warnings.catch_warnings():  # torch warns on odd pickle protocols etc.: errors stay one line
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, weights_only=True, map_location="cpu", mmap=False)
+    except pickle.UnpicklingError as exc:
+        raise _weights_only_refusal(path, exc) from None
+    except RecursionError:
+        raise InputError(f"cannot read {path.name} with torch.load(weights_only=True): nested too deeply") from None
+    except Exception as exc:  # zip / record errors all mean: unusable input
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"cannot read {path.name} with torch.load(weights_only=True): {msg}") from None
     if not isinstance(obj, Mapping):
@@ -165,11 +245,12 @@ def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
         (n,) = struct.unpack("<Q", data[:8])
         header = json.loads(data[8 : 8 + n].decode("utf-8"))
         tensors = safetensors.torch.load(data)
+        # file order: by position of the data
+        order = sorted((k for k in header if k != "__metadata__"), key=lambda k: (header[k]["data_offsets"][0], k))
+        return {k: tensors[k] for k in order}
     except Exception as exc:
-        raise InputError(f"cannot read {path.name} as safetensors: {exc}") from None
-    # file order: by position of the data
-    order = sorted((k for k in header if k != "__metadata__"), key=lambda k: (header[k]["data_offsets"][0], k))
-    return {k: tensors[k] for k in order}
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"cannot read {path.name} as safetensors: {msg}") from None
 
 
 def read_checkpoint(src: Path | str) -> Checkpoint:
@@ -181,45 +262,81 @@ def read_checkpoint(src: Path | str) -> Checkpoint:
         raise InputError(f"{stem}.json (the SlicingConfig) is missing next to {weights.name}")
     if not (d / "config.json").is_file():
         raise InputError(f"config.json is missing in {d} (copy the source model's config.json next to {weights.name})")
-    sd = _load_pt(weights) if weights.suffix == ".pt" else _load_safetensors(weights)
+    _check_stem(stem)
     files: dict[str, bytes] = {}
+    total = 0
     for p in sorted(d.iterdir()):
         if p.is_file() and not p.name.startswith(".") and p != weights and _is_side_file(p.name):
             try:
+                total += p.stat().st_size
+                if total > SIDE_FILES_MAX_BYTES:  # before reading: a huge JSON is refused unread
+                    raise InputError(f"side files up to {p.name} total {total:,} bytes; a container carries at most "
+                                     f"{SIDE_FILES_MAX_BYTES:,} (its metadata is limited to 64 MiB)")
                 files[p.name] = p.read_bytes()
             except OSError as exc:
                 raise InputError(f"cannot read {p}: {exc.strerror or exc}") from None
-    return Checkpoint.from_parts(stem, sd, files)
+    # the cheap checks (JSON configs) before the weights are loaded
+    hf = _parse_json(files, "config.json")
+    sc = _parse_json(files, f"{stem}.json")
+    sd = _load_pt(weights) if weights.suffix == ".pt" else _load_safetensors(weights)
+    return Checkpoint(stem, sd, sc, hf, files)
 
 
-def _tmp_name(dst: Path, name: str) -> Path:
-    # "<name-without-last-suffix>.bbtmp-xxxx": torch.save names its zip root after the part before
-    # the last dot, so a temp file for <stem>.pt still gets the root "<stem>" like TC's files
-    base = name.rsplit(".", 1)[0] if "." in name else name
-    return dst / f"{base}.bbtmp-{secrets.token_hex(6)}"
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "xb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
-def _atomic_write_bytes(dst: Path, name: str, data: bytes) -> None:
-    tmp = _tmp_name(dst, name)
+def _probe_write(path: Path) -> OSError | None:
+    """The OSError behind a failed write of `path`, found by appending up to 1 MiB to it (the
+    file is discarded afterwards): a full disk or a file-size limit shows up as ENOSPC or EFBIG."""
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
+        with open(path, "ab") as f:
+            for _ in range(16):
+                f.write(bytes(65536))
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, dst / name)
-    finally:
-        tmp.unlink(missing_ok=True)
+    except OSError as exc:
+        return exc
+    return None
 
 
-def _atomic_torch_save(dst: Path, name: str, sd: dict[str, torch.Tensor]) -> None:
-    tmp = _tmp_name(dst, name)
+def _zip_is_whole(path: Path) -> bool:
+    """torch's zip ends with an end-of-central-directory record (no comment) and every
+    member starts before the central directory."""
     try:
-        torch.save(sd, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, dst / name)
-    finally:
-        tmp.unlink(missing_ok=True)
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() < 22:
+                return False
+            f.seek(-22, os.SEEK_END)
+            tail = f.read(22)
+        if tail[:4] != b"PK\x05\x06" or tail[20:22] != b"\x00\x00":
+            return False
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+            return bool(infos) and all(i.header_offset < zf.start_dir for i in infos)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        return False
+
+
+def _torch_save_synced(path: Path, sd: dict[str, torch.Tensor]) -> None:
+    """torch.save to a path (so the zip's root folder is named after the file, as in TC's files),
+    fsync, and check the result. torch's C++ writer reports a failed write as a RuntimeError
+    ("unexpected pos", "iostream error"), not an OSError, so the real OSError is recovered by
+    probing. The zip's end is checked too, in case a write is lost without an exception (an
+    unchecked final flush): a cheap guard, the central directory is a few KB."""
+    try:
+        torch.save(sd, str(path))
+    except RuntimeError as exc:
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise _probe_write(path) or OSError(None, f"torch.save failed: {why}") from None
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+    if not _zip_is_whole(path):
+        raise _probe_write(path) or OSError(None, "torch.save wrote an incomplete file")
 
 
 def _json_bytes(obj: dict[str, Any], one_line: bool) -> bytes:
@@ -228,19 +345,54 @@ def _json_bytes(obj: dict[str, Any], one_line: bool) -> bytes:
     return text.encode("utf-8")
 
 
+def _can_swap(dst: Path) -> bool:
+    """Can a staged sibling directory be renamed onto DST? Yes if DST does not exist, or is an
+    empty real directory that is not a mount point, not on another device than its parent and
+    not the current directory (renaming over it would leave the shell in a deleted directory)."""
+    if not os.path.lexists(dst):
+        return True
+    try:
+        if dst.is_symlink() or not dst.is_dir() or os.path.ismount(dst):
+            return False
+        with os.scandir(dst) as it:
+            if any(True for _ in it):
+                return False
+        if os.stat(dst).st_dev != os.stat(dst.parent).st_dev:
+            return False
+        return not os.path.samefile(dst, os.getcwd())
+    except OSError:
+        return False
+
+
 def write_checkpoint(ckpt: Checkpoint, dst: Path | str, fmt: str = "pt") -> Path:
     """Write <stem>.pt (or .safetensors), <stem>.json, config.json and the side files into DST.
 
-    Every file is written atomically (temp file in DST, fsync, os.replace). Returns DST.
+    As atomic as POSIX allows (plain renames, nothing OS-specific). Every file is first
+    written and fsynced in a staging directory named `.<DST name>.bbtmp-<12 hex>`; then:
+
+    * DST absent (or an empty directory): the staging directory is created next to DST and
+      renamed to DST in one step, so DST is at every moment absent (or empty) or complete.
+      An empty DST is replaced by the new directory, except when it is a symlink, a mount
+      point, on another device than its parent or the current directory: then as below.
+    * DST holds files: the staging directory is inside DST, and once everything is written
+      and fsynced its files are moved over their final names (os.replace) in one quick
+      burst, the weights file last. Each file is at every moment its old or its new version,
+      complete, and whenever the new weights file is in place every other file is new too.
+      The remaining window: a crash during the burst (a few renames) can leave new side files
+      (config.json, <stem>.json, tokenizer files) next to the old weights file, which may not
+      load together if those files differ between the two versions. POSIX has no call that
+      swaps two directories atomically.
+
+    Files in DST that the checkpoint does not have are left alone. A killed process can leave
+    its staging directory behind, never anything under a name a reader uses; a later
+    successful write into the same DST removes such leftovers once they are an hour old
+    (fsutil.remove_stale_temps). An OSError while writing becomes an OutputError (NoSpaceError
+    for a full disk or a file-size limit) and the staging directory is removed. Returns DST.
     """
     if fmt not in ("pt", "safetensors"):
         raise InputError(f"unknown checkpoint format {fmt!r} (choose 'pt' or 'safetensors')")
     _check_stem(ckpt.stem)
     dst = Path(dst)
-    try:
-        dst.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"cannot create {dst}: {exc.strerror or exc}") from None
     for k, v in ckpt.state_dict.items():
         if not isinstance(v, torch.Tensor):
             raise InputError(f"value of {k!r} is a {type(v).__name__}, not a tensor")
@@ -250,17 +402,64 @@ def write_checkpoint(ckpt: Checkpoint, dst: Path | str, fmt: str = "pt") -> Path
     for name in files:
         if not name or "/" in name or "\\" in name or name.startswith(".") or name.endswith(WEIGHT_SUFFIXES):
             raise InputError(f"refusing to write side file {name!r}")
+    weights = f"{ckpt.stem}.{fmt}"
+    order = sorted(files) + [weights]  # the weights file last: see the docstring
+    if os.path.lexists(dst) and not dst.is_dir():
+        raise InputError(f"{dst} exists and is not a directory")
+    for name in order:
+        if (dst / name).is_dir():
+            raise InputError(f"{dst / name} is a directory; refusing to write there")
+    label = os.path.basename(os.path.abspath(dst)) or "checkpoint"
     try:
-        for name, data in sorted(files.items()):
-            _atomic_write_bytes(dst, name, data)
-        if fmt == "pt":
-            _atomic_torch_save(dst, f"{ckpt.stem}.pt", dict(ckpt.state_dict))
-        else:
-            import safetensors.torch
-
-            sd = {k: v.detach().contiguous() for k, v in ckpt.state_dict.items()}
-            _atomic_write_bytes(dst, f"{ckpt.stem}.safetensors", safetensors.torch.save(sd, metadata={"format": "pt"}))
+        dst.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InputError(f"cannot write into {dst}: {exc.strerror or exc}") from None
+        raise output_error(exc, dst.parent) from None
+    existed = os.path.lexists(dst)
+    swap = _can_swap(dst)
+    staging = (dst.parent if swap else dst) / fsutil.temp_name(label)
+    replaced = 0
+    try:
+        try:
+            os.mkdir(staging)
+        except PermissionError:
+            if not (swap and existed):
+                raise
+            swap = False  # an empty DST we may write into, in a parent we may not: stage inside DST
+            staging = dst / fsutil.temp_name(label)
+            os.mkdir(staging)
+        try:
+            for name, data in sorted(files.items()):
+                _write_synced(staging / name, data)
+            if fmt == "pt":
+                _torch_save_synced(staging / weights, dict(ckpt.state_dict))
+            else:
+                import safetensors.torch
+
+                sd = {k: v.detach().contiguous() for k, v in ckpt.state_dict.items()}
+                _write_synced(staging / weights, safetensors.torch.save(sd, metadata={"format": "pt"}))
+            fsync_dir(staging)
+            if swap:
+                try:
+                    os.replace(staging, dst)
+                except OSError:  # DST appeared and holds files, or the OS cannot replace a directory
+                    swap = False
+            if not swap:
+                dst.mkdir(exist_ok=True)
+                for name in order:  # the burst
+                    os.replace(staging / name, dst / name)
+                    replaced += 1
+                os.rmdir(staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    except OSError as exc:
+        if replaced:
+            note = f"; {dst} now holds {replaced} of the {len(order)} new files"
+        else:
+            note = f"; the existing {dst} is unchanged" if existed else f"; {dst} was not created"
+        raise output_error(exc, dst, note) from None
     fsync_dir(dst)
+    fsync_dir(dst.parent)
+    fsutil.remove_stale_temps(dst.parent, label)
+    fsutil.remove_stale_temps(dst, label)
     return dst

@@ -129,9 +129,10 @@ def tensor_to_symbols(t: RawTensor, symbol_bits: int) -> np.ndarray:
 
 
 def symbols_to_tensor(sym: np.ndarray, dtype: str, shape: tuple[int, ...], symbol_bits: int) -> RawTensor:
-    data = np.ascontiguousarray(sym.astype(uint_dtype(symbol_bits))).tobytes()
-    bits = np.frombuffer(data, dtype=uint_dtype(bits_of(dtype))).reshape(shape).copy()
-    return RawTensor(dtype, bits)
+    sym = np.ascontiguousarray(sym, dtype=uint_dtype(symbol_bits))  # no copy when already so
+    if sym.base is not None:
+        sym = sym.copy()
+    return RawTensor(dtype, sym.view(uint_dtype(bits_of(dtype))).reshape(shape))
 
 
 def wide_dtype(symbol_bits: int) -> np.dtype:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from ..errors import InputError
 from . import rotation as rot
@@ -111,7 +112,24 @@ def encode_chunk(
 ) -> EncodedChunk:
     """Encode one chunk. `incoming` rotates axes touched by sites of earlier chunks
     (paper: also later ones); `canonical` caches U0 per site name; `moments` switches
-    rotated tensors that have one to error-feedback rounding (codec/rounding.py)."""
+    rotated tensors that have one to error-feedback rounding (codec/rounding.py).
+
+    BLAS runs on one thread here: eigenvectors of a nearly degenerate popped X depend on how
+    LAPACK splits its work, so any other count would make the bytes depend on the machine's
+    thread settings (tests/test_determinism.py)."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _encode_chunk(layout, tensors, incoming, scheme, tolerance, canonical, moments)
+
+
+def _encode_chunk(
+    layout: ChunkLayout,
+    tensors: dict[str, RawTensor],
+    incoming: Rotations,
+    scheme: str,
+    tolerance: float,
+    canonical: dict[str, np.ndarray] | None,
+    moments: Moments | None,
+) -> EncodedChunk:
     if scheme not in SCHEMES:
         raise InputError(f"unknown scheme {scheme!r}")
     canonical = {} if canonical is None else canonical

@@ -109,6 +109,19 @@ class BlockProgram:
                 n += s.n_mu - s.n_pop
         return n
 
+    def stack_peak_symbols(self) -> int:
+        """The most symbols the decoder's stack holds at once (SPEC.md 11.5)."""
+        w = self.symbol_bits
+        n = peak = self.payload_symbols()
+        for op in reversed(self.ops):
+            if op.kind == OP_PUSH:
+                n -= self.tensors[op.index].symbols(w)
+            elif not self.sites[op.index].plain:
+                s = self.sites[op.index]
+                n += s.n_pop - s.n_mu
+                peak = max(peak, n)
+        return peak
+
     def validate(self) -> None:
         """Structural rules a reader checks before decoding (SPEC.md section 6)."""
         w = self.symbol_bits
@@ -185,8 +198,13 @@ def recover_basis(anchor: RawTensor, site: SiteEntry, signs: np.ndarray | None) 
 
 def decode_program(program: BlockProgram, payload: np.ndarray, corrector: Corrector) -> dict[str, RawTensor]:
     """Run the program backwards from the final stack; return the decoded tensors."""
+    with np.errstate(invalid="ignore", over="ignore"):  # non-finite anchors decode to NaN (SPEC.md 7.5), quietly
+        return _decode_program(program, payload, corrector)
+
+
+def _decode_program(program: BlockProgram, payload: np.ndarray, corrector: Corrector) -> dict[str, RawTensor]:
     w = program.symbol_bits
-    stack = SymbolStack(w, payload)
+    stack = SymbolStack(w, payload, capacity=program.stack_peak_symbols())
     out: dict[str, RawTensor] = {}
     for op in reversed(program.ops):
         if op.kind == OP_PUSH:

@@ -8,11 +8,12 @@ from .dtypes import uint_dtype
 
 
 class SymbolStack:
-    def __init__(self, symbol_bits: int, initial: np.ndarray | None = None) -> None:
+    def __init__(self, symbol_bits: int, initial: np.ndarray | None = None, capacity: int = 0) -> None:
+        """capacity: room to reserve up front (a decoder knows its peak, so it never regrows)."""
         self.symbol_bits = symbol_bits
         self._dtype = uint_dtype(symbol_bits)
         init = np.zeros(0, self._dtype) if initial is None else np.asarray(initial, self._dtype)
-        self._buf = np.empty(max(1024, init.size), self._dtype)
+        self._buf = np.empty(max(capacity, init.size, 1 if capacity else 1024), self._dtype)
         self._buf[: init.size] = init
         self._n = init.size
 

@@ -1,13 +1,13 @@
 """Chunk bytes <-> (block program, sections), with every MUST-reject check."""
 from __future__ import annotations
 
-import io
+import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
-import construct
 import numpy as np
 
-from ..codec.dtypes import DTYPE_CODES, DTYPE_NAMES, uint_dtype
+from ..codec.dtypes import DTYPE_CODES, DTYPE_NAMES, bits_of, uint_dtype
 from ..codec.program import BlockProgram, FollowerEntry, Op, SiteEntry, TensorEntry
 from ..codec.sections import (
     CODEC_RAW,
@@ -86,20 +86,134 @@ def _check_reserved(value: int, what: str) -> None:
         raise FormatError(f"reserved field {what} is not zero", "E_RESERVED")
 
 
-def _parse_descriptor(data: bytes) -> BlockProgram:
-    try:
-        stream = io.BytesIO(data)
-        rec = R.DESCRIPTOR.parse_stream(stream)
-        used = stream.tell()
-    except (construct.ConstructError, UnicodeDecodeError, OverflowError) as exc:
-        raise FormatError(f"malformed chunk descriptor: {str(exc).splitlines()[0]}", "E_DESCRIPTOR") from None
-    if used != len(data):
+class _Tensor(NamedTuple):
+    name: str
+    dtype: int
+    ndim: int
+    reserved: int
+    dims: list[int]
+
+
+class _Follower(NamedTuple):
+    tensor: str
+    axis: int
+    reserved: int
+
+
+class _Site(NamedTuple):
+    name: str
+    dim: int
+    anchor: int
+    anchor_axis: int
+    flags: int
+    reserved: int
+    followers: list[_Follower]
+
+
+class _Op(NamedTuple):
+    kind: int
+    reserved0: int
+    reserved1: int
+    index: int
+
+
+class _Descriptor(NamedTuple):
+    name: str
+    symbol_dtype: int
+    reserved0: int
+    reserved1: int
+    tensors: list[_Tensor]
+    sites: list[_Site]
+    ops: list[_Op]
+
+
+class _Scan:
+    """Structural parse of a descriptor (SPEC.md 5.1), plain struct over a memoryview."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = memoryview(data)
+        self.pos = 0
+
+    def take(self, n: int) -> memoryview:
+        if n > len(self.data) - self.pos:
+            raise FormatError("malformed chunk descriptor: a record runs past its end", "E_DESCRIPTOR")
+        out = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def need(self, count: int, min_size: int, what: str) -> None:
+        """Records that cannot fit in what is left are a structural error, known at once."""
+        if count * min_size > len(self.data) - self.pos:
+            raise FormatError(f"malformed chunk descriptor: {count:,} {what} cannot fit in its length", "E_DESCRIPTOR")
+
+    def u(self, fmt: str) -> tuple[int, ...]:
+        st = struct.Struct("<" + fmt)
+        return st.unpack(self.take(st.size))
+
+    def name(self) -> str:
+        (n,) = self.u("H")
+        raw = self.take(n)
+        try:
+            return str(raw, "utf-8")
+        except UnicodeDecodeError:
+            raise FormatError("malformed chunk descriptor: a name is not UTF-8", "E_DESCRIPTOR") from None
+
+
+MAX_FOLLOWERS_PER_CHUNK = 1 << 16  # the reference's own limit (SPEC.md 11.4)
+
+
+def _over(what: str, n: int, limit: int) -> LimitError:
+    return LimitError(f"{n:,} {what} in one chunk (limit {limit:,})", "E_LIMIT_COUNT")
+
+
+def _scan_descriptor(data: bytes) -> _Descriptor:
+    """Counts over a limit are refused as soon as they are read: such a descriptor breaks a
+    limit whatever else it breaks (SPEC.md 11.3, last paragraph), and refusing early keeps the
+    work bounded by the limits, not by the descriptor's length."""
+    sc = _Scan(data)
+    name = sc.name()
+    sym, r0, r1, tcount = sc.u("BBHI")
+    sc.need(tcount, 6, "tensor records")
+    if tcount > R.MAX_TENSORS_PER_CHUNK:
+        raise _over("tensors", tcount, R.MAX_TENSORS_PER_CHUNK)
+    tensors = []
+    for _ in range(tcount):
+        tname = sc.name()
+        dt, nd, res = sc.u("BBH")
+        tensors.append(_Tensor(tname, dt, nd, res, list(sc.u(f"{nd}Q")) if nd else []))
+    (scount,) = sc.u("I")
+    sc.need(scount, 18, "site records")
+    if scount > R.MAX_SITES_PER_CHUNK:
+        raise _over("sites", scount, R.MAX_SITES_PER_CHUNK)
+    sites = []
+    nfollow = 0
+    for _ in range(scount):
+        sname = sc.name()
+        dim, anchor, axis, flags, res, fcount = sc.u("IIBBHI")
+        sc.need(fcount, 4, "follower records")
+        nfollow += fcount
+        if nfollow > MAX_FOLLOWERS_PER_CHUNK:
+            raise _over("followers", nfollow, MAX_FOLLOWERS_PER_CHUNK)
+        followers = []
+        for _ in range(fcount):
+            fname = sc.name()
+            faxis, fres = sc.u("BB")
+            followers.append(_Follower(fname, faxis, fres))
+        sites.append(_Site(sname, dim, anchor, axis, flags, res, followers))
+    (ocount,) = sc.u("I")
+    if ocount > tcount + scount:
+        raise FormatError(f"{ocount:,} ops for {tcount} tensors and {scount} sites", "E_DESCRIPTOR")
+    ops = [_Op(*v) for v in struct.iter_unpack("<BBHI", sc.take(8 * ocount))]
+    if sc.pos != len(data):
         raise FormatError("chunk descriptor length does not match its contents", "E_DESCRIPTOR")
+    return _Descriptor(name, sym, r0, r1, tensors, sites, ops)
+
+
+def _parse_descriptor(data: bytes) -> BlockProgram:
+    rec = _scan_descriptor(data)
     _check_reserved(rec.reserved0 | rec.reserved1, "descriptor")
     if rec.symbol_dtype not in DTYPE_NAMES:
         raise FormatError(f"unknown symbol dtype code {rec.symbol_dtype}", "E_DTYPE")
-    if len(rec.tensors) > R.MAX_TENSORS_PER_CHUNK or len(rec.sites) > R.MAX_SITES_PER_CHUNK:
-        raise LimitError("too many tensors or sites in one chunk", "E_LIMIT_COUNT")
     tensors = []
     for t in rec.tensors:
         _check_reserved(t.reserved, "tensor")
@@ -135,10 +249,33 @@ def _parse_descriptor(data: bytes) -> BlockProgram:
     return program
 
 
+def working_set_bytes(program: BlockProgram, chunk_length: int) -> int:
+    """The declared working set of decoding one chunk (SPEC.md 11.5): what a decoder needs at
+    most, computed from the descriptor before any section is decompressed."""
+    w8 = program.symbol_bits // 8
+    side = site_work = 0
+    for i, s in enumerate(program.sites):
+        if s.plain:
+            continue
+        kinds = (KIND_SIGNS, KIND_X_PATCHES, KIND_ANCHOR_PATCHES) if s.paper else (KIND_X_RESIDUALS, KIND_X_PATCHES)
+        side += max(decoded_limit(program, k, i) for k in kinds)
+        a = program.tensors[s.anchor].numel
+        site_work = max(site_work, 8 * (3 * a + 6 * s.dim * s.dim))
+    tensors = sum(t.numel * bits_of(t.dtype) // 8 for t in program.tensors)
+    payload = program.payload_symbols() * w8
+    return chunk_length + 2 * payload + side + program.stack_peak_symbols() * w8 + tensors + site_work
+
+
 def parse_chunk(
-    data: bytes, expected_index: int | None = None, expected_crc: int | None = None, check_crc: bool = True
+    data: bytes,
+    expected_index: int | None = None,
+    expected_crc: int | None = None,
+    check_crc: bool = True,
+    max_block_bytes: int | None = None,
 ) -> ParsedChunk:
-    """Parse and validate one chunk's bytes (the whole chunk, CRC included)."""
+    """Parse and validate one chunk's bytes (the whole chunk, CRC included). With
+    max_block_bytes, a chunk whose declared working set is larger is refused (E_LIMIT_MEMORY)
+    before any section is decompressed."""
     if len(data) < R.CHUNK_FIXED_SIZE + 4:
         raise FormatError("chunk is truncated", "E_TRUNCATED")
     if data[:4] != R.CHUNK_MAGIC:
@@ -195,6 +332,14 @@ def parse_chunk(
         limit = decoded_limit(program, e.kind, e.site)
         if e.kind == KIND_PAYLOAD and e.decoded_length != limit:
             raise FormatError(f"payload holds {e.decoded_length} bytes; the program needs {limit}", "E_SYMBOL_COUNT")
+        if max_block_bytes is not None:  # once, after the first entry's size checks, before anything is decompressed
+            need = working_set_bytes(program, len(data))
+            if need > max_block_bytes:
+                raise LimitError(
+                    f"chunk {head.chunk_index} ({program.name!r}) needs up to {need:,} bytes to decode; the limit is {max_block_bytes:,}",
+                    "E_LIMIT_MEMORY",
+                )
+            max_block_bytes = None
         raw = decompress(bytes(data[e.offset : e.offset + e.stored_length]), e.codec, e.decoded_length, limit)
         if e.kind == KIND_PAYLOAD:
             payload = np.frombuffer(raw, dtype=uint_dtype(program.symbol_bits)).copy()

@@ -1,0 +1,272 @@
+"""Mutation fuzzing of the readers (issue #5): corrupt valid containers, decode them with
+the random-access reader and the stream reader, and check that every outcome is either
+a clean decode or one of our errors, within the time and memory SPEC.md 11.5 states.
+
+`mutate` makes one corrupted file; `check` runs the readers on it and returns an Outcome.
+`tools/fuzz.py` drives the long run; tests/test_fuzz.py runs a short one.
+"""
+from __future__ import annotations
+
+import io
+import random
+import time
+import traceback
+import tracemalloc
+from dataclasses import dataclass, field
+
+from .container import records as R
+from .container.chunks import _parse_descriptor, working_set_bytes
+from .container.crc import crc32c
+from .container.rebuild import Parts, join, reseal_chunk, reseal_footer, reseal_header, split
+from .errors import BBFormatError
+from .reader import Reader, iter_stream
+
+# Values that sit on the edges of every size and count check.
+EDGE_U64 = (0, 1, 2, 7, 8, 31, 32, 33, 35, 36, 255, 256, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x10000, 0x10001, (1 << 24) + 1,
+            (1 << 26) + 1, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 1 << 32, (1 << 40) + 1, (1 << 63) - 1, 1 << 63, (1 << 64) - 1)
+# Slack of the memory bound: the interpreter, construct's parse trees and numpy's small arrays.
+MEMORY_SLACK = 16 << 20
+# Mutations that recompute CRCs (or rebuild the index): their result may be a valid file.
+RESEALED = ("field_resealed", "chunk_resealed", "index_resealed", "swap_chunks")
+MUTATIONS = ("bitflip", "bitflips", "truncate", "overwrite", "append", "splice", "field", "field_resealed", "chunk_resealed",
+             "index_resealed", "swap_chunks")
+
+
+def _field_offsets(data: bytes) -> list[tuple[int, int]]:
+    """(offset, width) of every integer field of the header, chunk heads, section tables,
+    index and footer of a well-formed container."""
+    out = [(8, 2), (10, 2), (12, 4), (16, 4), (20, 1), (21, 1), (22, 2), (24, 4), (28, 4)]
+    try:
+        parts = split(data)
+    except Exception:  # noqa: BLE001 - not well formed: header fields only
+        return out
+    pos = len(parts.header)
+    for c in parts.chunks:
+        out += [(pos + 4, 4), (pos + 8, 8), (pos + 16, 4), (pos + 20, 4), (pos + 24, 4), (pos + 28, 4)]
+        if len(c) >= R.CHUNK_FIXED_SIZE:
+            head = R.CHUNK_FIXED.parse(c[: R.CHUNK_FIXED_SIZE])
+            table = pos + R.CHUNK_FIXED_SIZE + head.descriptor_length
+            for k in range(head.section_count):
+                e = table + 32 * k
+                out += [(e, 1), (e + 1, 1), (e + 2, 2), (e + 4, 4), (e + 8, 8), (e + 16, 8), (e + 24, 8)]
+        pos += len(c)
+    idx = pos
+    out += [(idx + 4, 4)]
+    for k in range(len(parts.chunks)):
+        e = idx + R.INDEX_FIXED_SIZE + k * R.INDEX_ENTRY_SIZE
+        out += [(e, 8), (e + 8, 8), (e + 16, 4), (e + 20, 4)]
+    f = len(data) - R.FOOTER_SIZE
+    out += [(f, 8), (f + 8, 8), (f + 16, 4), (f + 20, 2), (f + 22, 2), (f + 24, 4), (f + 28, 4)]
+    return [(o, w) for o, w in out if o + w <= len(data)]
+
+
+def _edge(rng: random.Random, width: int, current: int, n: int) -> int:
+    choices = [v for v in EDGE_U64 if v < (1 << (8 * width))]
+    choices += [v & ((1 << (8 * width)) - 1) for v in (current + 1, current - 1, current * 2, n, n - 1, n + 1, current ^ (1 << rng.randrange(8 * width)))]
+    return rng.choice(choices)
+
+
+def _set_field(data: bytes, off: int, width: int, rng: random.Random) -> bytes:
+    cur = int.from_bytes(data[off : off + width], "little")
+    v = _edge(rng, width, cur, len(data))
+    return data[:off] + v.to_bytes(width, "little") + data[off + width :]
+
+
+def _reseal_all(data: bytes) -> bytes:
+    """Fresh CRCs everywhere the structure still allows (the mutation then meets the checks
+    behind the CRCs); returns the input unchanged where the structure is too broken."""
+    try:
+        parts = split(data)
+        chunks = [reseal_chunk(c) if len(c) >= 36 else c for c in parts.chunks]
+        body = reseal_header(parts.header) + b"".join(chunks)
+        return body + data[len(body) :] if len(body) <= len(data) else data
+    except Exception:  # noqa: BLE001
+        return data
+
+
+def mutate(data: bytes, rng: random.Random) -> tuple[str, bytes]:
+    """One corruption of `data`: returns (what was done, the new bytes)."""
+    kind = rng.choice(MUTATIONS)
+    n = len(data)
+    if kind == "bitflip" and n:
+        i = rng.randrange(8 * n)
+        b = bytearray(data)
+        b[i // 8] ^= 1 << (i % 8)
+        return f"bitflip {i}", bytes(b)
+    if kind == "bitflips" and n:
+        b = bytearray(data)
+        k = rng.randint(2, 16)
+        for _ in range(k):
+            i = rng.randrange(8 * n)
+            b[i // 8] ^= 1 << (i % 8)
+        return f"bitflips x{k}", bytes(b)
+    if kind == "truncate":
+        cut = rng.randrange(n + 1)
+        return f"truncate {cut}", data[:cut]
+    if kind == "overwrite" and n:
+        a = rng.randrange(n)
+        m = rng.randint(1, min(64, n - a))
+        fill = rng.choice([bytes(m), b"\xff" * m, rng.randbytes(m)])
+        return f"overwrite {a}+{m}", data[:a] + fill + data[a + m :]
+    if kind == "append":
+        tail = rng.choice([rng.randbytes(rng.randint(1, 64)), data[-R.FOOTER_SIZE :], data[: rng.randint(1, 64)]])
+        return f"append {len(tail)}", data + tail
+    if kind == "splice" and n:
+        a = rng.randrange(n)
+        m = rng.randint(1, min(256, n - a))
+        c = rng.randrange(n + 1)
+        return f"splice {a}+{m}@{c}", data[:c] + data[a : a + m] + data[c:]
+    fields = _field_offsets(data)
+    if kind in ("field", "field_resealed") and fields:
+        off, width = rng.choice(fields)
+        out = _set_field(data, off, width, rng)
+        if kind == "field_resealed":
+            out = reseal_footer(_reseal_all(out)) if len(out) >= R.FOOTER_SIZE else out
+        return f"{kind} @{off}/{width}", out
+    if kind == "chunk_resealed":
+        # edit a byte inside a chunk's descriptor or sections, then fresh CRCs, index and footer
+        try:
+            parts = split(data)
+        except Exception:  # noqa: BLE001
+            return "chunk_resealed (unsplittable)", data
+        if parts.chunks:
+            k = rng.randrange(len(parts.chunks))
+            c = bytearray(parts.chunks[k])
+            if len(c) > 36:
+                for _ in range(rng.randint(1, 4)):
+                    i = rng.randrange(4, len(c) - 4)
+                    c[i] = rng.choice([0, 1, 0xFF, 0x80, 0x7F, c[i] ^ (1 << rng.randrange(8)), rng.randrange(256)])
+            parts.chunks[k] = reseal_chunk(bytes(c))
+            return f"chunk_resealed {k}", join(parts)
+    if kind == "index_resealed" and n >= R.FOOTER_SIZE:
+        idx = int.from_bytes(data[-R.FOOTER_SIZE : -R.FOOTER_SIZE + 8], "little")
+        if 0 <= idx < n - R.FOOTER_SIZE:
+            off = rng.randrange(idx, n - R.FOOTER_SIZE)
+            b = bytearray(data)
+            b[off] = rng.randrange(256)
+            return f"index_resealed @{off}", reseal_footer(bytes(b))
+    if kind == "swap_chunks":
+        try:
+            parts = split(data)
+        except Exception:  # noqa: BLE001
+            return "swap_chunks (unsplittable)", data
+        if len(parts.chunks) >= 2:
+            i, j = rng.sample(range(len(parts.chunks)), 2)
+            parts.chunks[i], parts.chunks[j] = parts.chunks[j], parts.chunks[i]
+            return f"swap_chunks {i},{j}", join(Parts(parts.header, parts.chunks))
+    i = rng.randrange(8 * n) if n else 0
+    b = bytearray(data)
+    if n:
+        b[i // 8] ^= 1 << (i % 8)
+    return f"bitflip {i}", bytes(b)
+
+
+def declared_bytes(data: bytes) -> int:
+    """What SPEC.md 11.5 lets a reader spend on this file: the largest declared working set
+    of a chunk whose descriptor parses, plus the declared metadata size."""
+    worst = 0
+    if len(data) >= R.HEADER_FIXED_SIZE and data[:8] == R.FILE_MAGIC:
+        fixed = R.HEADER_FIXED.parse(data[: R.HEADER_FIXED_SIZE])
+        worst = R.MAX_METADATA if fixed.metadata_codec else min(fixed.metadata_length, R.MAX_METADATA)
+    pos = data.find(R.CHUNK_MAGIC)
+    while pos >= 0:
+        head = data[pos : pos + R.CHUNK_FIXED_SIZE]
+        if len(head) == R.CHUNK_FIXED_SIZE:
+            h = R.CHUNK_FIXED.parse(head)
+            end = pos + R.CHUNK_FIXED_SIZE + h.descriptor_length
+            if h.descriptor_length <= R.MAX_DESCRIPTOR and end <= len(data):
+                try:
+                    program = _parse_descriptor(data[pos + R.CHUNK_FIXED_SIZE : end])
+                    worst = max(worst, working_set_bytes(program, min(h.chunk_length, len(data))))
+                except BBFormatError:
+                    pass
+        pos = data.find(R.CHUNK_MAGIC, pos + 1)
+    return worst
+
+
+@dataclass
+class Outcome:
+    """What the readers did with one file."""
+
+    results: dict[str, str] = field(default_factory=dict)  # reader -> "accept" or an E_ code
+    unexpected: list[str] = field(default_factory=list)  # tracebacks of anything that is not our error
+    seconds: float = 0.0  # the slower reader
+    peak_bytes: int = 0  # traced by tracemalloc, the larger of the readers
+    bound_bytes: int = 0  # 2 x declared + 2 x file + slack
+
+    @property
+    def ok(self) -> bool:
+        return not self.unexpected and self.peak_bytes <= self.bound_bytes
+
+
+def verdict(original: bytes, what: str, mutated: bytes, outcome: Outcome, seconds_limit: float) -> str | None:
+    """None if the outcome is allowed, else why not: an exception that is not ours, memory
+    over the bound, time over the limit, the two readers disagreeing on accept/reject, or a
+    corruption that no CRC was recomputed for yet decodes."""
+    if outcome.unexpected:
+        return "unexpected exception: " + outcome.unexpected[0].strip().splitlines()[-1]
+    if outcome.peak_bytes > outcome.bound_bytes:
+        return f"memory {outcome.peak_bytes:,} B over the bound {outcome.bound_bytes:,} B"
+    if outcome.seconds > seconds_limit:
+        return f"took {outcome.seconds:.2f} s (limit {seconds_limit} s)"
+    accepted = {r == "accept" for r in outcome.results.values()}
+    if len(accepted) > 1:
+        return f"readers disagree: {outcome.results}"
+    if True in accepted and mutated != original and what.split()[0] not in RESEALED:
+        return "undetected corruption: a mutation with no recomputed CRC decodes"
+    return None
+
+
+def _read_random(data: bytes, budget: int | str | None) -> None:
+    with Reader(io.BytesIO(data), max_block_bytes=budget) as r:
+        for i in range(len(r)):
+            r.decode_block(i)
+
+
+def _read_stream(data: bytes, budget: int | str | None) -> None:
+    for _ in iter_stream(io.BytesIO(data), max_block_bytes=budget):
+        pass
+
+
+READERS = {"random": _read_random, "stream": _read_stream}
+
+
+def check(data: bytes, *, budget: int | str | None = "auto", trace_memory: bool = True) -> Outcome:
+    """Run both readers on `data`; never raises for a reader's failure."""
+    out = Outcome(bound_bytes=2 * declared_bytes(data) + 2 * len(data) + MEMORY_SLACK)
+    for name, read in READERS.items():
+        if trace_memory:
+            tracemalloc.start()
+            tracemalloc.reset_peak()
+        t0 = time.perf_counter()
+        try:
+            read(data, budget)
+            out.results[name] = "accept"
+        except BBFormatError as exc:
+            out.results[name] = exc.code
+        except Exception:  # noqa: BLE001 - the point: anything else is a finding
+            out.results[name] = "UNEXPECTED"
+            out.unexpected.append(f"{name}: {traceback.format_exc(limit=-4)}")
+        finally:
+            out.seconds = max(out.seconds, time.perf_counter() - t0)
+            if trace_memory:
+                out.peak_bytes = max(out.peak_bytes, tracemalloc.get_traced_memory()[1])
+                tracemalloc.stop()
+    return out
+
+
+def crc_coverage(data: bytes) -> list[str]:
+    """For each byte of a well-formed container, the CRC32C that covers it ('' if none):
+    header_crc, chunk_crc of chunk k, index_crc, footer_crc. The CRC fields themselves are
+    covered by the check that compares them."""
+    parts = split(data)
+    cover = ["header"] * len(parts.header)
+    for k, c in enumerate(parts.chunks):
+        cover += [f"chunk {k}"] * len(c)
+    idx_len = len(data) - len(cover) - R.FOOTER_SIZE
+    cover += ["index"] * idx_len
+    # footer: bytes 0..27 under footer_crc, 28..31 the CRC itself, 32..39 the magic (compared)
+    cover += ["footer"] * 32 + ["footer magic"] * 8
+    # sanity: the CRCs named really are the ones stored
+    assert crc32c(parts.header[:-4]) == int.from_bytes(parts.header[-4:], "little")
+    return cover
