@@ -125,9 +125,8 @@ def pack(
             report.sites.extend(enc.reports)
             report.plain_bytes += sum(t.numel * bits_of(t.dtype) // 8 for t in enc.program.tensors)
             report.gross_bound_bits += sum(s.dim * (s.dim - 1) // 2 * enc.program.symbol_bits for s in enc.program.sites)
-        report.container_bytes = w.close()
-    if verify:
-        verify_container(dst, digests)
+        # --verify decodes the finished temp file; only a verified file replaces dst
+        report.container_bytes = w.close(check=(lambda tmp: verify_container(tmp, digests)) if verify else None)
     return report
 
 
@@ -192,14 +191,14 @@ def verify_container(path: str | os.PathLike[str], digests: list[dict[str, str]]
                 raise VerifyError(f"block {block.name}: decoded tensors differ from the encoder's intent: {', '.join(bad[:5])}")
 
 
-def open_container(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto") -> Reader:
+def open_container(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None) -> Reader:
     """A streaming reader: `iter_blocks()` decodes one block at a time."""
-    return Reader(path, max_block_bytes=max_block_bytes)
+    return Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim)
 
 
-def read_tensors(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto") -> dict[str, "object"]:
+def read_tensors(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None) -> dict[str, "object"]:
     """Decode a whole container into an ordered dict of torch tensors."""
-    with Reader(path, max_block_bytes=max_block_bytes) as r:
+    with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim) as r:
         out: dict[str, RawTensor] = {}
         for block in r.iter_blocks("reverse"):
             out.update(block.tensors)
@@ -214,6 +213,7 @@ def unpack(
     fmt: str = "pt",
     progress: Progress | None = None,
     max_block_bytes: int | str | None = "auto",
+    max_site_dim: int | None = None,
 ) -> Path:
     """Write the TransformerCompression layout back: <stem>.pt (or .safetensors) and the JSON files.
 
@@ -225,7 +225,7 @@ def unpack(
 
     if fmt not in ("pt", "safetensors"):
         raise InputError(f"unknown output format {fmt!r} (choose 'pt' or 'safetensors')")
-    with Reader(src, max_block_bytes=max_block_bytes) as r:
+    with Reader(src, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim) as r:
         meta = r.metadata
         decoded: dict[str, RawTensor] = {}
         n = len(r)

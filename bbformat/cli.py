@@ -33,11 +33,21 @@ def _size(text: str) -> int | str | None:
         t = t[:-1]
     try:
         n = int(float(t) * mult)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 2G, 512M, auto, none)") from None
     if n <= 0:
         raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
     return n
+
+
+def _site_dim(text: str) -> int:
+    try:
+        d = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if d < 2:
+        raise argparse.ArgumentTypeError("--max-site-dim must be at least 2")
+    return d
 
 
 def _progress(quiet: bool, verb: str) -> Callable[[int, int, str], None] | None:
@@ -77,7 +87,8 @@ def _cmd_pack(a: argparse.Namespace) -> int:
 def _cmd_unpack(a: argparse.Namespace) -> int:
     from .api import unpack
 
-    out = unpack(a.src, a.dst, fmt=a.format, progress=_progress(a.quiet, "unpack"), max_block_bytes=a.max_memory)
+    out = unpack(a.src, a.dst, fmt=a.format, progress=_progress(a.quiet, "unpack"), max_block_bytes=a.max_memory,
+                 max_site_dim=a.max_site_dim)
     if not a.quiet:
         print(f"wrote {out}")
     return 0
@@ -86,7 +97,7 @@ def _cmd_unpack(a: argparse.Namespace) -> int:
 def _cmd_inspect(a: argparse.Namespace) -> int:
     from .inspect import format_summary, inspect
 
-    info = inspect(a.src, max_block_bytes=a.max_memory)
+    info = inspect(a.src, max_block_bytes=a.max_memory, max_site_dim=a.max_site_dim)
     print(json.dumps(info, indent=2) if a.json else format_summary(info))
     return 0 if info["totals"]["all_crc_ok"] else 5
 
@@ -153,7 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     for sp in (up, ins):
         sp.add_argument("--max-memory", type=_size, default="auto", metavar="SIZE",
                         help="refuse a block whose declared working set (SPEC.md 11.5) exceeds SIZE, e.g. 2G "
-                             "(default: auto = physical memory; none = no budget)")
+                             "(default: auto = half the physical memory; none = no budget)")
+        sp.add_argument("--max-site-dim", type=_site_dim, default=None, metavar="D",
+                        help="refuse a rotation site larger than D (bounds decode time, O(D^3) per site; default: 32768)")
     ins.set_defaults(func=_cmd_inspect)
     dm = sub.add_parser("demo", help="run pack/inspect/unpack end to end on a tiny built-in sliced model")
     dm.add_argument("--keep", metavar="DIR", help="keep the model, container and unpacked files in DIR")

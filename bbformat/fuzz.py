@@ -256,17 +256,24 @@ def check(data: bytes, *, budget: int | str | None = "auto", trace_memory: bool 
 
 
 def crc_coverage(data: bytes) -> list[str]:
-    """For each byte of a well-formed container, the CRC32C that covers it ('' if none):
-    header_crc, chunk_crc of chunk k, index_crc, footer_crc. The CRC fields themselves are
-    covered by the check that compares them."""
+    """For each byte of a well-formed container, the check that covers it: the CRC32C whose
+    stored value is recomputed here over exactly its range (header_crc, chunk k's crc, the
+    index CRC in the footer, footer_crc), or the footer magic, which is compared. Raises
+    AssertionError if a stored CRC does not match its range: the map is then wrong."""
     parts = split(data)
-    cover = ["header"] * len(parts.header)
+    cover: list[str] = []
+
+    def covered(label: str, body: bytes, stored: bytes) -> None:
+        assert crc32c(body) == int.from_bytes(stored, "little"), label
+        cover.extend([label] * (len(body) + len(stored)))
+
+    covered("header", parts.header[:-4], parts.header[-4:])
     for k, c in enumerate(parts.chunks):
-        cover += [f"chunk {k}"] * len(c)
-    idx_len = len(data) - len(cover) - R.FOOTER_SIZE
-    cover += ["index"] * idx_len
-    # footer: bytes 0..27 under footer_crc, 28..31 the CRC itself, 32..39 the magic (compared)
-    cover += ["footer"] * 32 + ["footer magic"] * 8
-    # sanity: the CRCs named really are the ones stored
-    assert crc32c(parts.header[:-4]) == int.from_bytes(parts.header[-4:], "little")
+        covered(f"chunk {k}", c[:-4], c[-4:])
+    footer = data[-R.FOOTER_SIZE :]
+    index = data[len(cover) : len(data) - R.FOOTER_SIZE]
+    assert crc32c(index) == int.from_bytes(footer[16:20], "little"), "index"
+    cover.extend(["index"] * len(index))
+    covered("footer", footer[:28], footer[28:32])
+    cover.extend(["footer magic"] * 8)
     return cover

@@ -24,18 +24,18 @@ def _count_corrections(kind: int, data: bytes, n: int) -> int:
     return 0
 
 
-def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto") -> dict[str, Any]:
+def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None) -> dict[str, Any]:
     """Sizes, sites and corrections of every chunk, and whether each chunk's CRC holds.
     max_block_bytes as for Reader (SPEC.md 11.5)."""
     budget = resolve_budget(max_block_bytes)
-    with Reader(path, max_block_bytes=budget) as r:
+    with Reader(path, max_block_bytes=budget, max_site_dim=max_site_dim) as r:
         meta = r.metadata
         blocks = []
         tot_plain = tot_bound = 0
         for i, e in enumerate(r.entries):
             raw = r._read_at(e.offset, e.length)
             crc_ok = crc32c(raw[:-4]) == int.from_bytes(raw[-4:], "little") == e.crc
-            ch = parse_chunk(raw, expected_index=i, check_crc=False, max_block_bytes=budget)
+            ch = parse_chunk(raw, expected_index=i, check_crc=False, max_block_bytes=budget, max_site_dim=max_site_dim)
             p = ch.program
             w = p.symbol_bits
             plain = sum(t.numel * bits_of(t.dtype) // 8 for t in p.tensors)

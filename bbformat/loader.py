@@ -139,11 +139,12 @@ def _fill(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], expecte
         expected.discard(name)
 
 
-def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, *, max_block_bytes: int | str | None = "auto") -> nn.Module:
+def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, *, max_block_bytes: int | str | None = "auto",
+               max_site_dim: int | None = None) -> nn.Module:
     """A runnable torch model from a .bb container or a sliced checkpoint directory.
 
     Containers are decoded one block at a time straight into the model's parameters;
-    max_block_bytes bounds each block's declared working set (Reader, SPEC.md 11.5).
+    max_block_bytes and max_site_dim bound each block's memory and decode time (Reader, SPEC.md 11.5).
     """
     from .adapters.tc_layout import read_checkpoint
     from .reader import Reader
@@ -151,7 +152,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32,
 
     p = Path(path)
     if p.is_file() and p.suffix == ".bb":
-        with Reader(p, max_block_bytes=max_block_bytes) as r:
+        with Reader(p, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim) as r:
             files = {k: __import__("base64").b64decode(v) for k, v in r.metadata.get("files", {}).items()}
             stem = r.metadata.get("stem", "model")
             hf = json.loads(files["config.json"])

@@ -40,13 +40,22 @@ def physical_memory() -> int | None:
 
 
 def resolve_budget(max_block_bytes: int | str | None) -> int | None:
-    """'auto' (the default): physical memory, so a block that declares more than the machine
-    has is refused before anything is allocated; None: SPEC.md limits only."""
+    """'auto' (the default): half the physical memory, so a block whose decoding could need more
+    than the machine has is refused before anything is allocated; None: SPEC.md limits only."""
     if max_block_bytes == AUTO:
-        return physical_memory()
+        mem = physical_memory()
+        return None if mem is None else mem // 2  # the peak may reach 2 x the working set (SPEC.md 11.5)
     if max_block_bytes is None or (isinstance(max_block_bytes, int) and max_block_bytes > 0):
         return max_block_bytes
     raise InputError(f"max_block_bytes must be a positive integer, 'auto' or None, not {max_block_bytes!r}")
+
+
+def check_max_site_dim(max_site_dim: int | None) -> int | None:
+    """None: SPEC.md's D <= 32,768. Otherwise non-PLAIN sites over it are refused (E_LIMIT_DIM)
+    before anything is decompressed: the caller's bound on decode time, O(D^3) per site."""
+    if max_site_dim is None or (isinstance(max_site_dim, int) and max_site_dim >= 2):
+        return max_site_dim
+    raise InputError(f"max_site_dim must be an integer >= 2 or None, not {max_site_dim!r}")
 
 
 @dataclass
@@ -64,10 +73,14 @@ class Reader:
     """Random-access reader over a seekable file.
 
     max_block_bytes bounds the declared working set of any one chunk (SPEC.md 11.5); a chunk
-    over it is refused with E_LIMIT_MEMORY before its sections are decompressed."""
+    over it is refused with E_LIMIT_MEMORY before its sections are decompressed. max_site_dim
+    bounds decode time: a non-PLAIN site with a larger D is refused with E_LIMIT_DIM."""
 
-    def __init__(self, source: str | os.PathLike[str] | BinaryIO, *, max_block_bytes: int | str | None = AUTO) -> None:
+    def __init__(
+        self, source: str | os.PathLike[str] | BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None
+    ) -> None:
         self._budget = resolve_budget(max_block_bytes)
+        self._max_dim = check_max_site_dim(max_site_dim)
         if isinstance(source, (str, os.PathLike)):
             try:
                 self._f: BinaryIO = open(source, "rb")
@@ -124,7 +137,8 @@ class Reader:
         if not 0 <= i < len(self.entries):
             raise IndexError(i)
         e = self.entries[i]
-        return parse_chunk(self._read_at(e.offset, e.length), expected_index=i, expected_crc=e.crc, max_block_bytes=self._budget)
+        return parse_chunk(self._read_at(e.offset, e.length), expected_index=i, expected_crc=e.crc, max_block_bytes=self._budget,
+                           max_site_dim=self._max_dim)
 
     def decode_block(self, i: int) -> DecodedBlock:
         chunk = self.read_chunk(i)
@@ -164,10 +178,13 @@ def _read_exact(f: BinaryIO, n: int, what: str) -> bytes:
     return b"".join(parts)
 
 
-def iter_stream(f: BinaryIO, *, max_block_bytes: int | str | None = AUTO) -> Iterator[DecodedBlock | Header]:
+def iter_stream(
+    f: BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None
+) -> Iterator[DecodedBlock | Header]:
     """Read forward from a non-seekable stream: yields the Header, then each block;
     finally checks the index and footer against what was read. max_block_bytes as for Reader."""
     budget = resolve_budget(max_block_bytes)
+    max_dim = check_max_site_dim(max_site_dim)
     fixed_bytes = _read_exact(f, R.HEADER_FIXED_SIZE, "header")
     fixed = parse_header_fixed(fixed_bytes)
     hlen = header_length(fixed)
@@ -183,7 +200,7 @@ def iter_stream(f: BinaryIO, *, max_block_bytes: int | str | None = AUTO) -> Ite
         if length < R.CHUNK_FIXED_SIZE + 4:
             raise FormatError("chunk length too small", "E_BOUNDS")
         data = head + _read_exact(f, length - R.CHUNK_FIXED_SIZE, "chunk")
-        chunk = parse_chunk(data, expected_index=i, max_block_bytes=budget)
+        chunk = parse_chunk(data, expected_index=i, max_block_bytes=budget, max_site_dim=max_dim)
         entries.append(IndexEntry(pos, length, chunk.crc))
         pos += length
         yield DecodedBlock(i, chunk.program.name, decode_parsed(chunk))

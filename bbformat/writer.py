@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 from .codec.program import BlockProgram
 from .codec.sections import Section
@@ -31,6 +31,7 @@ class WriterStateError(BBFormatError):
 
 class Writer:
     def __init__(self, dest: str | os.PathLike[str] | BinaryIO, scheme: str, chunk_count: int, metadata: dict) -> None:
+        header = build_header(scheme, chunk_count, metadata)  # refuses bad input before a temp file exists
         self._path: Path | None = None
         self._tmp: Path | None = None
         self._state = "chunks"
@@ -52,7 +53,6 @@ class Writer:
             self._out = dest
         self._expected = chunk_count
         self._entries: list[IndexEntry] = []
-        header = build_header(scheme, chunk_count, metadata)
         self._pos = 0
         self._write(header)
         self.metadata_bytes = len(header)
@@ -91,8 +91,12 @@ class Writer:
         self._entries.append(entry)
         return entry
 
-    def close(self) -> int:
-        """Write index and footer; publish the file. Returns the container size."""
+    def close(self, check: "Callable[[Path], None] | None" = None) -> int:
+        """Write index and footer; publish the file. Returns the container size.
+
+        check, for a path destination, is called on the complete, fsynced temp file before it
+        replaces the destination; if it raises, the temp file is removed, the destination is
+        untouched, and the exception propagates (pack --verify uses this)."""
         if self._state != "chunks":
             raise WriterStateError(f"close() called in state {self._state!r}")
         if len(self._entries) != self._expected:
@@ -106,6 +110,12 @@ class Writer:
                 os.fsync(self._out.fileno())
                 self._out.close()
                 assert self._tmp is not None
+                if check is not None:
+                    try:
+                        check(self._tmp)
+                    except BaseException:
+                        self.abort()
+                        raise
                 os.replace(self._tmp, self._path)
         except OSError as exc:
             self._fail(exc)

@@ -1,14 +1,27 @@
 from __future__ import annotations
 
+import atexit
 import io
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
+from hypothesis import settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from bbformat.codec.dtypes import RawTensor
 from bbformat.codec.encoder import encode_chunk
 from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec
 from bbformat.writer import Writer
+
+# Nothing of Hypothesis' in the repository (no example database; its caches in a temporary
+# directory removed at exit): tests write only inside temporary directories.
+settings.register_profile("bbformat", database=None)
+settings.load_profile("bbformat")
+_HYPOTHESIS_HOME = tempfile.mkdtemp(prefix="bbformat-hypothesis-")
+set_hypothesis_home_dir(_HYPOTHESIS_HOME)
+atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, True)
 
 
 def sample_container(scheme: str = "symmetric", tolerance: float = 0.0, seed: int = 7, dim: int = 24) -> bytes:

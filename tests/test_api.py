@@ -128,3 +128,25 @@ def test_unknown_scheme_and_bad_tolerance(tmp_path: Path) -> None:
     with pytest.raises(bbformat.InputError):
         bbformat.pack(tmp_path / "src", tmp_path / "m.bb", tolerance=-1)
     assert not (tmp_path / "m.bb").exists()
+
+
+def test_verify_failure_keeps_the_previous_container(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pack --verify checks the finished temp file; a failure leaves dst as it was and no temp."""
+    import bbformat.api as api
+    from bbformat.errors import VerifyError
+
+    src = tmp_path / "src"
+    write_checkpoint(make_tiny_checkpoint("llama", seed=2, layers=2), src)
+    dst = tmp_path / "m.bb"
+    api.pack(src, dst, scheme="paper", tolerance=0.005)
+    before = dst.read_bytes()
+
+    def fail(path: object, digests: object) -> None:
+        assert Path(str(path)) != dst  # the temp file is checked, not the destination
+        raise VerifyError("simulated mismatch")
+
+    monkeypatch.setattr(api, "verify_container", fail)
+    with pytest.raises(VerifyError):
+        api.pack(src, dst, scheme="symmetric", tolerance=0.0, verify=True)
+    assert dst.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.bb", "src"]

@@ -83,6 +83,18 @@ def test_writer_state_machine(tmp_path: Path) -> None:
         w2.close()  # a declared chunk is missing
 
 
+@pytest.mark.parametrize("scheme, meta", [("bogus", {}), ("symmetric", {"x": object()}), ("symmetric", {"x": float("nan")}),
+                                          ("symmetric", {"x": "y" * (64 << 20)})])
+def test_writer_refuses_bad_header_before_any_file(tmp_path: Path, scheme: str, meta: dict) -> None:
+    """An unknown scheme, metadata that is not plain JSON, or metadata over the readers' limit
+    is an InputError before a temp file exists."""
+    from bbformat.errors import InputError
+
+    with pytest.raises(InputError):
+        Writer(tmp_path / "m.bb", scheme, 0, meta)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path) -> None:
     out = tmp_path / "m.bb"
     with pytest.raises(RuntimeError):

@@ -222,3 +222,21 @@ def test_section_decoded_size_patches() -> None:
     at = outcome(paper_site(2, limit))
     assert at != "E_LIMIT_SECTION" and at.startswith("E_"), at
     assert outcome(paper_site(2, limit + 1)) == "E_LIMIT_SECTION"
+
+
+def test_callers_site_dim_budget() -> None:
+    """max_site_dim (the caller's bound on decode time) refuses a larger non-PLAIN site with
+    E_LIMIT_DIM before anything is decompressed; a PLAIN site of any D passes (no eigensolver)."""
+    data = (Path(__file__).resolve().parent.parent / "conformance" / "valid" / "large_d.bb").read_bytes()
+    with Reader(io.BytesIO(data)) as r:
+        d = r.read_chunk(0).program.sites[0].dim
+    with Reader(io.BytesIO(data), max_site_dim=d) as r:
+        r.decode_block(0)
+    for read in (lambda: Reader(io.BytesIO(data), max_site_dim=d - 1).decode_block(0),
+                 lambda: list(iter_stream(io.BytesIO(data), max_site_dim=d - 1))):
+        with pytest.raises(BBFormatError) as info:
+            read()
+        assert info.value.code == "E_LIMIT_DIM" and f"D = {d}" in str(info.value)
+    plain = container(descriptor([("w", F16, [4096])], [("s", 4096, 0, 0, PLAIN, [])], [(SITE, 0), (PUSH, 0)]), bytes(8192))
+    with Reader(io.BytesIO(plain), max_site_dim=2) as r:
+        r.decode_block(0)

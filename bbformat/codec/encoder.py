@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from ..errors import InputError
 from . import rotation as rot
@@ -117,7 +116,7 @@ def encode_chunk(
     BLAS runs on one thread here: eigenvectors of a nearly degenerate popped X depend on how
     LAPACK splits its work, so any other count would make the bytes depend on the machine's
     thread settings (tests/test_determinism.py)."""
-    with threadpool_limits(limits=1, user_api="blas"):
+    with rot.one_blas_thread():
         return _encode_chunk(layout, tensors, incoming, scheme, tolerance, canonical, moments)
 
 

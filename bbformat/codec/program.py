@@ -198,7 +198,10 @@ def recover_basis(anchor: RawTensor, site: SiteEntry, signs: np.ndarray | None) 
 
 def decode_program(program: BlockProgram, payload: np.ndarray, corrector: Corrector) -> dict[str, RawTensor]:
     """Run the program backwards from the final stack; return the decoded tensors."""
-    with np.errstate(invalid="ignore", over="ignore"):  # non-finite anchors decode to NaN (SPEC.md 7.5), quietly
+    # One BLAS thread, as in the encoder's simulation of this decoder (codec/encoder.py): the
+    # eigenvectors of a degenerate Gram matrix depend on how LAPACK splits its work.
+    # Non-finite anchors decode to NaN (SPEC.md 7.5), quietly.
+    with rot.one_blas_thread(), np.errstate(invalid="ignore", over="ignore"):
         return _decode_program(program, payload, corrector)
 
 

@@ -5,7 +5,11 @@ orthonormal eigenvectors as columns.
 """
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+from functools import lru_cache
+
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 
 def axis_matrix(x: np.ndarray, axis: int) -> np.ndarray:
@@ -73,3 +77,15 @@ def apply_paper_signs(e: np.ndarray, negative: np.ndarray) -> np.ndarray:
     """Alg. 2: flip each recovered eigenvector (column of E = row of Q) to the stored sign."""
     flip = (e.sum(axis=0) < 0) != negative
     return e * np.where(flip, -1.0, 1.0)
+
+
+@lru_cache(maxsize=1)
+def _controller() -> ThreadpoolController:
+    return ThreadpoolController()
+
+
+def one_blas_thread() -> AbstractContextManager[object]:
+    """Encoder and decoder run their linear algebra on one BLAS thread: the eigenvectors of a
+    nearly degenerate matrix depend on how LAPACK splits its work, so the bytes and the
+    decoder's approximations would otherwise depend on the machine's thread settings."""
+    return _controller().limit(limits=1, user_api="blas")

@@ -257,8 +257,10 @@ def working_set_bytes(program: BlockProgram, chunk_length: int) -> int:
     for i, s in enumerate(program.sites):
         if s.plain:
             continue
-        kinds = (KIND_SIGNS, KIND_X_PATCHES, KIND_ANCHOR_PATCHES) if s.paper else (KIND_X_RESIDUALS, KIND_X_PATCHES)
-        side += max(decoded_limit(program, k, i) for k in kinds)
+        if s.paper:  # signs, x_patches and anchor_patches may all be present
+            side += sum(decoded_limit(program, k, i) for k in (KIND_SIGNS, KIND_X_PATCHES, KIND_ANCHOR_PATCHES))
+        else:  # x_residuals or x_patches, never both
+            side += max(decoded_limit(program, k, i) for k in (KIND_X_RESIDUALS, KIND_X_PATCHES))
         a = program.tensors[s.anchor].numel
         site_work = max(site_work, 8 * (3 * a + 6 * s.dim * s.dim))
     tensors = sum(t.numel * bits_of(t.dtype) // 8 for t in program.tensors)
@@ -272,6 +274,7 @@ def parse_chunk(
     expected_crc: int | None = None,
     check_crc: bool = True,
     max_block_bytes: int | None = None,
+    max_site_dim: int | None = None,
 ) -> ParsedChunk:
     """Parse and validate one chunk's bytes (the whole chunk, CRC included). With
     max_block_bytes, a chunk whose declared working set is larger is refused (E_LIMIT_MEMORY)
@@ -298,6 +301,10 @@ def parse_chunk(
     if table_end > len(data) - 4:
         raise FormatError("chunk descriptor or section table runs past the chunk", "E_BOUNDS")
     program = _parse_descriptor(bytes(data[R.CHUNK_FIXED_SIZE:table_off]))
+    if max_site_dim is not None:  # the caller's time budget: an eigendecomposition costs O(D^3)
+        for s in program.sites:
+            if not s.plain and s.dim > max_site_dim:
+                raise LimitError(f"site {s.name!r} has D = {s.dim}; this reader's limit is {max_site_dim}", "E_LIMIT_DIM")
     entries = [R.SECTION_ENTRY.parse(data[table_off + i * 32 : table_off + (i + 1) * 32]) for i in range(head.section_count)]
     pos = table_end
     payload = None

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import construct
 import zstandard
 
-from ..errors import FormatError, IntegrityError, LimitError
+from ..errors import FormatError, InputError, IntegrityError, LimitError
 from . import records as R
 from .crc import crc32c
 
@@ -23,7 +23,17 @@ class Header:
 
 
 def build_header(scheme: str, chunk_count: int, metadata: dict) -> bytes:
-    meta = json.dumps(metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    """The header bytes; refuses what a reader would refuse (InputError), before anything is written."""
+    if scheme not in R.SCHEME_CODES:
+        raise InputError(f"unknown scheme {scheme!r} (choose {', '.join(sorted(R.SCHEME_CODES))})")
+    if not 0 <= chunk_count <= R.MAX_CHUNKS:
+        raise InputError(f"{chunk_count} chunks: a container holds 0 to {R.MAX_CHUNKS}")
+    try:
+        meta = json.dumps(metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"metadata is not plain JSON: {exc}") from None
+    if len(meta) > R.MAX_METADATA:
+        raise InputError(f"metadata is {len(meta):,} bytes; readers refuse more than {R.MAX_METADATA:,}")
     codec = 0
     if len(meta) > 4096:
         packed = zstandard.ZstdCompressor(level=19, write_content_size=True, write_checksum=False).compress(meta)
