@@ -18,7 +18,7 @@ from bbformat.errors import BBFormatError
 from bbformat.reader import Reader, iter_stream
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "conformance"))
-from generate import BB, KIND_PAYLOAD, KIND_SIGNS, KIND_X_PATCHES, NO_SITE, Chk, Sec, raw_sec  # noqa: E402
+from generate import BB, KIND_ANCHOR_PATCHES, KIND_PAYLOAD, KIND_SIGNS, KIND_X_PATCHES, KIND_X_RESIDUALS, NO_SITE, Chk, Sec, raw_sec  # noqa: E402
 
 PUSH, SITE = 1, 2
 F16, F32 = 1, 3  # dtype codes (SPEC.md 6.1)
@@ -195,7 +195,7 @@ def test_sections_per_chunk(count: int, expect: str) -> None:
     assert outcome(BB([c]).build()) == expect
 
 
-def paper_site(sign_bytes: int, patch_bytes: int | None = None) -> bytes:
+def paper_site(sign_bytes: int, patch_bytes: int | None = None, anchor_patch_bytes: int | None = None) -> bytes:
     """One PAPER site of D = 16 on a (16, 16) anchor, with a sign section of `sign_bytes`
     (limit ceil(16/8) = 2) and optionally an x_patches section of `patch_bytes`."""
     d = 16
@@ -206,7 +206,19 @@ def paper_site(sign_bytes: int, patch_bytes: int | None = None) -> bytes:
     extra = [raw_sec(KIND_SIGNS, 0, bytes(sign_bytes))]
     if patch_bytes is not None:
         extra.append(raw_sec(KIND_X_PATCHES, 0, b"\x00" + bytes(patch_bytes - 1)))
+    if anchor_patch_bytes is not None:
+        extra.append(raw_sec(KIND_ANCHOR_PATCHES, 0, b"\x00" + bytes(anchor_patch_bytes - 1)))
     return container(desc, payload, extra)
+
+
+def symmetric_site(residual_bytes: int) -> bytes:
+    """One symmetric site of D = 16 on a (16, 16) anchor with an x_residuals section."""
+    d = 16
+    rng = np.random.default_rng(1)
+    n = d * (d + 1) // 2
+    desc = descriptor([("x", F16, [n]), ("a", F16, [d, d])], [("s", d, 1, 0, 0, [])], [(PUSH, 0), (SITE, 0), (PUSH, 1)])
+    payload = np.sort(rng.normal(0, 0.05, d)).astype("<f4").tobytes() + rng.normal(0, 0.05, d * d).astype("<f2").tobytes()
+    return container(desc, payload, [raw_sec(KIND_X_RESIDUALS, 0, bytes(residual_bytes))])
 
 
 def test_section_decoded_size_signs() -> None:
@@ -240,3 +252,19 @@ def test_callers_site_dim_budget() -> None:
     plain = container(descriptor([("w", F16, [4096])], [("s", 4096, 0, 0, PLAIN, [])], [(SITE, 0), (PUSH, 0)]), bytes(8192))
     with Reader(io.BytesIO(plain), max_site_dim=2) as r:
         r.decode_block(0)
+
+
+def test_section_decoded_size_anchor_patches() -> None:
+    """anchor_patches limit: 10 + A·(10 + a/8) bytes (A = 256 float16 elements)."""
+    limit = 10 + 256 * (10 + 2)
+    at = outcome(paper_site(2, None, limit))
+    assert at != "E_LIMIT_SECTION" and at.startswith("E_"), at
+    assert outcome(paper_site(2, None, limit + 1)) == "E_LIMIT_SECTION"
+
+
+def test_section_decoded_size_residuals() -> None:
+    """x_residuals limit: 11·2^E_w + n(D)·3 bytes for 16-bit symbols (E_w = 5 for float16)."""
+    limit = 11 * 2**5 + (16 * 17 // 2) * 3
+    at = outcome(symmetric_site(limit))
+    assert at != "E_LIMIT_SECTION" and at.startswith("E_"), at
+    assert outcome(symmetric_site(limit + 1)) == "E_LIMIT_SECTION"
