@@ -18,7 +18,7 @@ from .codec.encoder import EncodedChunk, Moments, SiteReport, canonical_rotation
 from .codec.layout import ModelLayout
 from .container.records import MAX_METADATA
 from .errors import InputError, VerifyError
-from .reader import Reader
+from .reader import DECODE_WORKERS, Reader
 from .tensors import raw_to_torch, torch_to_raw
 from .writer import Writer
 
@@ -200,7 +200,7 @@ def read_tensors(path: str | os.PathLike[str], *, max_block_bytes: int | str | N
     """Decode a whole container into an ordered dict of torch tensors."""
     with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim) as r:
         out: dict[str, RawTensor] = {}
-        for block in r.iter_blocks("reverse"):
+        for block in r.iter_blocks("reverse", workers=DECODE_WORKERS):
             out.update(block.tensors)
         keys = r.metadata.get("keys") or list(out)
     return {k: raw_to_torch(out[k]) for k in keys}
@@ -229,7 +229,7 @@ def unpack(
         meta = r.metadata
         decoded: dict[str, RawTensor] = {}
         n = len(r)
-        for k, block in enumerate(r.iter_blocks("reverse")):
+        for k, block in enumerate(r.iter_blocks("reverse", workers=DECODE_WORKERS)):
             decoded.update(block.tensors)
             if progress is not None:
                 progress(k + 1, n, block.name)

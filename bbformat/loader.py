@@ -147,7 +147,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32,
     max_block_bytes and max_site_dim bound each block's memory and decode time (Reader, SPEC.md 11.5).
     """
     from .adapters.tc_layout import read_checkpoint
-    from .reader import Reader
+    from .reader import DECODE_WORKERS, Reader
     from .tensors import raw_to_torch
 
     p = Path(path)
@@ -159,7 +159,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32,
             sc = json.loads(files[f"{stem}.json"])
             model = build_sliced_llama(hf, sc, dtype)
             expected = {n for n, _ in model.named_parameters()}
-            for block in r.iter_blocks("reverse"):
+            for block in r.iter_blocks("reverse", workers=DECODE_WORKERS):
                 _fill(model, ((n, raw_to_torch(t)) for n, t in block.tensors.items()), expected)
                 del block
     else:

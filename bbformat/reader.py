@@ -5,12 +5,16 @@ Every size and offset is checked against the file before anything is allocated.
 from __future__ import annotations
 
 import os
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from .codec.dtypes import RawTensor
 from .codec.program import decode_program
+from .codec.rotation import one_blas_thread
 from .codec.sections import StoredCorrector
 from .container import records as R
 from .container.chunks import ParsedChunk, parse_chunk
@@ -29,6 +33,8 @@ from .errors import FormatError, IntegrityError, InputError
 
 
 AUTO = "auto"
+# Threads the model-level functions (unpack, read_tensors, load_model) decode with.
+DECODE_WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 
 def physical_memory() -> int | None:
@@ -81,6 +87,7 @@ class Reader:
     ) -> None:
         self._budget = resolve_budget(max_block_bytes)
         self._max_dim = check_max_site_dim(max_site_dim)
+        self._lock = threading.Lock()
         if isinstance(source, (str, os.PathLike)):
             try:
                 self._f: BinaryIO = open(source, "rb")
@@ -96,8 +103,9 @@ class Reader:
             raise
 
     def _read_at(self, offset: int, n: int) -> bytes:
-        self._f.seek(offset)
-        data = self._f.read(n)
+        with self._lock:  # iter_blocks(workers=N) reads from several threads
+            self._f.seek(offset)
+            data = self._f.read(n)
         if len(data) != n:
             raise FormatError("unexpected end of file", "E_TRUNCATED")
         return data
@@ -144,15 +152,37 @@ class Reader:
         chunk = self.read_chunk(i)
         return DecodedBlock(i, chunk.program.name, decode_parsed(chunk))
 
-    def iter_blocks(self, order: str = "forward") -> Iterator[DecodedBlock]:
-        """Decode one block at a time; memory is bounded by about one block."""
-        idx = range(len(self.entries))
+    def iter_blocks(self, order: str = "forward", workers: int = 1) -> Iterator[DecodedBlock]:
+        """Decode blocks in order, one at a time (workers=1: memory about one block), or with
+        `workers` threads decoding the next blocks ahead (memory about workers + 1 blocks).
+        Chunks are independent and the linear algebra releases the GIL; every worker runs
+        BLAS on one thread, so the decoded bits do not depend on `workers`."""
+        idx = list(range(len(self.entries)))
         if order == "reverse":
-            idx = reversed(idx)  # type: ignore[assignment]
+            idx.reverse()
         elif order != "forward":
             raise ValueError("order must be 'forward' or 'reverse'")
-        for i in idx:
-            yield self.decode_block(i)
+        if workers < 1:
+            raise InputError(f"workers must be at least 1, not {workers}")
+        if workers == 1 or len(idx) < 2:
+            for i in idx:
+                yield self.decode_block(i)
+            return
+        # BLAS held at one thread around the whole pool, so that the workers' own one-thread
+        # sections never restore a larger count while another worker is decoding.
+        with one_blas_thread(), ThreadPoolExecutor(workers, thread_name_prefix="bbformat-decode") as pool:
+            ahead: deque[Future[DecodedBlock]] = deque()
+            todo = iter(idx)
+            for i in todo:
+                ahead.append(pool.submit(self.decode_block, i))
+                if len(ahead) >= workers:
+                    break
+            while ahead:
+                block = ahead.popleft().result()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    ahead.append(pool.submit(self.decode_block, nxt))
+                yield block
 
     def close(self) -> None:
         if self._own:
