@@ -596,3 +596,78 @@ def test_writer_stream_errors_are_output_errors(err: int, cls: type, code: str) 
         w.add_chunk(program, sections)
     with pytest.raises(WriterStateError):
         w.add_chunk(program, sections)
+
+
+# ---------------------------------------------------------------- deterministic kill points
+
+_KILL_AT_REPLACE = """
+import os, signal, sys
+k, calls = int(sys.argv[1]), [0]
+real = os.replace
+def replace(*a, **kw):
+    calls[0] += 1
+    if calls[0] == k:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(*a, **kw)
+os.replace = replace
+from bbformat.cli import main
+rc = main(sys.argv[2:])
+print("REPLACES", calls[0])
+sys.exit(rc)
+"""
+
+
+def _run_killing_at_replace(k: int, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _KILL_AT_REPLACE, str(k), *args, "--quiet"], env=_env(), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT)
+
+
+def test_unpack_killed_before_every_rename_of_the_burst(tmp_path: Path) -> None:
+    """Deterministic points in the window the timed kills rarely hit: SIGKILL just before each
+    os.replace of an unpack into an existing directory (one per file, weights last) and into an
+    absent one. Every state on disk is old or new file by file, loads as the model of its
+    weights file, and new weights come only with every other new file."""
+    ckpt = make_tiny_checkpoint("llama", **SMALL)
+    src = _model(tmp_path, "src", ckpt)
+    src_old = _model(tmp_path, "src_old", ckpt, **{"generation_config.json": b'{"max_new_tokens": 7}\n'})
+    bb = tmp_path / "m.bb"
+    bbformat.pack(src, bb)
+    bbformat.pack(src_old, tmp_path / "old.bb", scheme="paper", tolerance=0.01)
+    bbformat.unpack(tmp_path / "old.bb", tmp_path / "old")
+    bbformat.unpack(bb, tmp_path / "new")
+    old, new = _files(tmp_path / "old"), _files(tmp_path / "new")
+    weights = f"{ckpt.stem}.pt"
+    assert old[weights] != new[weights]
+    sds = {v: read_checkpoint(tmp_path / v).state_dict for v in ("old", "new")}
+    dst = tmp_path / "u"
+    dst.mkdir()
+    for n, data in old.items():
+        (dst / n).write_bytes(data)
+    full = _run_killing_at_replace(0, "unpack", str(bb), str(dst))
+    assert full.returncode == 0, full.stderr
+    n_replace = int(full.stdout.split()[-1])
+    assert n_replace >= len(new)  # one replace per file into an existing directory
+    seen = set()
+    for k in range(1, n_replace + 1):
+        shutil.rmtree(dst)
+        dst.mkdir()
+        for n, data in old.items():
+            (dst / n).write_bytes(data)
+        r = _run_killing_at_replace(k, "unpack", str(bb), str(dst))
+        assert r.returncode == -signal.SIGKILL, (k, r.returncode, r.stderr)
+        files = {p.name: p.read_bytes() for p in dst.iterdir() if p.is_file()}
+        assert set(files) == set(new), (k, sorted(files))
+        version = {n: "new" if data == new[n] else "old" for n, data in files.items() if old[n] != new[n]}
+        assert all(files[n] in (old[n], new[n]) for n in files), k
+        if version[weights] == "new":
+            assert set(version.values()) == {"new"}, (k, version)
+        back = read_checkpoint(dst).state_dict
+        want = sds[version[weights]]
+        assert list(back) == list(want) and all(torch.equal(back[key], v) for key, v in want.items()), k
+        seen.add(tuple(sorted(version.items())))
+    assert len(seen) >= 2  # the points really fell between renames of the burst
+    shutil.rmtree(dst)
+    r = _run_killing_at_replace(1, "unpack", str(bb), str(dst))  # absent DST: the one rename of the staging directory
+    assert r.returncode == -signal.SIGKILL
+    assert not dst.exists()
+    assert all(temp_pattern("u").match(n) for n in os.listdir(tmp_path) if n.startswith(".u"))
