@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,6 @@ from .codec import rotation as rot
 from .codec.dtypes import RawTensor, bits_of
 from .codec.encoder import EncodedChunk, Moments, SiteReport, canonical_rotation, encode_chunk
 from .codec.layout import ModelLayout
-from .container.records import MAX_METADATA
 from .errors import InputError, VerifyError
 from .reader import DECODE_WORKERS, Reader
 from .tensors import raw_to_torch, torch_to_raw
@@ -111,9 +109,6 @@ def pack(
         moments = stream_moments(ckpt, tokens)
         metadata["rounding"] = "feedback"
         metadata["calibration_tokens"] = int(tokens.numel())
-    meta_len = len(json.dumps(metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
-    if meta_len > MAX_METADATA:  # the header's JSON, as the Writer serialises it; readers refuse more
-        raise InputError(f"the container's metadata (side files and keys) would be {meta_len:,} bytes; readers refuse more than {MAX_METADATA:,}")
     sd = ckpt.state_dict
     report = PackReport(str(dst), scheme, tolerance, layout.architecture, 0, 0, 0, 0)
     digests: list[dict[str, str]] = []

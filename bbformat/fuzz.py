@@ -217,18 +217,20 @@ def verdict(original: bytes, what: str, mutated: bytes, outcome: Outcome, second
     return None
 
 
-def _read_random(data: bytes, budget: int | str | None) -> None:
+def read_random(data: bytes, budget: int | str | None = "auto") -> None:
+    """Decode every block of `data` with the random-access reader (raises on a bad file)."""
     with Reader(io.BytesIO(data), max_block_bytes=budget) as r:
         for i in range(len(r)):
             r.decode_block(i)
 
 
-def _read_stream(data: bytes, budget: int | str | None) -> None:
+def read_stream(data: bytes, budget: int | str | None = "auto") -> None:
+    """Decode every block of `data` forward with the stream reader (raises on a bad file)."""
     for _ in iter_stream(io.BytesIO(data), max_block_bytes=budget):
         pass
 
 
-READERS = {"random": _read_random, "stream": _read_stream}
+READERS = {"random": read_random, "stream": read_stream}
 
 
 def check(data: bytes, *, budget: int | str | None = "auto", trace_memory: bool = True) -> Outcome:

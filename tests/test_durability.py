@@ -345,15 +345,21 @@ def _unpack_scenario(bb: Path, parent: Path, new: dict[str, bytes], old: dict[st
     return tally
 
 
-def test_unpack_killed_leaves_no_or_complete_output(tmp_path: Path) -> None:
-    ckpt = make_tiny_checkpoint("llama", **BIG)
+def _new_container_and_old_files(tmp_path: Path, ckpt: Checkpoint) -> tuple[Path, dict[str, bytes]]:
+    """m.bb packed from ckpt, and the files of an earlier unpack of a different container (paper
+    scheme, another generation_config.json) to find in DST before the unpack under test."""
     src = _model(tmp_path, "src", ckpt)
     src_old = _model(tmp_path, "src_old", ckpt, **{"generation_config.json": b'{"max_new_tokens": 99}\n'})
     bb = tmp_path / "m.bb"
     bbformat.pack(src, bb)
     bbformat.pack(src_old, tmp_path / "old.bb", scheme="paper", tolerance=0.01)
     bbformat.unpack(tmp_path / "old.bb", tmp_path / "old")
-    old = _files(tmp_path / "old")
+    return bb, _files(tmp_path / "old")
+
+
+def test_unpack_killed_leaves_no_or_complete_output(tmp_path: Path) -> None:
+    ckpt = make_tiny_checkpoint("llama", **BIG)
+    bb, old = _new_container_and_old_files(tmp_path, ckpt)
     ref_parent = tmp_path / "ref"
     ref_parent.mkdir()
     ref = ref_parent / "u"
@@ -628,14 +634,9 @@ def test_unpack_killed_before_every_rename_of_the_burst(tmp_path: Path) -> None:
     absent one. Every state on disk is old or new file by file, loads as the model of its
     weights file, and new weights come only with every other new file."""
     ckpt = make_tiny_checkpoint("llama", **SMALL)
-    src = _model(tmp_path, "src", ckpt)
-    src_old = _model(tmp_path, "src_old", ckpt, **{"generation_config.json": b'{"max_new_tokens": 7}\n'})
-    bb = tmp_path / "m.bb"
-    bbformat.pack(src, bb)
-    bbformat.pack(src_old, tmp_path / "old.bb", scheme="paper", tolerance=0.01)
-    bbformat.unpack(tmp_path / "old.bb", tmp_path / "old")
+    bb, old = _new_container_and_old_files(tmp_path, ckpt)
     bbformat.unpack(bb, tmp_path / "new")
-    old, new = _files(tmp_path / "old"), _files(tmp_path / "new")
+    new = _files(tmp_path / "new")
     weights = f"{ckpt.stem}.pt"
     assert old[weights] != new[weights]
     sds = {v: read_checkpoint(tmp_path / v).state_dict for v in ("old", "new")}

@@ -15,6 +15,7 @@ import zstandard
 from bbformat.container import records as R
 from bbformat.container.chunks import MAX_FOLLOWERS_PER_CHUNK
 from bbformat.errors import BBFormatError
+from bbformat.fuzz import read_random, read_stream
 from bbformat.reader import Reader, iter_stream
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "conformance"))
@@ -52,7 +53,7 @@ def container(desc: bytes, payload: bytes, extra: list[Sec] | None = None, meta:
 def outcome(data: bytes, agree: bool = True) -> str:
     """'accept' or the code; both readers must agree (else: the random-access reader's code)."""
     got = []
-    for read in (_random, _stream):
+    for read in (read_random, read_stream):
         try:
             read(data)
             got.append("accept")
@@ -60,17 +61,6 @@ def outcome(data: bytes, agree: bool = True) -> str:
             got.append(exc.code)
     assert got[0] == got[1] or not agree, got
     return got[0] if agree else got[0] if got[0] == got[1] else f"{got[0]}/{got[1]}"
-
-
-def _random(data: bytes) -> None:
-    with Reader(io.BytesIO(data)) as r:
-        for i in range(len(r)):
-            r.decode_block(i)
-
-
-def _stream(data: bytes) -> None:
-    for _ in iter_stream(io.BytesIO(data)):
-        pass
 
 
 def scalars(n: int) -> bytes:

@@ -43,6 +43,7 @@ from bbformat.codec.encoder import encode_chunk  # noqa: E402
 from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec  # noqa: E402
 from bbformat.codec.program import decode_program  # noqa: E402
 from bbformat.codec.sections import StoredCorrector, decoded_limit, decompress  # noqa: E402
+from machine import cpu_and_memory, python_and_numpy  # noqa: E402
 
 CALIB = ROOT.parent / "shared" / "data" / "calib.txt"
 # (scheme, tolerance, label, calibrated rounding)
@@ -64,15 +65,6 @@ def timed(fn, repeats: int):  # type: ignore[no-untyped-def]
 
 
 def machine() -> str:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     try:
         from threadpoolctl import threadpool_info
 
@@ -83,9 +75,8 @@ def machine() -> str:
             blas = f"{cfg.get('name')} {cfg.get('version')}"
         except Exception:
             blas = "n/a"
-    return (f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, {platform.system()} {platform.release()}; "
-            f"Python {platform.python_version()}, numpy {np.__version__} (BLAS: {blas}), torch {torch.__version__}, "
-            f"bbformat {bbformat.__version__}")
+    return (f"{cpu_and_memory()}, {platform.system()} {platform.release()}; "
+            f"{python_and_numpy()} (BLAS: {blas}), torch {torch.__version__}, bbformat {bbformat.__version__}")
 
 
 # ---------------------------------------------------------------- SmolLM2

@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
-import platform
 import random
 import sys
 import time
@@ -24,9 +22,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
 
 from bbformat.fuzz import check, mutate, verdict  # noqa: E402
 from bbformat.reader import Reader  # noqa: E402
+from machine import cpu_and_memory, python_and_numpy  # noqa: E402
 
 
 def corpus() -> list[tuple[str, bytes]]:
@@ -45,18 +45,7 @@ def corpus() -> list[tuple[str, bytes]]:
 
 
 def machine() -> str:
-    import numpy as np
-
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
-    return f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM; Python {platform.python_version()}, numpy {np.__version__}"
+    return f"{cpu_and_memory()}; {python_and_numpy()}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,8 @@ def build_header(scheme: str, chunk_count: int, metadata: dict) -> bytes:
     except (TypeError, ValueError) as exc:
         raise InputError(f"metadata is not plain JSON: {exc}") from None
     if len(meta) > R.MAX_METADATA:
-        raise InputError(f"metadata is {len(meta):,} bytes; readers refuse more than {R.MAX_METADATA:,}")
+        raise InputError(f"the container's metadata (for pack: the side files and key list) is {len(meta):,} bytes; "
+                         f"readers refuse more than {R.MAX_METADATA:,}")
     codec = 0
     if len(meta) > 4096:
         packed = zstandard.ZstdCompressor(level=19, write_content_size=True, write_checksum=False).compress(meta)
