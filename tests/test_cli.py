@@ -101,6 +101,20 @@ def test_max_memory_budget(model_dir: Path, tmp_path: Path, capsys: pytest.Captu
         assert err.count("\n") == 1 and "[E_LIMIT_MEMORY]" in err and "needs up to" in err
         assert main([*argv, "--max-memory", "none"]) == 0
         assert main([*argv, "--max-memory", "1G"]) == 0
-    with pytest.raises(SystemExit) as info:
-        main(["inspect", str(out), "--max-memory", "-3"])
-    assert info.value.code == 64
+    for flag, bad in (("--max-memory", "-3"), ("--max-memory", "inf"), ("--max-site-dim", "1"), ("--max-site-dim", "big")):
+        with pytest.raises(SystemExit) as info:
+            main(["inspect", str(out), flag, bad])
+        assert info.value.code == 64
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("bbformat: usage error:") and flag in err
+
+
+def test_max_site_dim(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-site-dim refuses a rotation site larger than D before decoding it (exit 6)."""
+    out = tmp_path / "m.bb"
+    assert main(["pack", str(model_dir), str(out), "--quiet"]) == 0
+    assert main(["unpack", str(out), str(tmp_path / "u"), "--quiet", "--max-site-dim", "2"]) == 6
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "[E_LIMIT_DIM]" in err and "this reader's limit is 2" in err
+    assert not (tmp_path / "u").exists()
+    assert main(["unpack", str(out), str(tmp_path / "u"), "--quiet", "--max-site-dim", "32768"]) == 0

@@ -1,0 +1,32 @@
+"""The measurement tools added for issues #5 and #6 run, write their reports, and refuse bad
+input with one line."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+
+
+def _tool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600)
+
+
+def test_fuzz_tool_writes_its_report(tmp_path: Path) -> None:
+    r = _tool(str(TOOLS / "fuzz.py"), "--cases", "60", "--seed", "9", "--report", str(tmp_path / "F.md"),
+              "--findings", str(tmp_path / "found"))
+    assert r.returncode == 0, r.stderr
+    report = (tmp_path / "F.md").read_text()
+    assert "**60 cases, 0 findings.**" in report and "Machine: " in report and "cores" in report
+    assert not (tmp_path / "found").exists()
+
+
+def test_fuzz_tool_refuses_a_bad_flag() -> None:
+    r = _tool(str(TOOLS / "fuzz.py"), "--cases", "many")
+    assert r.returncode == 2 and "invalid int value" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_threads_refuses_a_missing_container(tmp_path: Path) -> None:
+    r = _tool(str(TOOLS / "bench_threads.py"), str(tmp_path / "none.bb"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no container at" in r.stderr
