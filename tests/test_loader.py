@@ -7,13 +7,26 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parent.parent
-CALIB = ROOT.parent / "shared" / "data" / "calib.txt"
+
+
+def _text(path: Path) -> Path:
+    """Seeded text over 600 words with Zipf-like frequencies: tokenizer training and slicing
+    calibration without ../shared/data, so the tests run from any clone."""
+    rng = np.random.default_rng(3)
+    words = rng.zipf(1.3, 20_000) % 600
+    path.write_text("\n".join(" ".join(f"w{w}" for w in words[i : i + 40]) for i in range(0, len(words), 40)) + "\n")
+    return path
+
+
+def _calib_of(model_dir: Path) -> Path:
+    return model_dir.with_name(model_dir.name + "_calib.txt")  # beside the model, not among its files
 
 
 def _tiny_llama(dst: Path) -> None:
@@ -23,7 +36,7 @@ def _tiny_llama(dst: Path) -> None:
 
     tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train([str(CALIB)], trainers.WordLevelTrainer(vocab_size=500, special_tokens=["<unk>"]))
+    tok.train([str(_text(_calib_of(dst)))], trainers.WordLevelTrainer(vocab_size=500, special_tokens=["<unk>"]))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
     fast.save_pretrained(str(dst))
     cfg = LlamaConfig(vocab_size=fast.vocab_size, hidden_size=96, intermediate_size=160, num_hidden_layers=3,
@@ -40,7 +53,7 @@ def _tiny_llama(dst: Path) -> None:
 
 def _slice(src: Path, out: Path, sparsity: float) -> None:
     subprocess.run([sys.executable, str(ROOT / "tools" / "slice.py"), str(src), "--sparsity", str(sparsity), "--out", str(out),
-                    "--nsamples", "8", "--seqlen", "64"], check=True, capture_output=True)
+                    "--nsamples", "8", "--seqlen", "64", "--calib", str(_calib_of(src))], check=True, capture_output=True)
 
 
 @pytest.fixture(scope="module")
