@@ -13,6 +13,7 @@ import torch
 
 from .codec import rotation as rot
 from .codec.dtypes import RawTensor, bits_of
+from .codec.entropy import ENTROPY_MODES
 from .codec.encoder import EncodedChunk, Moments, SiteReport, canonical_rotation, encode_chunk
 from .codec.layout import ModelLayout
 from .errors import InputError, VerifyError
@@ -66,13 +67,20 @@ def pack(
     calibration: str | os.PathLike[str] | torch.Tensor | None = None,
     calibration_samples: int = 16,
     calibration_seqlen: int = 512,
+    entropy: str = "none",
 ) -> PackReport:
     """Encode a SliceGPT checkpoint directory (TransformerCompression layout) into `dst`.
 
     `calibration` (a UTF-8 text file, or a (samples, seqlen) tensor of token ids) makes
     the encoder round rotated tensors with error feedback under the model's own input
     statistics, so the stored rotated model stays closer to the input's function (Llama).
-    Decoding is unaffected. The output is deterministic for a given software and thread
+    Decoding is unaffected.
+
+    `entropy` codes each chunk's payload after bits-back (SPEC.md 8.6): "none" (raw, a 1.0
+    file), "zstd", "planes" (byte planes with per-tensor contexts) or "auto" (the smallest
+    per chunk). "planes" and "auto" write a 1.1 file, which 1.0 readers refuse cleanly.
+
+    The output is deterministic for a given software and thread
     environment (the moments are rounded to 10 bits, which makes a differing BLAS or
     thread count flip a rounding decision rarely, but not never)."""
     from .adapters import plan
@@ -80,6 +88,8 @@ def pack(
 
     if scheme not in ("paper", "symmetric"):
         raise InputError(f"unknown scheme {scheme!r} (choose 'paper' or 'symmetric')")
+    if entropy not in ENTROPY_MODES:
+        raise InputError(f"unknown entropy mode {entropy!r} (choose {', '.join(ENTROPY_MODES)})")
     _check_paths(Path(src), Path(dst))
     # Every input check (files, pickle, JSON, config vs tensors, NaN/Inf) happens before the
     # Writer creates anything at dst.
@@ -91,7 +101,7 @@ def pack(
         raise InputError(f"tolerance must be a finite number >= 0, got {tolerance}")
     metadata = {
         "format": "bbformat",
-        "format_version": FORMAT_VERSION,
+        "format_version": "1.1" if entropy in ("planes", "auto") else FORMAT_VERSION,
         "architecture": layout.architecture,
         "scheme": scheme,
         "tolerance": tolerance,
@@ -112,7 +122,7 @@ def pack(
     sd = ckpt.state_dict
     report = PackReport(str(dst), scheme, tolerance, layout.architecture, 0, 0, 0, 0)
     digests: list[dict[str, str]] = []
-    with Writer(dst, scheme, len(layout.chunks), metadata) as w:
+    with Writer(dst, scheme, len(layout.chunks), metadata, entropy=entropy) as w:
         report.metadata_bytes = w.metadata_bytes
         for chunk, enc in _encode_all(layout, lambda n: torch_to_raw(sd[n], n), scheme, tolerance, progress, moments):
             w.add_chunk(enc.program, enc.sections)

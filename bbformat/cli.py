@@ -9,6 +9,7 @@ import json
 import sys
 from typing import Callable, Sequence
 
+from .codec.entropy import ENTROPY_MODES
 from .errors import BBFormatError
 
 EXIT_USAGE = 64
@@ -70,7 +71,8 @@ def _cmd_pack(a: argparse.Namespace) -> int:
     from .inspect import format_summary, inspect
 
     rep = pack(a.src, a.out, scheme=a.scheme, tolerance=a.tolerance, verify=a.verify, progress=_progress(a.quiet, "pack"),
-               calibration=a.calibration, calibration_samples=a.calibration_samples, calibration_seqlen=a.calibration_seqlen)
+               calibration=a.calibration, calibration_samples=a.calibration_samples, calibration_seqlen=a.calibration_seqlen,
+               entropy=a.entropy)
     info = inspect(a.out)
     if a.json:
         print(json.dumps(info["totals"], indent=2))
@@ -149,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="UTF-8 text: round rotated tensors with error feedback under the model's input statistics (Llama; needs transformers)")
     pk.add_argument("--calibration-samples", type=int, default=16, metavar="N", help="calibration sequences (default 16)")
     pk.add_argument("--calibration-seqlen", type=int, default=512, metavar="T", help="tokens per calibration sequence (default 512)")
+    pk.add_argument("--entropy", choices=ENTROPY_MODES, default="none",
+                    help="entropy stage on each payload after bits-back (SPEC.md 8.6): none (default; readable by 1.0 readers), "
+                         "zstd, planes (byte planes, exponent byte coded per tensor and context), auto (smallest per chunk; "
+                         "planes and auto write a 1.1 file)")
     pk.add_argument("--quiet", action="store_true")
     pk.add_argument("--json", action="store_true", help="print the size totals as JSON")
     pk.set_defaults(func=_cmd_pack)

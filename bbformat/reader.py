@@ -146,7 +146,7 @@ class Reader:
             raise IndexError(i)
         e = self.entries[i]
         return parse_chunk(self._read_at(e.offset, e.length), expected_index=i, expected_crc=e.crc, max_block_bytes=self._budget,
-                           max_site_dim=self._max_dim)
+                           max_site_dim=self._max_dim, required_flags=self.header.required_flags)
 
     def decode_block(self, i: int) -> DecodedBlock:
         chunk = self.read_chunk(i)
@@ -230,7 +230,7 @@ def iter_stream(
         if length < R.CHUNK_FIXED_SIZE + 4:
             raise FormatError("chunk length too small", "E_BOUNDS")
         data = head + _read_exact(f, length - R.CHUNK_FIXED_SIZE, "chunk")
-        chunk = parse_chunk(data, expected_index=i, max_block_bytes=budget, max_site_dim=max_dim)
+        chunk = parse_chunk(data, expected_index=i, max_block_bytes=budget, max_site_dim=max_dim, required_flags=header.required_flags)
         entries.append(IndexEntry(pos, length, chunk.crc))
         pos += length
         yield DecodedBlock(i, chunk.program.name, decode_parsed(chunk))

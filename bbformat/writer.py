@@ -16,11 +16,13 @@ import os
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from .codec.entropy import ENTROPY_MODES, code_payload
 from .codec.program import BlockProgram
-from .codec.sections import Section
+from .codec.sections import KIND_PAYLOAD, Section
 from .container.chunks import build_chunk
 from .container.crc import crc32c
-from .container.framing import IndexEntry, build_footer, build_header, build_index
+from .container import records as R
+from .container.framing import IndexEntry, build_footer, build_header, build_index, minor_for
 from .errors import BBFormatError, InputError, output_error
 from .fsutil import fsync_dir, remove_stale_temps, temp_name
 
@@ -30,8 +32,16 @@ class WriterStateError(BBFormatError):
 
 
 class Writer:
-    def __init__(self, dest: str | os.PathLike[str] | BinaryIO, scheme: str, chunk_count: int, metadata: dict) -> None:
-        header = build_header(scheme, chunk_count, metadata)  # refuses bad input before a temp file exists
+    def __init__(self, dest: str | os.PathLike[str] | BinaryIO, scheme: str, chunk_count: int, metadata: dict,
+                 entropy: str = "none") -> None:
+        """entropy: how add_chunk stores each payload (SPEC.md 8.6): "none" raw, "zstd" one
+        zstd frame, "planes" codec 2, "auto" the smallest of the three per chunk. "planes" and
+        "auto" make a version 1.1 file (required flag PLANES), which 1.0 readers refuse."""
+        if entropy not in ENTROPY_MODES:
+            raise InputError(f"unknown entropy mode {entropy!r} (choose {', '.join(ENTROPY_MODES)})")
+        self._entropy = entropy
+        self._flags = R.FLAG_PLANES if entropy in ("planes", "auto") else 0
+        header = build_header(scheme, chunk_count, metadata, self._flags)  # refuses bad input before a temp file exists
         self._path: Path | None = None
         self._tmp: Path | None = None
         self._state = "chunks"
@@ -84,12 +94,18 @@ class Writer:
             raise WriterStateError(f"add_chunk() called in state {self._state!r}")
         if len(self._entries) >= self._expected:
             raise WriterStateError(f"more chunks than the {self._expected} declared")
+        if self._entropy != "none":
+            sections = [self._code(program, s) if s.kind == KIND_PAYLOAD else s for s in sections]
         data = build_chunk(len(self._entries), program, sections)
         entry = IndexEntry(self._pos, len(data), int.from_bytes(data[-4:], "little"))
         assert entry.crc == crc32c(data[:-4])
         self._write(data)
         self._entries.append(entry)
         return entry
+
+    def _code(self, program: BlockProgram, section: Section) -> Section:
+        codec, stored = code_payload(program, section.data, self._entropy)
+        return Section(section.kind, section.site, section.data, codec, stored)
 
     def close(self, check: "Callable[[Path], None] | None" = None) -> int:
         """Write index and footer; publish the file. Returns the container size.
@@ -102,7 +118,7 @@ class Writer:
         if len(self._entries) != self._expected:
             raise WriterStateError(f"{len(self._entries)} chunks written, {self._expected} declared")
         index = build_index(self._entries)
-        footer = build_footer(self._pos, index)
+        footer = build_footer(self._pos, index, minor_for(self._flags))
         self._write(index + footer)
         try:
             self._out.flush()

@@ -69,7 +69,7 @@ from bbformat.reader import Reader, iter_stream  # noqa: E402
 import impl_python  # noqa: E402
 import run as runner  # noqa: E402
 
-SPEC_VERSION = "1.0"
+SPEC_VERSION = "1.1"  # of the manifest; each vector records the version that introduced it
 U64 = (1 << 64) - 1
 FILE_MAGIC, CHUNK_MAGIC, INDEX_MAGIC, FOOTER_MAGIC = R.FILE_MAGIC, R.CHUNK_MAGIC, R.INDEX_MAGIC, R.FOOTER_MAGIC
 ZSTD = zstandard.ZstdCompressor(level=19, write_content_size=True, write_checksum=False)
@@ -485,10 +485,10 @@ CODES = {
     "E_MAGIC": ("a magic number is wrong: the file's leading magic (or a file shorter than 8 bytes), a chunk's, the index's (or an index shorter than 8 bytes); the footer's when reading forward", "§4, §5, §10.1, §10.3", 1),
     "E_TRUNCATED": ("the file ends early: shorter than 84 bytes, no footer magic at the end of a seekable file (random access), a read past the end, a stream ending early", "§10.2, §10.3", 2),
     "E_VERSION": ("major version not 1 (header or footer), or header and footer versions differ", "§4, §10.2", 3),
-    "E_REQUIRED_FLAG": ("a required_flags bit is set (none is defined in 1.0)", "§4", 4),
+    "E_REQUIRED_FLAG": ("a required_flags bit is set that the reader does not know (1.1 defines bit 0, PLANES)", "§4", 4),
     "E_RESERVED": ("a reserved field or bit is not zero, including site flag bits 2-7 and sign bitmap padding", "§1, §4, §5, §5.1, §5.3, §8.3, §10", 5),
     "E_SCHEME": ("header scheme byte not 1 (paper) or 2 (symmetric)", "§4", 6),
-    "E_CODEC": ("metadata, section or residual-group codec not 0 (raw) or 1 (zstd)", "§4, §5.3, §8.2, §8.4", 7),
+    "E_CODEC": ("metadata, section, residual-group or planes-group codec not 0 (raw) or 1 (zstd); section codec 2 (planes) except on the payload of a file with PLANES", "§4, §5.3, §8.2, §8.4, §8.6", 7),
     "E_ZSTD": ("a zstd field that is not exactly one valid zstd frame (unparseable header, damaged data, several or skippable frames, bytes after the frame)", "§4.1, §8.2, §8.4", 8),
     "E_METADATA": ("metadata not UTF-8, not JSON, or not a JSON object", "§4.1", 9),
     "E_CRC_HEADER": ("header_crc mismatch", "§3, §4", 10),
@@ -505,10 +505,10 @@ CODES = {
     "E_SECTION_KIND": ("unknown section kind, payload naming a site, a section naming a non-existent site, a kind not allowed for its site", "§5.3, §8.1", 21),
     "E_SECTION_DUPLICATE": ("two sections of one (kind, site), x_residuals and x_patches on one site, two payloads", "§8.1", 22),
     "E_SECTION_MISSING": ("no payload section, or a non-plain PAPER site without signs", "§8.1", 23),
-    "E_SECTION_SIZE": ("a section's stored/declared/decoded sizes disagree (raw stored != decoded, zstd content size absent or != decoded_length, signs != ceil(D/8)), decompressed metadata size != declared", "§4.1, §8.2", 24),
-    "E_SECTION_CONTENT": ("malformed correction content: varints (unterminated, > 10 bytes, >= 2^64, wrong number, left-over bytes), residual groups running past or left over, ordinal out of range, patch count/values/gaps/positions", "§8.4, §8.5", 25),
+    "E_SECTION_SIZE": ("a section's stored/declared/decoded sizes disagree (raw stored != decoded, zstd content size absent or != decoded_length, signs != ceil(D/8)), decompressed metadata size != declared, a planes group not of its size", "§4.1, §8.2, §8.6", 24),
+    "E_SECTION_CONTENT": ("malformed correction content: varints (unterminated, > 10 bytes, >= 2^64, wrong number, left-over bytes), residual groups running past or left over, ordinal out of range, patch count/values/gaps/positions; a malformed planes payload (segments, classes, groups)", "§8.4, §8.5, §8.6", 25),
     "E_SYMBOL_COUNT": ("payload decoded_length != P*W/8, a pop underflows, symbols left on the stack", "§6.3, §7.1", 26),
-    "E_LIMIT_COUNT": ("more chunks, tensors, sites or sections than allowed, or a descriptor longer than 16 MiB", "§4, §5, §5.1, §11.1", 27),
+    "E_LIMIT_COUNT": ("more chunks, tensors, sites or sections than allowed, a descriptor longer than 16 MiB, more than 65,536 planes segments", "§4, §5, §5.1, §8.6, §11.1", 27),
     "E_LIMIT_METADATA": ("metadata over 64 MiB, stored or (zstd) declared", "§4, §4.1, §11.1", 27),
     "E_LIMIT_NDIM": ("a tensor with more than 8 dimensions", "§5.1, §11.1", 27),
     "E_LIMIT_TENSOR": ("a tensor with more than 2^40 elements (product of dims, computed without overflow)", "§5.1, §11.1", 27),
@@ -562,6 +562,7 @@ class Vec:
     eig: bool = True  # bytes depend on the eigensolver (a non-plain site was encoded)
     note: str | None = None
     tensors: dict | None = None  # optional vectors the reference rejects: what an accepting reader returns
+    since: str = "1.0"  # the SPEC version whose rules give this vector its expected outcome
 
 
 class Suite:
@@ -576,14 +577,15 @@ class Suite:
         assert not any(x.id == v.id for x in self.vecs), v.id
         self.vecs.append(v)
 
-    def valid(self, vid: str, data: bytes, section: str, description: str, tol: float | None = None, eig: bool = True) -> None:
-        self._add(Vec(vid, "valid", data, section, description, "accept", tol=tol, eig=eig))
+    def valid(self, vid: str, data: bytes, section: str, description: str, tol: float | None = None, eig: bool = True,
+              since: str = "1.0") -> None:
+        self._add(Vec(vid, "valid", data, section, description, "accept", tol=tol, eig=eig, since=since))
 
     def invalid(self, vid: str, data: bytes, section: str, description: str, code: str, rules: tuple[int, ...] | int,
-                also: tuple[str, ...] = (), eig: bool = True, note: str | None = None) -> None:
+                also: tuple[str, ...] = (), eig: bool = True, note: str | None = None, since: str = "1.0") -> None:
         assert vid.startswith("x_"), vid
         rules = (rules,) if isinstance(rules, int) else rules
-        self._add(Vec(vid, "invalid", data, section, description, "reject", code, tuple(also), rules, eig=eig, note=note))
+        self._add(Vec(vid, "invalid", data, section, description, "reject", code, tuple(also), rules, eig=eig, note=note, since=since))
 
     def optional(self, vid: str, data: bytes, section: str, description: str, expected: str, code: str, tol: float | None = None,
                  eig: bool = True, note: str | None = None, tensors: dict | None = None) -> None:
@@ -617,7 +619,7 @@ class Suite:
             path = out / rel
             path.write_bytes(v.data)
             res = impl_python.decode_path(path)
-            e: dict = {"id": v.id, "path": rel, "spec_version": SPEC_VERSION, "spec_section": v.section, "description": v.description,
+            e: dict = {"id": v.id, "path": rel, "spec_version": v.since, "spec_section": v.section, "description": v.description,
                        "expected": v.expected, "category": v.category, "size": len(v.data), "eigensolver_dependent": v.eig}
             if v.note:
                 e["note"] = v.note
@@ -1192,7 +1194,7 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
     inv("x_version_minor_footer", mod(bs, ftr={"minor": 3}).build(), "§10.2", "header minor 0, footer minor 3", "E_VERSION", 3)
 
     # ---- 4 E_REQUIRED_FLAG, 6 E_SCHEME ---------------------------------------------------------
-    for bit in (0, 31):
+    for bit in (1, 31):  # bit 0 is PLANES since 1.1 (add_planes)
         inv(f"x_required_flag_bit{bit}", mod(bs, hdr={"required_flags": 1 << bit}).build(), "§4", f"required_flags bit {bit} set", "E_REQUIRED_FLAG", 4)
     for sc in (0, 3, 255):
         inv(f"x_scheme_{sc}", mod(bs, scheme=sc).build(), "§4", f"header scheme {sc}", "E_SCHEME", 6)
@@ -1896,10 +1898,235 @@ def add_optional(S: Suite) -> None:
                         "one": {"dtype": "float16", "shape": [1], "sha256": hashlib.sha256(b"\x00\x3c").hexdigest(), "tolerance": None}})
 
 
+# =============================================================================================
+# Version 1.1: payload codec 2, "planes" (SPEC.md 8.6)
+# =============================================================================================
+
+PLANES_FLAG = 0x1
+
+
+def pgroup(raw: bytes, codec: int = 0, length: int | None = None) -> bytes:
+    """One planes group: varint L, codec byte, data (`length` overrides L)."""
+    data = ZSTD.compress(raw) if codec == 1 else raw
+    return varint(len(data) if length is None else length) + bytes([codec]) + data
+
+
+def planes_bytes(sym: np.ndarray, w: int, segs: list[tuple], codec: Callable[[int], int] = lambda i: 0,
+                 head: bytes | None = None, maps_group: bytes | None = None) -> bytes:
+    """Codec-2 bytes written position by position (independently of bbformat/codec/entropy.py).
+    segs: (n, r, K, row classes, column classes); codec(i) is the codec of the i-th group."""
+    sym = [int(x) for x in sym]
+    nb = w // 8
+    out = bytearray(varint(len(segs)) if head is None else b"")
+    if head is None:
+        for n, r, k, _, _ in segs:
+            out += varint(n) + varint(r) + bytes([k])
+    else:
+        out += head
+    maps = b"".join(bytes(rc) + bytes(cc) for n, r, k, rc, cc in segs if k > 1)
+    gi = 0
+    out += pgroup(maps, codec(gi)) if maps_group is None else maps_group
+    gi += 1
+    pos = 0
+    for n, r, k, rc, cc in segs:
+        streams: list[bytearray] = [bytearray() for _ in range(k * k)]
+        for i in range(n):
+            c = rc[i // r] * k + cc[i % r] if k > 1 else 0
+            streams[c].append(sym[pos + i] >> (w - 8))
+        for st in streams:
+            out += pgroup(bytes(st), codec(gi))
+            gi += 1
+        pos += n
+    for b in range(nb - 2, -1, -1):
+        out += pgroup(bytes((x >> (8 * b)) & 0xFF for x in sym), codec(gi))
+        gi += 1
+    return bytes(out)
+
+
+def payload_symbols(c: Chk) -> tuple[np.ndarray, int]:
+    sec = c.sec(KIND_PAYLOAD)
+    data = sec.stored if sec.codec == 0 else zstandard.ZstdDecompressor().decompress(sec.stored)
+    w = R.DESCRIPTOR.parse(c.descriptor()).symbol_dtype
+    bits = {1: 16, 2: 16, 3: 32}[w]
+    return np.frombuffer(data, dtype=f"<u{bits // 8}"), bits
+
+
+def with_planes(bb: BB, chunk: int, stored: bytes, flags: int = PLANES_FLAG, minor: int = 1, kind: int = KIND_PAYLOAD) -> BB:
+    x = bb.copy()
+    x.hdr.update(required_flags=flags, minor=minor)
+    sec = x.chunks[chunk].sec(kind)
+    sec.stored, sec.codec = stored, 2
+    return x
+
+
+def classes(n: int, seed: int, k: int) -> list[int]:
+    return [int(v) for v in np.random.default_rng(seed).integers(0, k, n)]
+
+
+def seg(n: int, r: int, k: int, seed: int) -> tuple:
+    rows = -(-n // r)
+    return (n, r, k, classes(rows, seed, k), classes(r, seed + 1, k)) if k > 1 else (n, r, 1, [], [])
+
+
+def add_planes(S: Suite) -> None:  # noqa: C901 - one list of vectors
+    V = "1.1"
+    bs = base_sym()
+    c0 = bs.chunks[0]
+    sym, w = payload_symbols(c0)
+    P = sym.size
+    one = [seg(P, P, 1, 0)]
+    # a layout with every feature: several segments, partial last rows, K = 1, 2, 4 and 16
+    # (256 groups, most of them empty), row length 1 and row length n
+    a, b, c = 100, 37, 5
+    mixed = [seg(a, 7, 4, 11), seg(b, 1, 2, 12), seg(c, c, 1, 0), seg(P - a - b - c, 9, 16, 13)]
+    zall = lambda i: 1  # noqa: E731
+    zodd = lambda i: i % 2  # noqa: E731
+
+    S.valid("v_planes_one_segment_raw", with_planes(bs, 0, planes_bytes(sym, w, one)).build(), "§8.6",
+            "float16 payload as codec 2: one segment, K = 1, raw groups; a float32 chunk stays raw", since=V)
+    S.valid("v_planes_one_segment_zstd", with_planes(bs, 0, planes_bytes(sym, w, one, zall)).build(), "§8.6",
+            "codec 2, one segment, every group (including the empty class-map group) one zstd frame", since=V)
+    S.valid("v_planes_contexts", with_planes(bs, 0, planes_bytes(sym, w, mixed, zodd)).build(), "§8.6",
+            "codec 2 with 4 segments (K = 4, 2, 1, 16; row lengths 7, 1, n, 9; partial last rows; empty groups), raw and zstd groups alternating",
+            since=V)
+    # float32 symbols: three lower planes
+    c1 = bs.chunks[1]
+    s32, w32 = payload_symbols(c1)
+    assert w32 == 32
+    S.valid("v_planes_float32", with_planes(bs, 1, planes_bytes(s32, w32, [seg(s32.size, 4, 2, 21)], zodd)).build(), "§8.6",
+            "codec 2 on a float32 chunk (W = 32: top plane and three lower planes), K = 2", since=V)
+    both = with_planes(bs, 0, planes_bytes(sym, w, mixed))
+    both.chunks[1].sec(KIND_PAYLOAD).stored, both.chunks[1].sec(KIND_PAYLOAD).codec = planes_bytes(s32, w32, [seg(s32.size, 3, 1, 0)]), 2
+    S.valid("v_planes_both_chunks", both.build(), "§8.6", "codec 2 in both chunks of a file", since=V)
+    # bfloat16 and a PAPER chunk
+    for seed in range(401, 500):
+        enc = site_chunk(seed, "symmetric", 0.0, dtype="bfloat16")
+        if nonplain(enc):
+            break
+    bf = BB([chk_from(enc)], scheme=2, meta=meta("symmetric", 0.0))
+    sb, wb = payload_symbols(bf.chunks[0])
+    S.valid("v_planes_bfloat16", with_planes(bf, 0, planes_bytes(sb, wb, [seg(sb.size, 16, 4, 31)], zodd)).build(), "§8.6",
+            "codec 2 on a bfloat16 chunk with a non-plain site, K = 4", since=V)
+    bp = base_paper()
+    sp, wp = payload_symbols(bp.chunks[0])
+    S.valid("v_planes_paper", with_planes(bp, 0, planes_bytes(sp, wp, [seg(sp.size // 2, 12, 2, 41), seg(sp.size - sp.size // 2, 5, 1, 0)])).build(),
+            "§8.6", "codec 2 on a PAPER chunk (signs, x_patches, anchor_patches)", since=V)
+    # the flag without codec 2: valid in 1.1 (x_required_flag_bit0 of 1.0, same bytes, now accepted)
+    S.valid("v_planes_flag_minor0", mod(bs, hdr={"required_flags": PLANES_FLAG}).build(), "§4",
+            "required_flags bit 0 (PLANES) set, minor 0, no codec-2 payload: rejected by 1.0 readers (it was x_required_flag_bit0), accepted since 1.1",
+            since=V)
+    S.valid("v_planes_flag_unused", mod(bs, hdr={"required_flags": PLANES_FLAG, "minor": 1}).build(), "§4",
+            "version 1.1 with PLANES set and no codec-2 payload", since=V)
+    # the reference writer: pack --entropy planes / auto
+    for mode in ("planes", "auto"):
+        from bbformat.adapters.tc_layout import write_checkpoint
+        from bbformat.api import pack
+        from bbformat.testing import make_tiny_checkpoint
+
+        ck = make_tiny_checkpoint("llama", seed=5, layers=2, hidden=32, heads=4, kv_heads=2, vocab=32, max_positions=16)
+        with tempfile.TemporaryDirectory() as d:
+            write_checkpoint(ck, Path(d) / "m")
+            pack(Path(d) / "m", Path(d) / "m.bb", verify=True, entropy=mode)
+            data = (Path(d) / "m.bb").read_bytes()
+        with Reader(io.BytesIO(data)) as r:
+            codecs = [r.read_chunk(i).sections[0]["codec"] for i in range(len(r))]
+        assert 2 in codecs, codecs
+        S.valid(f"v_planes_writer_{mode}", data, "§8.6", f"the reference writer, pack --entropy {mode} (Llama, 2 layers); payload codecs {codecs}",
+                since=V)
+
+    def inv(vid: str, data: bytes, what: str, code: str, rule: int, section: str = "§8.6") -> None:
+        S.invalid(vid, data, section, what, code, rule, since=V)
+
+    good = planes_bytes(sym, w, mixed)
+    inv("x_planes_without_flag", with_planes(bs, 0, good, flags=0, minor=0).build(), "codec 2 payload in a file without PLANES", "E_CODEC", 7)
+    inv("x_planes_without_flag_minor1", with_planes(bs, 0, good, flags=0).build(), "codec 2 payload, minor 1, PLANES not set", "E_CODEC", 7)
+    res = bs.chunks[0].sec(KIND_X_RESIDUALS)
+    x = with_planes(bs, 0, good)
+    x.chunks[0].sec(KIND_X_RESIDUALS).codec = 2
+    inv("x_planes_on_residuals", x.build(), "codec 2 on an x_residuals section", "E_CODEC", 7)
+    assert res.codec in (0, 1)
+    x = with_planes(bs, 0, good)
+    x.chunks[0].sec(KIND_PAYLOAD).codec = 3
+    inv("x_planes_section_codec3", x.build(), "section codec 3 with PLANES set", "E_CODEC", 7)
+    inv("x_required_flag_planes_and_bit2", with_planes(bs, 0, good, flags=0x5).build(), "required_flags PLANES and bit 2 set",
+        "E_REQUIRED_FLAG", 4, "§4")
+
+    def head(records: list[tuple[int, int, int]], count: int | None = None) -> bytes:
+        h = varint(len(records) if count is None else count)
+        for n, r, k in records:
+            h += varint(n) + varint(r) + bytes([k])
+        return h
+
+    def bad_head(vid: str, records: list[tuple[int, int, int]], what: str, count: int | None = None, code: str = "E_SECTION_CONTENT",
+                 rule: int = 25) -> None:
+        inv(vid, with_planes(bs, 0, head(records, count) + good[len(head([(m[0], m[1], m[2]) for m in mixed])):]).build(), what, code, rule)
+
+    recs = [(m[0], m[1], m[2]) for m in mixed]
+    bad_head("x_planes_segments_0", [], "segment_count 0", count=0)
+    bad_head("x_planes_segments_over_p", recs, f"segment_count P + 1 = {P + 1}", count=P + 1)
+    inv("x_planes_segments_65537", with_planes(bs, 0, varint(65537)).build(), "segment_count 65,537 (over the limit, checked first)",
+        "E_LIMIT_COUNT", 27)
+    bad_head("x_planes_seglen_0", [(0, 1, 1)] + recs, "a segment of length 0")
+    bad_head("x_planes_seglen_over", [(recs[0][0] + 1,) + recs[0][1:]] + recs[1:], "segment lengths sum past P")
+    bad_head("x_planes_rowlen_0", [(recs[0][0], 0, recs[0][2])] + recs[1:], "row_length 0")
+    bad_head("x_planes_rowlen_over_n", [(recs[0][0], recs[0][0] + 1, recs[0][2])] + recs[1:], "row_length > the segment's length")
+    bad_head("x_planes_classes_0", [(recs[0][0], recs[0][1], 0)] + recs[1:], "class count 0")
+    bad_head("x_planes_classes_17", [recs[0], recs[1], recs[2], (recs[3][0], recs[3][1], 17)], "class count 17")
+    bad_head("x_planes_cover_short", recs[:3] + [(recs[3][0] - 1, recs[3][1], recs[3][2])], "segments cover P - 1 symbols")
+    short = head(recs)[:-1]
+    inv("x_planes_records_truncated", with_planes(bs, 0, short).build(), "the section ends inside the segment records", "E_SECTION_CONTENT", 25)
+    inv("x_planes_varint_unterminated", with_planes(bs, 0, b"\x81" + b"\xff" * 3).build(), "segment_count varint unterminated",
+        "E_SECTION_CONTENT", 25)
+    inv("x_planes_varint_11_bytes", with_planes(bs, 0, b"\x81" + b"\x80" * 10 + b"\x00").build(), "segment_count varint of 12 bytes",
+        "E_SECTION_CONTENT", 25)
+    # classes out of range
+    inv("x_planes_rowclass_ge_k", with_planes(bs, 0, _planes_bad_maps(sym, w, mixed, seg_i=0, row=True)).build(), "a row class equal to K (4)",
+        "E_SECTION_CONTENT", 25)
+    inv("x_planes_colclass_ge_k", with_planes(bs, 0, _planes_bad_maps(sym, w, mixed, seg_i=3, row=False)).build(),
+        "a column class equal to K (16)", "E_SECTION_CONTENT", 25)
+    # groups
+    maps = b"".join(bytes(m[3]) + bytes(m[4]) for m in mixed if m[2] > 1)
+    inv("x_planes_maps_short", with_planes(bs, 0, planes_bytes(sym, w, mixed, maps_group=pgroup(maps[:-1]))).build(),
+        "raw class-map group one byte short of its G", "E_SECTION_SIZE", 24)
+    inv("x_planes_maps_zstd_size", with_planes(bs, 0, planes_bytes(sym, w, mixed, maps_group=pgroup(maps + b"\x00", 1))).build(),
+        "zstd class-map group declaring G + 1 bytes", "E_SECTION_SIZE", 24)
+    nofcs = zstandard.ZstdCompressor(level=3, write_content_size=False).compress(maps)
+    inv("x_planes_maps_zstd_no_size", with_planes(bs, 0, planes_bytes(sym, w, mixed, maps_group=varint(len(nofcs)) + b"\x01" + nofcs)).build(),
+        "zstd class-map group without Frame_Content_Size", "E_SECTION_SIZE", 24)
+    two = ZSTD.compress(maps) + ZSTD.compress(b"x")
+    inv("x_planes_maps_two_frames", with_planes(bs, 0, planes_bytes(sym, w, mixed, maps_group=varint(len(two)) + b"\x01" + two)).build(),
+        "class-map group: a frame of the right size, then a second frame", "E_ZSTD", 8)
+    inv("x_planes_group_codec2", with_planes(bs, 0, planes_bytes(sym, w, mixed, maps_group=varint(len(maps)) + b"\x02" + maps)).build(),
+        "a group with codec 2", "E_CODEC", 7)
+    inv("x_planes_group_past_end", with_planes(bs, 0, planes_bytes(sym, w, mixed, maps_group=varint(len(good)) + b"\x00" + maps)).build(),
+        "a group length running past the section", "E_SECTION_CONTENT", 25)
+    inv("x_planes_trailing", with_planes(bs, 0, good + b"\x00").build(), "a byte after the last group", "E_SECTION_CONTENT", 25)
+    inv("x_planes_truncated", with_planes(bs, 0, good[:-1]).build(), "the last group one byte short", "E_SECTION_CONTENT", 25)
+    inv("x_planes_no_lower_plane", with_planes(bs, 0, good[: len(good) - (P + len(varint(P)) + 1)]).build(),
+        "the lower plane's group missing", "E_SECTION_CONTENT", 25)
+
+
+def _planes_bad_maps(sym: np.ndarray, w: int, segs: list[tuple], seg_i: int, row: bool) -> bytes:
+    """Codec-2 bytes whose class maps hold K in one place (the groups as for class 0 there)."""
+    n, r, k, rc, cc = segs[seg_i]
+    rc2, cc2 = list(rc), list(cc)
+    (rc2 if row else cc2)[0] = 0
+    good = [s if j != seg_i else (n, r, k, rc2, cc2) for j, s in enumerate(segs)]
+    body = planes_bytes(sym, w, good)
+    maps = b"".join(bytes(m[3]) + bytes(m[4]) for m in good if m[2] > 1)
+    off = sum(len(m[3]) + len(m[4]) for m in good[:seg_i] if m[2] > 1) + (0 if row else len(rc2))
+    bad = maps[:off] + bytes([k]) + maps[off + 1 :]
+    hlen = len(varint(len(segs))) + sum(len(varint(m[0])) + len(varint(m[1])) + 1 for m in segs)
+    old = pgroup(maps)
+    assert body[hlen : hlen + len(old)] == old
+    return body[:hlen] + pgroup(bad) + body[hlen + len(old) :]
+
+
 def add_all(S: Suite) -> None:
     add_valid(S)
     add_invalid(S)
     add_optional(S)
+    add_planes(S)
 
 
 def main(argv: list[str] | None = None) -> int:

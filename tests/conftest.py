@@ -24,7 +24,7 @@ set_hypothesis_home_dir(_HYPOTHESIS_HOME)
 atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, True)
 
 
-def sample_container(scheme: str = "symmetric", tolerance: float = 0.0, seed: int = 7, dim: int = 24) -> bytes:
+def sample_container(scheme: str = "symmetric", tolerance: float = 0.0, seed: int = 7, dim: int = 24, entropy: str = "none") -> bytes:
     """Two chunks: a float16 chunk with one rotation site, and a float32 chunk without."""
     rng = np.random.default_rng(seed)
     t0 = {
@@ -36,7 +36,7 @@ def sample_container(scheme: str = "symmetric", tolerance: float = 0.0, seed: in
     t1 = {"bias": RawTensor.from_f64(rng.normal(0, 1, (3, 4)), "float32")}
     l1 = ChunkLayout("block1", ("bias",), ())
     buf = io.BytesIO()
-    w = Writer(buf, scheme, 2, {"format": "bbformat", "scheme": scheme, "tolerance": tolerance})
+    w = Writer(buf, scheme, 2, {"format": "bbformat", "scheme": scheme, "tolerance": tolerance}, entropy=entropy)
     for lay, ts in ((l0, t0), (l1, t1)):
         enc = encode_chunk(lay, ts, {}, scheme, tolerance)
         w.add_chunk(enc.program, enc.sections)

@@ -163,8 +163,10 @@ def test_accept_newer_minor_version(sample_bytes: bytes, tmp_path: Path) -> None
     assert len(_read(reseal_footer(bytes(data)), tmp_path)) == 2
 
 
-def test_reject_unknown_required_flag(sample_bytes: bytes, tmp_path: Path) -> None:
-    assert _code(_with_header(sample_bytes, 12, struct.pack("<I", 1)), tmp_path) == "E_REQUIRED_FLAG"
+@pytest.mark.parametrize("flags", [0x2, 0x3, 0x80000000])
+def test_reject_unknown_required_flag(sample_bytes: bytes, tmp_path: Path, flags: int) -> None:
+    """Bit 0 (PLANES) is known since 1.1 (tests/test_entropy.py); any other bit is refused."""
+    assert _code(_with_header(sample_bytes, 12, struct.pack("<I", flags)), tmp_path) == "E_REQUIRED_FLAG"
 
 
 def test_ignore_unknown_optional_flag(sample_bytes: bytes, tmp_path: Path) -> None:
@@ -463,8 +465,11 @@ def test_reject_index_count_mismatch(sample_bytes: bytes, tmp_path: Path) -> Non
     assert _code(reseal_footer(bytes(d)), tmp_path) == "E_INDEX"
 
 
-def test_reject_header_footer_version_mismatch(sample_bytes: bytes, tmp_path: Path) -> None:
-    assert _code(_with_header(sample_bytes, 10, struct.pack("<H", 3)), tmp_path) == "E_VERSION"
+@pytest.mark.parametrize("header_minor, footer_minor", [(3, 0), (0, 1), (1, 0)])
+def test_reject_header_footer_version_mismatch(sample_bytes: bytes, tmp_path: Path, header_minor: int, footer_minor: int) -> None:
+    data = bytearray(_with_header(sample_bytes, 10, struct.pack("<H", header_minor)))
+    data[-18:-16] = struct.pack("<H", footer_minor)  # footer minor (SPEC.md 10.2)
+    assert _code(reseal_footer(bytes(data), index_crc=False), tmp_path) == "E_VERSION"
 
 
 def test_reject_reserved_site_flag(sample_bytes: bytes, tmp_path: Path) -> None:

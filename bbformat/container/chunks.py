@@ -8,6 +8,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..codec.dtypes import DTYPE_CODES, DTYPE_NAMES, bits_of, uint_dtype
+from ..codec.entropy import CODEC_PLANES, decode_planes
 from ..codec.program import BlockProgram, FollowerEntry, Op, SiteEntry, TensorEntry
 from ..codec.sections import (
     CODEC_RAW,
@@ -249,9 +250,10 @@ def _parse_descriptor(data: bytes) -> BlockProgram:
     return program
 
 
-def working_set_bytes(program: BlockProgram, chunk_length: int) -> int:
+def working_set_bytes(program: BlockProgram, chunk_length: int, planes: bool = False) -> int:
     """The declared working set of decoding one chunk (SPEC.md 11.5): what a decoder needs at
-    most, computed from the descriptor before any section is decompressed."""
+    most, computed from the descriptor (and, for `planes`, the payload's codec 2) before any
+    section is decompressed."""
     w8 = program.symbol_bits // 8
     side = site_work = 0
     for i, s in enumerate(program.sites):
@@ -265,7 +267,8 @@ def working_set_bytes(program: BlockProgram, chunk_length: int) -> int:
         site_work = max(site_work, 8 * (3 * a + 6 * s.dim * s.dim))
     tensors = sum(t.numel * bits_of(t.dtype) // 8 for t in program.tensors)
     payload = program.payload_symbols() * w8
-    return chunk_length + 2 * payload + side + program.stack_peak_symbols() * w8 + tensors + site_work
+    planes_work = 10 * program.payload_symbols() if planes else 0  # contexts, their order, one plane
+    return chunk_length + 2 * payload + side + program.stack_peak_symbols() * w8 + tensors + site_work + planes_work
 
 
 def parse_chunk(
@@ -275,10 +278,13 @@ def parse_chunk(
     check_crc: bool = True,
     max_block_bytes: int | None = None,
     max_site_dim: int | None = None,
+    required_flags: int = 0,
 ) -> ParsedChunk:
     """Parse and validate one chunk's bytes (the whole chunk, CRC included). With
     max_block_bytes, a chunk whose declared working set is larger is refused (E_LIMIT_MEMORY)
-    before any section is decompressed."""
+    before any section is decompressed. required_flags: the header's; FLAG_PLANES allows
+    payload codec 2."""
+    codecs = (CODEC_RAW, CODEC_ZSTD, CODEC_PLANES) if required_flags & R.FLAG_PLANES else (CODEC_RAW, CODEC_ZSTD)
     if len(data) < R.CHUNK_FIXED_SIZE + 4:
         raise FormatError("chunk is truncated", "E_TRUNCATED")
     if data[:4] != R.CHUNK_MAGIC:
@@ -314,8 +320,8 @@ def parse_chunk(
         _check_reserved(e.reserved, "section")
         if e.kind not in KIND_NAMES:
             raise FormatError(f"unknown section kind {e.kind}", "E_SECTION_KIND")
-        if e.codec not in (CODEC_RAW, CODEC_ZSTD):
-            raise FormatError(f"unknown section codec {e.codec}", "E_CODEC")
+        if e.codec not in codecs or (e.codec == CODEC_PLANES and e.kind != KIND_PAYLOAD):
+            raise FormatError(f"unknown section codec {e.codec}" + (" for this section kind" if e.codec in codecs else ""), "E_CODEC")
         if e.offset != pos or e.stored_length > len(data) - 4 - pos:
             raise FormatError("sections must be contiguous, in table order, inside the chunk", "E_BOUNDS")
         pos += e.stored_length
@@ -340,14 +346,19 @@ def parse_chunk(
         if e.kind == KIND_PAYLOAD and e.decoded_length != limit:
             raise FormatError(f"payload holds {e.decoded_length} bytes; the program needs {limit}", "E_SYMBOL_COUNT")
         if max_block_bytes is not None:  # once, after the first entry's size checks, before anything is decompressed
-            need = working_set_bytes(program, len(data))
+            planes = any(x.kind == KIND_PAYLOAD and x.codec == CODEC_PLANES for x in entries)
+            need = working_set_bytes(program, len(data), planes)
             if need > max_block_bytes:
                 raise LimitError(
                     f"chunk {head.chunk_index} ({program.name!r}) needs up to {need:,} bytes to decode; the limit is {max_block_bytes:,}",
                     "E_LIMIT_MEMORY",
                 )
             max_block_bytes = None
-        raw = decompress(bytes(data[e.offset : e.offset + e.stored_length]), e.codec, e.decoded_length, limit)
+        stored = bytes(data[e.offset : e.offset + e.stored_length])
+        if e.codec == CODEC_PLANES:
+            payload = decode_planes(stored, program.payload_symbols(), program.symbol_bits)
+            continue
+        raw = decompress(stored, e.codec, e.decoded_length, limit)
         if e.kind == KIND_PAYLOAD:
             payload = np.frombuffer(raw, dtype=uint_dtype(program.symbol_bits)).copy()
         elif e.kind == KIND_SIGNS and e.decoded_length != limit:

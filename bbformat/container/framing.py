@@ -20,10 +20,18 @@ class Header:
     major: int = R.VERSION_MAJOR
     minor: int = R.VERSION_MINOR
     length: int = 0
+    required_flags: int = 0
 
 
-def build_header(scheme: str, chunk_count: int, metadata: dict) -> bytes:
+def minor_for(required_flags: int) -> int:
+    """The lowest minor version whose features a file with these flags uses."""
+    return 1 if required_flags & R.FLAG_PLANES else 0
+
+
+def build_header(scheme: str, chunk_count: int, metadata: dict, required_flags: int = 0) -> bytes:
     """The header bytes; refuses what a reader would refuse (InputError), before anything is written."""
+    if required_flags & ~R.REQUIRED_FLAGS_KNOWN:
+        raise InputError(f"unknown required flags 0x{required_flags:08x}")
     if scheme not in R.SCHEME_CODES:
         raise InputError(f"unknown scheme {scheme!r} (choose {', '.join(sorted(R.SCHEME_CODES))})")
     if not 0 <= chunk_count <= R.MAX_CHUNKS:
@@ -43,8 +51,8 @@ def build_header(scheme: str, chunk_count: int, metadata: dict) -> bytes:
     fixed = R.HEADER_FIXED.build(
         dict(
             major=R.VERSION_MAJOR,
-            minor=R.VERSION_MINOR,
-            required_flags=0,
+            minor=minor_for(required_flags),
+            required_flags=required_flags,
             optional_flags=0,
             scheme=R.SCHEME_CODES[scheme],
             metadata_codec=codec,
@@ -114,7 +122,7 @@ def parse_header(data: bytes) -> Header:
         raise FormatError(f"metadata JSON exceeds this reader's limits: {type(exc).__name__}", "E_METADATA") from None
     if not isinstance(meta, dict):
         raise FormatError("metadata must be a JSON object", "E_METADATA")
-    return Header(R.SCHEME_NAMES[h.scheme], h.chunk_count, meta, h.major, h.minor, n)
+    return Header(R.SCHEME_NAMES[h.scheme], h.chunk_count, meta, h.major, h.minor, n, h.required_flags)
 
 
 @dataclass
@@ -154,14 +162,14 @@ def parse_index(data: bytes, chunk_count: int, first_offset: int, index_offset: 
     return out
 
 
-def build_footer(index_offset: int, index: bytes) -> bytes:
+def build_footer(index_offset: int, index: bytes, minor: int = 0) -> bytes:
     part = R.FOOTER.build(
         dict(
             index_offset=index_offset,
             index_length=len(index),
             index_crc=crc32c(index),
             major=R.VERSION_MAJOR,
-            minor=R.VERSION_MINOR,
+            minor=minor,
             reserved=0,
             footer_crc=0,
             magic=R.FOOTER_MAGIC,

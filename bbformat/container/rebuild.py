@@ -43,7 +43,8 @@ def join(parts: Parts) -> bytes:
         entries.append(IndexEntry(pos, len(c), int.from_bytes(c[-4:], "little")))
         pos += len(c)
     index = build_index(entries)
-    return parts.header + b"".join(parts.chunks) + index + build_footer(pos, index)
+    minor = R.HEADER_FIXED.parse(parts.header[: R.HEADER_FIXED_SIZE]).minor
+    return parts.header + b"".join(parts.chunks) + index + build_footer(pos, index, minor)
 
 
 def reseal_footer(data: bytes, index_crc: bool = True) -> bytes:

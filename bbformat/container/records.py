@@ -24,12 +24,13 @@ CHUNK_MAGIC = b"BBCK"
 INDEX_MAGIC = b"BBIX"
 
 VERSION_MAJOR = 1
-VERSION_MINOR = 0
+VERSION_MINOR = 1  # the newest minor this code reads; a writer writes the lowest its file needs
 
 SCHEME_CODES = {"paper": 1, "symmetric": 2}
 SCHEME_NAMES = {v: k for k, v in SCHEME_CODES.items()}
 
-REQUIRED_FLAGS_KNOWN = 0x0  # none defined in 1.0
+FLAG_PLANES = 0x1  # 1.1: payloads may use codec 2 (SPEC.md 8.6)
+REQUIRED_FLAGS_KNOWN = FLAG_PLANES
 OPTIONAL_FLAGS_KNOWN = 0x0
 
 HEADER_FIXED = Struct(

@@ -297,7 +297,8 @@ static void read_container(void)
     major = ld16(hdr + 8);
     minor = ld16(hdr + 10);
     if (major != 1) fail("E_VERSION", "major version %u", major);
-    if (ld32(hdr + 12) != 0) fail("E_REQUIRED_FLAG", "required_flags 0x%x", ld32(hdr + 12));
+    if (ld32(hdr + 12) & ~1u) fail("E_REQUIRED_FLAG", "required_flags 0x%x", ld32(hdr + 12));
+    bb_required_flags = ld32(hdr + 12);
     if (hdr[21] > 1) fail("E_CODEC", "metadata_codec %u", hdr[21]);
     if (ld16(hdr + 22) != 0) fail("E_RESERVED", "header reserved field not 0");
     if (hdr[20] != 1 && hdr[20] != 2) fail("E_SCHEME", "scheme %u", hdr[20]);

@@ -83,6 +83,8 @@ void emit_tensor(const tensor_t *t);
 /* ---- chunk ---- */
 /* Verifies and decodes the chunk buf[0..len) read through index entry i
    (entry_len, entry_crc); calls emit_tensor for each tensor. */
+/* the header's required_flags (bit 0 PLANES allows payload codec 2, SPEC.md 8.6) */
+extern uint32_t bb_required_flags;
 void process_chunk(const uint8_t *buf, uint64_t len, uint32_t i, uint32_t entry_crc);
 
 #endif

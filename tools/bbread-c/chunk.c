@@ -210,6 +210,124 @@ static void apply_residuals(const uint8_t *s, uint64_t len, uint8_t *blk, uint64
     xfree(ctx);
 }
 
+/* ------------------------------------------------------------ planes (8.6) */
+
+uint32_t bb_required_flags;
+
+typedef struct {
+    const uint8_t *s;
+    uint64_t len, pos;
+} pcur_t;
+
+static uint64_t p_varint(pcur_t *c, const char *what)
+{
+    uint64_t v;
+    size_t u = varint_read(c->s + c->pos, (size_t)(c->len - c->pos), &v);
+    if (!u) fail("E_SECTION_CONTENT", "planes payload: %s is not a complete varint", what);
+    c->pos += u;
+    return v;
+}
+
+static uint8_t p_u8(pcur_t *c, const char *what)
+{
+    if (c->pos >= c->len) fail("E_SECTION_CONTENT", "planes payload: %s is missing", what);
+    return c->s[c->pos++];
+}
+
+/* one group decoding to exactly G bytes; *owned = 1 when the result is a new buffer */
+static const uint8_t *p_group(pcur_t *c, uint64_t G, int *owned)
+{
+    uint64_t L = p_varint(c, "group length"), fcs, got;
+    uint8_t codec = p_u8(c, "group codec");
+    const uint8_t *data;
+    uint8_t *out;
+    if (L > c->len - c->pos) fail("E_SECTION_CONTENT", "planes payload: group runs past the section");
+    data = c->s + c->pos;
+    c->pos += L;
+    *owned = 0;
+    if (codec == 0) {
+        if (L != G) fail("E_SECTION_SIZE", "planes payload: raw group of %llu bytes, %llu expected", (unsigned long long)L, (unsigned long long)G);
+        return data;
+    }
+    if (codec != 1) fail("E_CODEC", "planes payload: group codec %u", codec);
+    fcs = zstd_declared_size(data, (size_t)L);
+    if (fcs != G) fail("E_SECTION_SIZE", "planes payload: zstd group content size differs from %llu", (unsigned long long)G);
+    out = zstd_decode(data, (size_t)L, G, &got, "E_LIMIT_SECTION");
+    if (got != G) fail("E_SECTION_SIZE", "planes payload: zstd group decoded to another size");
+    *owned = 1;
+    return out;
+}
+
+/* The P symbols (W-bit LE, P*W/8 bytes) of a codec-2 payload. */
+static uint8_t *decode_planes(const uint8_t *s, uint64_t len, uint64_t P, int W)
+{
+    pcur_t c = {s, len, 0};
+    uint64_t S, j, i, covered = 0, mapsz = 0, pos = 0, mpos = 0, B = (uint64_t)W / 8;
+    uint64_t *n, *r;
+    uint8_t *K, *out;
+    const uint8_t *maps, *g;
+    int mowned, owned, b;
+    S = p_varint(&c, "segment count");
+    if (S > 65536) fail("E_LIMIT_COUNT", "planes payload: %llu segments", (unsigned long long)S);
+    if (S == 0 || S > P) fail("E_SECTION_CONTENT", "planes payload: %llu segments for %llu symbols", (unsigned long long)S, (unsigned long long)P);
+    n = xalloc(S * sizeof *n, "E_LIMIT_COUNT");
+    r = xalloc(S * sizeof *r, "E_LIMIT_COUNT");
+    K = xalloc(S, "E_LIMIT_COUNT");
+    for (j = 0; j < S; j++) {
+        n[j] = p_varint(&c, "segment length");
+        r[j] = p_varint(&c, "row length");
+        K[j] = p_u8(&c, "class count");
+        if (n[j] < 1 || n[j] > P - covered) fail("E_SECTION_CONTENT", "planes payload: segment %llu length out of range", (unsigned long long)j);
+        if (r[j] < 1 || r[j] > n[j]) fail("E_SECTION_CONTENT", "planes payload: segment %llu row length out of range", (unsigned long long)j);
+        if (K[j] < 1 || K[j] > 16) fail("E_SECTION_CONTENT", "planes payload: segment %llu class count %u", (unsigned long long)j, K[j]);
+        covered += n[j];
+        if (K[j] > 1) mapsz += (n[j] + r[j] - 1) / r[j] + r[j];
+    }
+    if (covered != P) fail("E_SECTION_CONTENT", "planes payload: segments cover %llu of %llu symbols", (unsigned long long)covered, (unsigned long long)P);
+    maps = p_group(&c, mapsz, &mowned);
+    out = xalloc(P * B, "E_LIMIT_TENSOR");
+    for (j = 0; j < S; j++) {
+        uint8_t *top = out + pos * B + (B - 1);
+        if (K[j] == 1) {
+            g = p_group(&c, n[j], &owned);
+            for (i = 0; i < n[j]; i++) top[i * B] = g[i];
+            if (owned) xfree((void *)g);
+        } else {
+            uint64_t rows = (n[j] + r[j] - 1) / r[j], counts[256], next[256];
+            const uint8_t *rc = maps + mpos, *cc = maps + mpos + rows, *grp[256];
+            int gown[256];
+            unsigned k = K[j], ctx;
+            mpos += rows + r[j];
+            for (i = 0; i < rows; i++)
+                if (rc[i] >= k) fail("E_SECTION_CONTENT", "planes payload: segment %llu row class >= %u", (unsigned long long)j, k);
+            for (i = 0; i < r[j]; i++)
+                if (cc[i] >= k) fail("E_SECTION_CONTENT", "planes payload: segment %llu column class >= %u", (unsigned long long)j, k);
+            memset(counts, 0, sizeof counts);
+            memset(next, 0, sizeof next);
+            for (i = 0; i < n[j]; i++) counts[rc[i / r[j]] * k + cc[i % r[j]]]++;
+            for (ctx = 0; ctx < k * k; ctx++) grp[ctx] = p_group(&c, counts[ctx], &gown[ctx]);
+            for (i = 0; i < n[j]; i++) {
+                ctx = rc[i / r[j]] * k + cc[i % r[j]];
+                top[i * B] = grp[ctx][next[ctx]++];
+            }
+            for (ctx = 0; ctx < k * k; ctx++)
+                if (gown[ctx]) xfree((void *)grp[ctx]);
+        }
+        pos += n[j];
+    }
+    for (b = (int)B - 2; b >= 0; b--) {
+        g = p_group(&c, P, &owned);
+        for (i = 0; i < P; i++) out[i * B + (uint64_t)b] = g[i];
+        if (owned) xfree((void *)g);
+    }
+    if (c.pos != len) fail("E_SECTION_CONTENT", "planes payload: bytes after the last group");
+    if (mowned) xfree((void *)maps);
+    xfree(n);
+    xfree(r);
+    xfree(K);
+    return out;
+}
+
 /* ------------------------------------------------------------ one site (7.1) */
 
 static void decode_site(site_t *s, tensor_t *anchor, const uint8_t *mu_bytes, uint8_t *blk, int sym_dtype, int W)
@@ -554,7 +672,8 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
         int owned = 0;
         if (ld16(e + 2)) fail("E_RESERVED", "chunk %u: section %u reserved field not 0", ci, k);
         if (kind < 1 || kind > 5) fail("E_SECTION_KIND", "chunk %u: section %u unknown kind %u", ci, k, kind);
-        if (codec > 1) fail("E_CODEC", "chunk %u: section %u unknown codec %u", ci, k, codec);
+        if (codec > 1 && !(codec == 2 && kind == K_PAYLOAD && (bb_required_flags & 1u)))
+            fail("E_CODEC", "chunk %u: section %u unknown codec %u", ci, k, codec);
         if (so != off) fail("E_BOUNDS", "chunk %u: section %u not contiguous", ci, k);
         if (sl > len - 4 - so) fail("E_BOUNDS", "chunk %u: section %u runs past the chunk", ci, k);
         off = so + sl;
@@ -596,7 +715,10 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
             if (dl > lim) fail("E_LIMIT_SECTION", "chunk %u: section %u decoded_length over its limit", ci, k);
         }
         /* decode */
-        if (codec == 0) {
+        if (codec == 2) {
+            dec = decode_planes(buf + so, sl, (uint64_t)P, W);
+            owned = 1;
+        } else if (codec == 0) {
             if (sl != dl) fail("E_SECTION_SIZE", "chunk %u: raw section %u stored_length != decoded_length", ci, k);
             dec = buf + so;
         } else {

@@ -1,0 +1,253 @@
+"""The entropy stage: payload codec 2 ("planes", SPEC.md 8.6), and the choice among codecs.
+
+Bits-back removes the redundancy of the rotational symmetry; what is left in the final
+stack is float data whose top byte (sign and exponent) has low entropy. Codec 2 splits the
+symbols into byte planes; the top plane is coded per segment of the stack (a tensor's
+surviving prefix, or a block of eigenvalues) and, inside a segment, per context
+(row class x column class), each group as one zstd frame or raw. Lower planes are one
+group each. The reader needs no model: contexts come from class maps stored in the section.
+"""
+from __future__ import annotations
+
+import numpy as np
+import zstandard
+
+from ..errors import FormatError, InputError, LimitError
+from .dtypes import uint_dtype
+from .program import OP_PUSH, BlockProgram
+from .sections import CODEC_RAW, CODEC_ZSTD, decompress, frame_content_size
+from .varint import decode_varints, encode_varints
+
+CODEC_PLANES = 2
+MAX_SEGMENTS = 1 << 16
+MAX_CLASSES = 16
+PLANE_ZSTD_LEVEL = 3  # measured: higher levels are no smaller on these planes (BENCHMARKS.md)
+PAYLOAD_ZSTD_LEVEL = 3
+ENTROPY_MODES = ("none", "zstd", "planes", "auto")
+CLASS_CHOICES = (1, 4)  # classes per axis the encoder tries for each segment
+
+Segment = tuple[int, int, int]  # (symbols, row length, classes per axis)
+
+
+# ----------------------------------------------------------------------------- encoder
+
+
+def payload_segments(program: BlockProgram) -> list[tuple[int, int]]:
+    """(symbols, row length) of each run of the final stack, bottom first: the surviving
+    prefix of every pushed tensor (rows = its last dimension) and every site's eigenvalues."""
+    w = program.symbol_bits
+    runs: list[list[int]] = []
+    for op in program.ops:
+        if op.kind == OP_PUSH:
+            t = program.tensors[op.index]
+            n = t.symbols(w)
+            if n:
+                per = n // t.numel
+                runs.append([n, (t.shape[-1] if t.shape else 1) * per])
+            continue
+        s = program.sites[op.index]
+        if s.plain:
+            continue
+        k = s.n_pop
+        while k:
+            take = min(k, runs[-1][0])
+            runs[-1][0] -= take
+            k -= take
+            if runs[-1][0] == 0:
+                runs.pop()
+        runs.append([s.n_mu, s.n_mu])
+    out = [(n, min(r, n)) for n, r in runs if n]
+    assert sum(n for n, _ in out) == program.payload_symbols()
+    return out
+
+
+def _classes(score: np.ndarray, k: int) -> np.ndarray:
+    """Equal-count classes 0..k-1 by ascending score (ties by position: deterministic)."""
+    order = np.argsort(score, kind="stable")
+    cls = np.empty(score.size, np.uint8)
+    cls[order] = (np.arange(score.size, dtype=np.int64) * k // max(score.size, 1)).astype(np.uint8)
+    return cls
+
+
+def _contexts(n: int, r: int, k: int, row_cls: np.ndarray, col_cls: np.ndarray) -> np.ndarray:
+    idx = np.arange(n, dtype=np.int64)
+    return (row_cls[idx // r].astype(np.int64) * k + col_cls[idx % r]).astype(np.uint8)
+
+
+def _group(raw: bytes, z: zstandard.ZstdCompressor) -> bytes:
+    codec, data = CODEC_RAW, raw
+    if len(raw) > 64:
+        comp = z.compress(raw)
+        if len(comp) < len(raw):
+            codec, data = CODEC_ZSTD, comp
+    return encode_varints(np.array([len(data)], np.uint64)) + bytes([codec]) + data
+
+
+def _segment_top(top: np.ndarray, r: int, k: int, z: zstandard.ZstdCompressor) -> tuple[bytes, bytes]:
+    """(class-map bytes, groups) of one segment's top plane with k classes per axis."""
+    n = top.size
+    if k == 1:
+        return b"", _group(top.tobytes(), z)
+    rows = -(-n // r)
+    mag = np.zeros(rows * r, np.float64)
+    mag[:n] = top & 0x7F  # sign dropped: the exponent's high bits order the magnitudes
+    grid = mag.reshape(rows, r)
+    counts = np.full(rows * r, 1.0)
+    counts[n:] = 0.0
+    cgrid = counts.reshape(rows, r)
+    row_cls = _classes(grid.sum(1) / cgrid.sum(1), k)
+    col_cls = _classes(grid.sum(0) / np.maximum(cgrid.sum(0), 1.0), k)
+    ctx = _contexts(n, r, k, row_cls, col_cls)
+    order = np.argsort(ctx, kind="stable")
+    bounds = np.searchsorted(ctx[order], np.arange(k * k + 1))
+    grouped = top[order]
+    groups = b"".join(_group(grouped[bounds[c] : bounds[c + 1]].tobytes(), z) for c in range(k * k))
+    return row_cls.tobytes() + col_cls.tobytes(), groups
+
+
+def encode_planes(symbols: np.ndarray, symbol_bits: int, runs: list[tuple[int, int]]) -> bytes:
+    """Codec 2 bytes for a payload (deterministic: per segment, the smallest of CLASS_CHOICES)."""
+    z = zstandard.ZstdCompressor(level=PLANE_ZSTD_LEVEL, write_content_size=True, write_checksum=False)
+    sym = np.asarray(symbols).astype(uint_dtype(symbol_bits), copy=False)
+    top = (sym >> (symbol_bits - 8)).astype(np.uint8)
+    head = [encode_varints(np.array([len(runs)], np.uint64))]
+    maps, tops = [], []
+    pos = 0
+    for n, r in runs:
+        best = None
+        for k in CLASS_CHOICES:
+            if k > 1 and n < 4096:  # a class map would cost more than it could save
+                continue
+            m, g = _segment_top(top[pos : pos + n], r, k, z)
+            if best is None or len(m) + len(g) < len(best[1]) + len(best[2]):
+                best = (k, m, g)
+        assert best is not None
+        k, m, g = best
+        head.append(encode_varints(np.array([n, r], np.uint64)) + bytes([k]))
+        maps.append(m)
+        tops.append(g)
+        pos += n
+    lower = [_group(((sym >> (8 * b)) & 0xFF).astype(np.uint8).tobytes(), z) for b in range(symbol_bits // 8 - 2, -1, -1)]
+    return b"".join(head) + _group(b"".join(maps), z) + b"".join(tops) + b"".join(lower)
+
+
+def code_payload(program: BlockProgram, data: bytes, mode: str) -> tuple[int, bytes]:
+    """(codec, stored bytes) of a payload under an entropy mode (`auto`: the smallest; ties
+    go to the lower codec number)."""
+    if mode not in ENTROPY_MODES:
+        raise InputError(f"unknown entropy mode {mode!r} (choose {', '.join(ENTROPY_MODES)})")
+    cands = [(len(data), CODEC_RAW, data)]
+    if mode in ("zstd", "auto") and data:
+        comp = zstandard.ZstdCompressor(level=PAYLOAD_ZSTD_LEVEL, write_content_size=True, write_checksum=False).compress(data)
+        cands.append((len(comp), CODEC_ZSTD, comp))
+    if mode in ("planes", "auto") and data:
+        w = program.symbol_bits
+        sym = np.frombuffer(data, dtype=np.dtype(uint_dtype(w)).newbyteorder("<"))
+        planes = encode_planes(sym, w, payload_segments(program))
+        cands.append((len(planes), CODEC_PLANES, planes))
+    if mode in ("zstd", "planes"):  # the asked-for codec unless it would grow the payload
+        best = cands[-1] if cands[-1][0] < len(data) else cands[0]
+    else:
+        best = min(cands, key=lambda c: (c[0], c[1]))
+    return best[1], best[2]
+
+
+# ----------------------------------------------------------------------------- decoder
+
+
+class _Cursor:
+    def __init__(self, data: bytes) -> None:
+        self.data = memoryview(data)
+        self.pos = 0
+
+    def varint(self, what: str) -> int:
+        end = self.pos
+        while end < len(self.data) and self.data[end] & 0x80 and end - self.pos < 10:
+            end += 1
+        if end >= len(self.data) or end - self.pos >= 10:
+            raise FormatError(f"planes payload: {what} is not a complete varint", "E_SECTION_CONTENT")
+        v = int(decode_varints(bytes(self.data[self.pos : end + 1]), 1)[0])
+        self.pos = end + 1
+        return v
+
+    def u8(self, what: str) -> int:
+        if self.pos >= len(self.data):
+            raise FormatError(f"planes payload: {what} is missing", "E_SECTION_CONTENT")
+        self.pos += 1
+        return int(self.data[self.pos - 1])
+
+    def group(self, size: int, what: str) -> np.ndarray:
+        """One group (SPEC.md 8.6): varint L, codec byte, L bytes decoding to exactly `size`."""
+        length = self.varint(f"{what} length")
+        codec = self.u8(f"{what} codec")
+        if length > len(self.data) - self.pos:
+            raise FormatError(f"planes payload: {what} runs past the section", "E_SECTION_CONTENT")
+        stored = bytes(self.data[self.pos : self.pos + length])
+        self.pos += length
+        if codec == CODEC_ZSTD:
+            declared = frame_content_size(stored)
+            if declared != size:
+                raise FormatError(f"planes payload: {what} declares {declared} bytes, {size} expected", "E_SECTION_SIZE")
+        elif codec != CODEC_RAW:
+            raise FormatError(f"planes payload: {what} has unknown codec {codec}", "E_CODEC")
+        return np.frombuffer(decompress(stored, codec, size, size), np.uint8)
+
+
+def read_segments(data: bytes, total: int) -> tuple[list[Segment], int]:
+    """The segment table of a codec-2 payload and the offset after it (SPEC.md 8.6 checks)."""
+    cur = _Cursor(data)
+    count = cur.varint("segment count")
+    if count > MAX_SEGMENTS:
+        raise LimitError(f"planes payload has {count} segments; the limit is {MAX_SEGMENTS}", "E_LIMIT_COUNT")
+    if count == 0 or count > total:
+        raise FormatError(f"planes payload: {count} segments for {total} symbols", "E_SECTION_CONTENT")
+    segs: list[Segment] = []
+    covered = 0
+    for j in range(count):
+        n = cur.varint("segment length")
+        r = cur.varint("row length")
+        k = cur.u8("class count")
+        if n < 1 or n > total - covered:
+            raise FormatError(f"planes payload: segment {j} length {n} does not fit the payload", "E_SECTION_CONTENT")
+        if not 1 <= r <= n:
+            raise FormatError(f"planes payload: segment {j} row length {r} not in 1..{n}", "E_SECTION_CONTENT")
+        if not 1 <= k <= MAX_CLASSES:
+            raise FormatError(f"planes payload: segment {j} class count {k} not in 1..{MAX_CLASSES}", "E_SECTION_CONTENT")
+        covered += n
+        segs.append((n, r, k))
+    if covered != total:
+        raise FormatError(f"planes payload: segments cover {covered} of {total} symbols", "E_SECTION_CONTENT")
+    return segs, cur.pos
+
+
+def decode_planes(data: bytes, total: int, symbol_bits: int) -> np.ndarray:
+    """The payload symbols (uint16/uint32, `total` of them) from codec-2 bytes."""
+    segs, start = read_segments(data, total)
+    cur = _Cursor(data)
+    cur.pos = start
+    map_size = sum(-(-n // r) + r for n, r, k in segs if k > 1)
+    maps = cur.group(map_size, "class maps")
+    out = np.zeros(total, uint_dtype(symbol_bits))
+    shift = symbol_bits - 8
+    pos = mpos = 0
+    for j, (n, r, k) in enumerate(segs):
+        if k == 1:
+            top = cur.group(n, f"segment {j} top plane")
+        else:
+            rows = -(-n // r)
+            row_cls, col_cls = maps[mpos : mpos + rows], maps[mpos + rows : mpos + rows + r]
+            mpos += rows + r
+            if (row_cls >= k).any() or (col_cls >= k).any():
+                raise FormatError(f"planes payload: segment {j} has a class >= {k}", "E_SECTION_CONTENT")
+            ctx = _contexts(n, r, k, row_cls, col_cls)
+            counts = np.bincount(ctx, minlength=k * k)
+            parts = [cur.group(int(counts[c]), f"segment {j} context {c}") for c in range(k * k)]
+            top = np.empty(n, np.uint8)
+            top[np.argsort(ctx, kind="stable")] = np.concatenate(parts)
+        out[pos : pos + n] = top.astype(out.dtype) << shift
+        pos += n
+    for b in range(symbol_bits // 8 - 2, -1, -1):
+        out |= cur.group(total, f"plane {b}").astype(out.dtype) << (8 * b)
+    if cur.pos != len(data):
+        raise FormatError("planes payload: bytes after the last group", "E_SECTION_CONTENT")
+    return out

@@ -1,0 +1,235 @@
+"""The entropy stage (SPEC.md 8.6): payload codec 2 "planes", the writer's modes, version 1.1."""
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bbformat.codec.entropy import (
+    CODEC_PLANES,
+    code_payload,
+    decode_planes,
+    encode_planes,
+    payload_segments,
+    read_segments,
+)
+from bbformat.codec.encoder import encode_chunk
+from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec
+from bbformat.codec.dtypes import RawTensor
+from bbformat.codec.sections import CODEC_RAW, CODEC_ZSTD
+from bbformat.container import records as R
+from bbformat.errors import FormatError, InputError
+from bbformat.reader import Reader, iter_stream
+from bbformat.writer import Writer
+from conftest import sample_container
+
+HERE = Path(__file__).resolve().parent
+FIX = HERE / "fixtures"
+
+
+@st.composite
+def payloads(draw):  # type: ignore[no-untyped-def]
+    """Symbols of width 16 or 32 cut into random segments with random row lengths."""
+    w = draw(st.sampled_from([16, 32]))
+    runs = []
+    for _ in range(draw(st.integers(1, 5))):
+        n = draw(st.integers(1, 300))
+        runs.append((n, draw(st.integers(1, n))))
+    total = sum(n for n, _ in runs)
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    kind = draw(st.sampled_from(["uniform", "float-like", "constant"]))
+    if kind == "uniform":
+        sym = rng.integers(0, 1 << w, total, dtype=np.uint64)
+    elif kind == "float-like":  # few distinct top bytes, as weights have
+        sym = (rng.integers(0x28, 0x34, total).astype(np.uint64) << (w - 8)) | rng.integers(0, 1 << (w - 8), total, dtype=np.uint64)
+    else:
+        sym = np.full(total, 0x3C00, np.uint64)
+    return sym.astype(np.uint16 if w == 16 else np.uint32), w, runs
+
+
+@settings(max_examples=200, deadline=None)
+@given(payloads())
+def test_planes_round_trip(case) -> None:  # type: ignore[no-untyped-def]
+    """encode then decode returns the symbols exactly (the codec's push/pop invariant)."""
+    sym, w, runs = case
+    data = encode_planes(sym, w, runs)
+    back = decode_planes(data, sym.size, w)
+    assert back.dtype == sym.dtype and np.array_equal(back, sym)
+    segs, _ = read_segments(data, sym.size)
+    assert [(n, r) for n, r, _ in segs] == runs
+
+
+def _weights_like(rows: int, cols: int, seed: int) -> np.ndarray:
+    """float16 bits of a matrix with per-row and per-column scales (where contexts pay)."""
+    rng = np.random.default_rng(seed)
+    m = rng.normal(0, 1, (rows, cols)) * np.exp(rng.normal(0, 1, (rows, 1))) * np.exp(rng.normal(0, 1, (1, cols))) * 0.02
+    return m.astype(np.float16).view(np.uint16).reshape(-1)
+
+
+def test_contexts_are_chosen_where_they_pay_and_round_trip() -> None:
+    sym = _weights_like(256, 128, 1)
+    data = encode_planes(sym, 16, [(sym.size, 128)])
+    segs, _ = read_segments(data, sym.size)
+    assert segs[0][2] == 4  # K = 4 beat K = 1 on scaled rows and columns
+    assert np.array_equal(decode_planes(data, sym.size, 16), sym)
+    flat = encode_planes(sym, 16, [(sym.size, sym.size)])  # one row: column classes only
+    assert np.array_equal(decode_planes(flat, sym.size, 16), sym)
+
+
+def test_planes_beat_plain_zstd_on_float_data() -> None:
+    sym = _weights_like(128, 96, 2)
+    import zstandard
+
+    planes = len(encode_planes(sym, 16, [(sym.size, 96)]))
+    whole = len(zstandard.ZstdCompressor(level=3).compress(sym.tobytes()))
+    assert planes < whole < sym.nbytes
+
+
+def _chunk(seed: int = 3, dim: int = 24):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(seed)
+    ts = {
+        "src": RawTensor.from_f64(rng.normal(0, 0.05, (40, dim)), "float16"),
+        "anchor": RawTensor.from_f64(rng.normal(0, 0.05, (dim, 28)), "float16"),
+        "bias": RawTensor.from_f64(rng.normal(0, 1, (5, 3)), "float32"),
+    }
+    lay = ChunkLayout("b", tuple(ts), (SiteSpec("s", dim, AxisRef("anchor", 0)),))
+    return encode_chunk(lay, ts, {}, "symmetric", 0.0)
+
+
+def test_payload_segments_follow_the_final_stack() -> None:
+    """src is pushed, the site pops n(D) of its symbols and pushes 2D eigenvalue symbols, then
+    anchor and bias (float32 = 2 symbols per element, rows of 3 elements = 6 symbols)."""
+    enc = _chunk()
+    p = enc.program
+    s = p.sites[0]
+    assert not s.plain
+    segs = payload_segments(p)
+    assert segs == [(40 * 24 - s.n_pop, 24), (s.n_mu, s.n_mu), (24 * 28, 28), (15 * 2, 6)]
+    assert sum(n for n, _ in segs) == p.payload_symbols() == enc.payload.size
+
+
+@pytest.mark.parametrize("mode, codec", [("none", CODEC_RAW), ("zstd", CODEC_ZSTD), ("planes", CODEC_PLANES)])
+def test_code_payload_modes(mode: str, codec: int) -> None:
+    enc = _chunk()
+    data = enc.payload.astype("<u2").tobytes()
+    got, stored = code_payload(enc.program, data, mode)
+    assert got == codec and (mode == "none") == (stored == data)
+    assert code_payload(enc.program, data, mode) == (got, stored)  # deterministic
+
+
+def test_auto_keeps_the_smallest() -> None:
+    enc = _chunk()
+    data = enc.payload.astype("<u2").tobytes()
+    sizes = {m: len(code_payload(enc.program, data, m)[1]) for m in ("none", "zstd", "planes")}
+    assert len(code_payload(enc.program, data, "auto")[1]) == min(sizes.values())
+
+
+def test_a_coding_that_would_grow_falls_back_to_raw() -> None:
+    """Uniform random symbols: neither zstd nor planes pays, so the payload stays raw."""
+    enc = _chunk()
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 1 << 16, enc.program.payload_symbols(), dtype=np.uint16).astype("<u2").tobytes()
+    for mode in ("zstd", "planes", "auto"):
+        assert code_payload(enc.program, data, mode) == (CODEC_RAW, data)
+
+
+def test_unknown_mode_is_refused_before_any_file(tmp_path: Path) -> None:
+    with pytest.raises(InputError):
+        Writer(tmp_path / "m.bb", "symmetric", 0, {}, entropy="brotli")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("entropy, minor, flags", [("none", 0, 0), ("zstd", 0, 0), ("planes", 1, 1), ("auto", 1, 1)])
+def test_version_and_flag_follow_the_mode(entropy: str, minor: int, flags: int) -> None:
+    data = sample_container(entropy=entropy)
+    h = R.HEADER_FIXED.parse(data[:32])
+    f = R.FOOTER.parse(data[-40:])
+    assert (h.minor, h.required_flags, f.minor) == (minor, flags, minor)
+
+
+def _tensors(data: bytes) -> dict[str, bytes]:
+    with Reader(io.BytesIO(data)) as r:
+        return {n: t.tobytes() for b in r.iter_blocks() for n, t in b.tensors.items()}
+
+
+@pytest.mark.parametrize("entropy", ["zstd", "planes", "auto"])
+def test_every_mode_decodes_to_the_same_tensors(entropy: str) -> None:
+    base = _tensors(sample_container())
+    data = sample_container(entropy=entropy)
+    assert _tensors(data) == base
+    streamed = {n: t.tobytes() for b in list(iter_stream(io.BytesIO(data)))[1:] for n, t in b.tensors.items()}  # type: ignore[union-attr]
+    assert streamed == base
+
+
+def test_golden_v1_1_fixture_decodes_forever() -> None:
+    """Written once (numcodecs style): the 1.1 fixture pins the writer's bytes and decodes to
+    exactly the tensors of the 1.0 fixture, which new readers still read."""
+    golden = (FIX / "sample_v1_1_planes.bb").read_bytes()
+    assert hashlib.sha256(golden).hexdigest() == (FIX / "sample_v1_1_planes.sha256").read_text().split()[0]
+    assert sample_container(entropy="planes") == golden
+    old = (FIX / "sample_v1_0.bb").read_bytes()
+    assert _tensors(golden) == _tensors(old)
+    with Reader(io.BytesIO(golden)) as r:
+        assert r.read_chunk(0).sections[0]["codec"] == CODEC_PLANES
+
+
+def test_a_1_0_reader_refuses_a_1_1_file_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader that knows no required flag (1.0) stops at the header with E_REQUIRED_FLAG."""
+    monkeypatch.setattr(R, "REQUIRED_FLAGS_KNOWN", 0)
+    with pytest.raises(FormatError) as ei:
+        Reader(io.BytesIO((FIX / "sample_v1_1_planes.bb").read_bytes()))
+    assert ei.value.code == "E_REQUIRED_FLAG"
+    with Reader(io.BytesIO((FIX / "sample_v1_0.bb").read_bytes())) as r:  # 1.0 files are unaffected
+        assert len(r) == 2
+
+
+def test_planes_payload_without_the_flag_is_rejected() -> None:
+    data = bytearray(sample_container(entropy="planes"))
+    data[12:16] = b"\0\0\0\0"  # clear PLANES, reseal the header CRC
+    from bbformat.container.crc import crc32c
+
+    hlen = 32 + int.from_bytes(data[28:32], "little")
+    data[hlen : hlen + 4] = crc32c(bytes(data[:hlen])).to_bytes(4, "little")
+    with pytest.raises(FormatError) as ei:
+        _tensors(bytes(data))
+    assert ei.value.code == "E_CODEC"
+
+
+def test_pack_cli_entropy_auto(tmp_path: Path) -> None:
+    """pack --entropy auto: a smaller 1.1 file that unpacks to the same files as --entropy none."""
+    from bbformat.cli import main
+
+    from bbformat.adapters.tc_layout import write_checkpoint
+    from bbformat.testing import make_tiny_checkpoint
+
+    ck = make_tiny_checkpoint("llama", seed=3, layers=2, hidden=32, heads=4, kv_heads=2, vocab=64, max_positions=16)
+    write_checkpoint(ck, tmp_path / "m")
+    assert main(["pack", str(tmp_path / "m"), str(tmp_path / "a.bb"), "--entropy", "auto", "--verify", "--quiet"]) == 0
+    assert main(["pack", str(tmp_path / "m"), str(tmp_path / "n.bb"), "--quiet"]) == 0
+    assert (tmp_path / "a.bb").stat().st_size < (tmp_path / "n.bb").stat().st_size
+    from bbformat.inspect import inspect
+
+    info = inspect(tmp_path / "a.bb")
+    assert info["version"] == "1.1" and {b["payload_codec"] for b in info["blocks"]} <= {"raw", "zstd", "planes"}
+    assert "planes" in {b["payload_codec"] for b in info["blocks"]}
+    for name in ("a", "n"):
+        assert main(["unpack", str(tmp_path / f"{name}.bb"), str(tmp_path / f"u_{name}"), "--quiet"]) == 0
+    files = sorted(p.name for p in (tmp_path / "u_n").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "u_a").iterdir())
+    for f in files:
+        assert (tmp_path / "u_a" / f).read_bytes() == (tmp_path / "u_n" / f).read_bytes(), f
+
+
+def test_pack_refuses_an_unknown_mode_with_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bbformat.cli import main
+
+    with pytest.raises(SystemExit) as ei:
+        main(["pack", str(tmp_path), str(tmp_path / "x.bb"), "--entropy", "lzma"])
+    assert ei.value.code == 64
+    assert "usage error" in capsys.readouterr().err
