@@ -37,11 +37,20 @@ def eigh(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return w, v
 
 
+@lru_cache(maxsize=8)
+def _upper(d: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row and column of the strict upper triangle, row-major (cached: decoders reuse D)."""
+    iu = np.triu_indices(d, 1)
+    iu[0].setflags(write=False)
+    iu[1].setflags(write=False)
+    return iu
+
+
 def block_to_matrix(values: np.ndarray, d: int) -> np.ndarray:
     """Popped block (diagonal first, then the strict upper triangle row-major) -> symmetric X."""
     x = np.zeros((d, d), dtype=np.float64)
     x[np.diag_indices(d)] = values[:d]
-    iu = np.triu_indices(d, 1)
+    iu = _upper(d)
     x[iu] = values[d:]
     x[(iu[1], iu[0])] = values[d:]
     return x
@@ -49,7 +58,7 @@ def block_to_matrix(values: np.ndarray, d: int) -> np.ndarray:
 
 def matrix_to_block(x: np.ndarray) -> np.ndarray:
     d = x.shape[0]
-    iu = np.triu_indices(d, 1)
+    iu = _upper(d)
     return np.concatenate((np.diag(x), x[iu]))
 
 

@@ -87,14 +87,23 @@ def residual_contexts(approx_bits: np.ndarray, dtype: str) -> np.ndarray:
     return ((approx_bits.astype(np.int64) >> shift) & ((1 << nbits) - 1)).astype(np.int64)
 
 
+def context_groups(approx_bits: np.ndarray, dtype: str) -> list[tuple[int, np.ndarray]]:
+    """(context, positions in increasing order) for every context that occurs, ascending:
+    one stable sort instead of a pass per context."""
+    ctx = residual_contexts(approx_bits, dtype)
+    counts = np.bincount(ctx, minlength=1 << EXPONENT_FIELD[dtype][1])
+    order = np.argsort(ctx.astype(np.uint8), kind="stable")  # contexts < 256: a radix sort
+    ends = np.cumsum(counts)
+    return [(int(c), order[ends[c] - counts[c] : ends[c]]) for c in np.flatnonzero(counts)]
+
+
 def encode_residuals(mask: np.ndarray, true_bits: np.ndarray, approx_bits: np.ndarray, dtype: str) -> bytes:
     width = bits_of(dtype)
     r = np.where(mask, bits_to_ordinal(true_bits, width) - bits_to_ordinal(approx_bits, width), 0)
-    ctx = residual_contexts(approx_bits, dtype)
     out = []
     z = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, write_checksum=False)
-    for c in np.unique(ctx):
-        raw = encode_varints(zigzag(r[ctx == c]))
+    for _, where in context_groups(approx_bits, dtype):
+        raw = encode_varints(zigzag(r[where]))
         comp = z.compress(raw)
         codec, data = (CODEC_ZSTD, comp) if len(comp) < len(raw) else (CODEC_RAW, raw)
         out.append(encode_varints(np.array([len(data)], np.uint64)) + bytes([codec]) + data)
@@ -103,11 +112,9 @@ def encode_residuals(mask: np.ndarray, true_bits: np.ndarray, approx_bits: np.nd
 
 def decode_residuals(data: bytes, approx_bits: np.ndarray, dtype: str) -> np.ndarray:
     width = bits_of(dtype)
-    ctx = residual_contexts(approx_bits, dtype)
     out = np.zeros(approx_bits.size, dtype=np.int64)
     pos = 0
-    for c in np.unique(ctx):
-        where = np.flatnonzero(ctx == c)
+    for _, where in context_groups(approx_bits, dtype):
         end = pos
         while end < len(data) and data[end] & 0x80 and end - pos < 10:
             end += 1
