@@ -195,17 +195,18 @@ class Reader:
         self.close()
 
 
-def _read_exact(f: BinaryIO, n: int, what: str) -> bytes:
-    """Read n bytes in bounded pieces, so a lying length cannot allocate much."""
-    parts = []
+def _read_exact(f: BinaryIO, n: int, what: str, prefix: bytes = b"") -> bytearray:
+    """prefix + n bytes read in bounded pieces, so a lying length cannot allocate much; the
+    buffer grows in place (no second copy of a block)."""
+    buf = bytearray(prefix)
     left = n
     while left:
         part = f.read(min(left, 1 << 24))
         if not part:
             raise FormatError(f"stream ends inside the {what}", "E_TRUNCATED")
-        parts.append(part)
+        buf += part
         left -= len(part)
-    return b"".join(parts)
+    return buf
 
 
 def iter_stream(
@@ -229,11 +230,14 @@ def iter_stream(
         length = R.CHUNK_FIXED.parse(head).chunk_length
         if length < R.CHUNK_FIXED_SIZE + 4:
             raise FormatError("chunk length too small", "E_BOUNDS")
-        data = head + _read_exact(f, length - R.CHUNK_FIXED_SIZE, "chunk")
+        data = _read_exact(f, length - R.CHUNK_FIXED_SIZE, "chunk", prefix=head)
         chunk = parse_chunk(data, expected_index=i, max_block_bytes=budget, max_site_dim=max_dim, required_flags=header.required_flags)
         entries.append(IndexEntry(pos, length, chunk.crc))
         pos += length
-        yield DecodedBlock(i, chunk.program.name, decode_parsed(chunk))
+        del data  # a coded payload is decoded by now; a raw one is still held by the chunk
+        block = DecodedBlock(i, chunk.program.name, decode_parsed(chunk))
+        del chunk  # while the caller holds the block, keep nothing else of it
+        yield block
     index = build_index(entries)
     got = _read_exact(f, len(index) + R.FOOTER_SIZE, "index and footer")
     if got[: len(index)] != index:

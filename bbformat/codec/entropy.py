@@ -25,6 +25,7 @@ PLANE_ZSTD_LEVEL = 3  # measured: higher levels are no smaller on these planes (
 PAYLOAD_ZSTD_LEVEL = 3
 ENTROPY_MODES = ("none", "zstd", "planes", "auto")
 CLASS_CHOICES = (1, 4)  # classes per axis the encoder tries for each segment
+MIN_CONTEXT_SEGMENT = 4096  # below this many symbols a class map costs more than it saves
 
 Segment = tuple[int, int, int]  # (symbols, row length, classes per axis)
 
@@ -70,8 +71,10 @@ def _classes(score: np.ndarray, k: int) -> np.ndarray:
 
 
 def _contexts(n: int, r: int, k: int, row_cls: np.ndarray, col_cls: np.ndarray) -> np.ndarray:
-    idx = np.arange(n, dtype=np.int64)
-    return (row_cls[idx // r].astype(np.int64) * k + col_cls[idx % r]).astype(np.uint8)
+    """rowclass * k + colclass of every symbol (uint8: k <= 16, so at most 255)."""
+    rows = -(-n // r)
+    grid = row_cls[:rows, None].astype(np.uint8) * np.uint8(k) + col_cls[None, :r].astype(np.uint8)
+    return grid.reshape(-1)[:n]
 
 
 def _group(raw: bytes, z: zstandard.ZstdCompressor) -> bytes:
@@ -116,7 +119,7 @@ def encode_planes(symbols: np.ndarray, symbol_bits: int, runs: list[tuple[int, i
     for n, r in runs:
         best = None
         for k in CLASS_CHOICES:
-            if k > 1 and n < 4096:  # a class map would cost more than it could save
+            if k > 1 and n < MIN_CONTEXT_SEGMENT:
                 continue
             m, g = _segment_top(top[pos : pos + n], r, k, z)
             if best is None or len(m) + len(g) < len(best[1]) + len(best[2]):
@@ -182,7 +185,7 @@ class _Cursor:
         codec = self.u8(f"{what} codec")
         if length > len(self.data) - self.pos:
             raise FormatError(f"planes payload: {what} runs past the section", "E_SECTION_CONTENT")
-        stored = bytes(self.data[self.pos : self.pos + length])
+        stored = self.data[self.pos : self.pos + length]  # a view: no copy of the group
         self.pos += length
         if codec == CODEC_ZSTD:
             declared = frame_content_size(stored)
@@ -191,6 +194,42 @@ class _Cursor:
         elif codec != CODEC_RAW:
             raise FormatError(f"planes payload: {what} has unknown codec {codec}", "E_CODEC")
         return np.frombuffer(decompress(stored, codec, size, size), np.uint8)
+
+
+def _read_contexts(cur: _Cursor, j: int, n: int, r: int, k: int, row_cls: np.ndarray, col_cls: np.ndarray) -> np.ndarray:
+    """The top plane of one segment from its k*k context groups. The full rows, sorted by class,
+    against the columns, sorted by class, form one block per context: each group is copied
+    as a block and the grid is un-permuted once (no per-symbol scatter)."""
+    full, tail = divmod(n, r)
+    rc = row_cls[:full]
+    rho = np.argsort(rc, kind="stable")
+    pi = np.argsort(col_cls, kind="stable")
+    rcount = np.bincount(rc, minlength=k)
+    ccount = np.bincount(col_cls, minlength=k)
+    tcount = np.bincount(col_cls[:tail], minlength=k)
+    r0 = np.concatenate(([0], np.cumsum(rcount)))
+    c0 = np.concatenate(([0], np.cumsum(ccount)))
+    t0 = np.concatenate(([0], np.cumsum(tcount)))
+    tail_cls = int(row_cls[full]) if tail else -1
+    block = np.empty((full, r), np.uint8)
+    tail_sorted = np.empty(tail, np.uint8)
+    for a in range(k):
+        for b in range(k):
+            m = int(rcount[a] * ccount[b])
+            extra = int(tcount[b]) if a == tail_cls else 0
+            part = cur.group(m + extra, f"segment {j} context {a * k + b}")
+            block[r0[a] : r0[a + 1], c0[b] : c0[b + 1]] = part[:m].reshape(int(rcount[a]), int(ccount[b]))
+            if extra:
+                tail_sorted[t0[b] : t0[b + 1]] = part[m:]
+    inv_pi = np.empty(r, np.int64)
+    inv_pi[pi] = np.arange(r)
+    grid = np.empty((full, r), np.uint8)
+    grid[rho] = block[:, inv_pi]
+    top = np.empty(n, np.uint8)
+    top[: full * r] = grid.reshape(-1)
+    if tail:
+        top[full * r :][np.argsort(col_cls[:tail], kind="stable")] = tail_sorted
+    return top
 
 
 def read_segments(data: bytes, total: int) -> tuple[list[Segment], int]:
@@ -227,8 +266,9 @@ def decode_planes(data: bytes, total: int, symbol_bits: int) -> np.ndarray:
     cur.pos = start
     map_size = sum(-(-n // r) + r for n, r, k in segs if k > 1)
     maps = cur.group(map_size, "class maps")
-    out = np.zeros(total, uint_dtype(symbol_bits))
-    shift = symbol_bits - 8
+    nb = symbol_bits // 8
+    out = np.empty(total, np.dtype(uint_dtype(symbol_bits)).newbyteorder("<"))
+    planes = out.view(np.uint8).reshape(total, nb)  # byte b of every symbol, written in place
     pos = mpos = 0
     for j, (n, r, k) in enumerate(segs):
         if k == 1:
@@ -239,15 +279,12 @@ def decode_planes(data: bytes, total: int, symbol_bits: int) -> np.ndarray:
             mpos += rows + r
             if (row_cls >= k).any() or (col_cls >= k).any():
                 raise FormatError(f"planes payload: segment {j} has a class >= {k}", "E_SECTION_CONTENT")
-            ctx = _contexts(n, r, k, row_cls, col_cls)
-            counts = np.bincount(ctx, minlength=k * k)
-            parts = [cur.group(int(counts[c]), f"segment {j} context {c}") for c in range(k * k)]
-            top = np.empty(n, np.uint8)
-            top[np.argsort(ctx, kind="stable")] = np.concatenate(parts)
-        out[pos : pos + n] = top.astype(out.dtype) << shift
+            top = _read_contexts(cur, j, n, r, k, row_cls, col_cls)
+        planes[pos : pos + n, nb - 1] = top
+        del top
         pos += n
-    for b in range(symbol_bits // 8 - 2, -1, -1):
-        out |= cur.group(total, f"plane {b}").astype(out.dtype) << (8 * b)
+    for b in range(nb - 2, -1, -1):
+        planes[:, b] = cur.group(total, f"plane {b}")
     if cur.pos != len(data):
         raise FormatError("planes payload: bytes after the last group", "E_SECTION_CONTENT")
     return out

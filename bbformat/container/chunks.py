@@ -294,7 +294,8 @@ def parse_chunk(
     if head.chunk_length != len(data):
         raise FormatError("chunk length field disagrees with its extent", "E_BOUNDS")
     stored_crc = int.from_bytes(data[-4:], "little")
-    if check_crc and crc32c(data[:-4]) != stored_crc:
+    view = memoryview(data)  # sections and the CRC range are read through it: no copies of a block
+    if check_crc and crc32c(view[:-4]) != stored_crc:
         raise IntegrityError(f"chunk {head.chunk_index}: CRC32C mismatch", "E_CRC_CHUNK")
     if check_crc and expected_crc is not None and expected_crc != stored_crc:
         raise IntegrityError(f"chunk {head.chunk_index}: index CRC differs from the chunk's", "E_CRC_INDEX_ENTRY")
@@ -354,17 +355,17 @@ def parse_chunk(
                     "E_LIMIT_MEMORY",
                 )
             max_block_bytes = None
-        stored = bytes(data[e.offset : e.offset + e.stored_length])
+        stored = view[e.offset : e.offset + e.stored_length]
         if e.codec == CODEC_PLANES:
             payload = decode_planes(stored, program.payload_symbols(), program.symbol_bits)
             continue
         raw = decompress(stored, e.codec, e.decoded_length, limit)
-        if e.kind == KIND_PAYLOAD:
-            payload = np.frombuffer(raw, dtype=uint_dtype(program.symbol_bits)).copy()
+        if e.kind == KIND_PAYLOAD:  # read-only; the decoder copies it once, into its stack
+            payload = np.frombuffer(raw, dtype=uint_dtype(program.symbol_bits))
         elif e.kind == KIND_SIGNS and e.decoded_length != limit:
             raise FormatError("sign bitmap has the wrong size", "E_SECTION_SIZE")
         else:
-            side[key] = raw
+            side[key] = bytes(raw)
     if pos != len(data) - 4:
         raise FormatError("bytes between the last section and the chunk CRC", "E_BOUNDS")
     if payload is None:
