@@ -18,7 +18,7 @@ from .loader import load_model
 from .reader import DecodedBlock, Reader, iter_stream
 from .writer import Writer
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 
 __all__ = [
     "BBFormatError",
