@@ -95,14 +95,15 @@ def _segment_top(top: np.ndarray, r: int, k: int, z: zstandard.ZstdCompressor) -
     mag = np.zeros(rows * r, np.float64)
     mag[:n] = top & 0x7F  # sign dropped: the exponent's high bits order the magnitudes
     grid = mag.reshape(rows, r)
-    counts = np.full(rows * r, 1.0)
-    counts[n:] = 0.0
-    cgrid = counts.reshape(rows, r)
-    row_cls = _classes(grid.sum(1) / cgrid.sum(1), k)
-    col_cls = _classes(grid.sum(0) / np.maximum(cgrid.sum(0), 1.0), k)
+    full, tail = divmod(n, r)
+    per_row = np.full(rows, float(r))
+    per_row[full:] = float(tail or r)
+    per_col = np.full(r, float(full)) + (np.arange(r) < tail)
+    row_cls = _classes(grid.sum(1) / per_row, k)
+    col_cls = _classes(grid.sum(0) / np.maximum(per_col, 1.0), k)
     ctx = _contexts(n, r, k, row_cls, col_cls)
     order = np.argsort(ctx, kind="stable")
-    bounds = np.searchsorted(ctx[order], np.arange(k * k + 1))
+    bounds = np.concatenate(([0], np.cumsum(np.bincount(ctx, minlength=k * k))))
     grouped = top[order]
     groups = b"".join(_group(grouped[bounds[c] : bounds[c + 1]].tobytes(), z) for c in range(k * k))
     return row_cls.tobytes() + col_cls.tobytes(), groups
