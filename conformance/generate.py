@@ -2077,7 +2077,7 @@ def add_planes(S: Suite) -> None:  # noqa: C901 - one list of vectors
     inv("x_planes_records_truncated", with_planes(bs, 0, short).build(), "the section ends inside the segment records", "E_SECTION_CONTENT", 25)
     inv("x_planes_varint_unterminated", with_planes(bs, 0, b"\x81" + b"\xff" * 3).build(), "segment_count varint unterminated",
         "E_SECTION_CONTENT", 25)
-    inv("x_planes_varint_11_bytes", with_planes(bs, 0, b"\x81" + b"\x80" * 10 + b"\x00").build(), "segment_count varint of 12 bytes",
+    inv("x_planes_varint_12_bytes", with_planes(bs, 0, b"\x81" + b"\x80" * 10 + b"\x00").build(), "segment_count varint of 12 bytes",
         "E_SECTION_CONTENT", 25)
     # classes out of range
     inv("x_planes_rowclass_ge_k", with_planes(bs, 0, _planes_bad_maps(sym, w, mixed, seg_i=0, row=True)).build(), "a row class equal to K (4)",

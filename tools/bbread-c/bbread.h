@@ -1,4 +1,4 @@
-/* bbread: an independent reader for the .bb container format (SPEC.md v1.0). */
+/* bbread: an independent reader for the .bb container format (SPEC.md v1.1; payload codec 2 added from SPEC.md 8.6). */
 #ifndef BBREAD_H
 #define BBREAD_H
 
