@@ -571,8 +571,9 @@ def write_report(path: Path, res: dict, argv: list[str]) -> None:
          "Every timing is the median of %d runs in this one run." % res["repeats"], ""]
     if "speed" in res and res["speed"].get("run", {}).get("date") and res["speed"]["run"]["argv"] != " ".join(argv):
         L += [f"Sections 4 to 6 come from a later run ({res['speed']['run']['date']}, command given there), after the encoder and "
-              "decoder were pinned to one BLAS thread and decoding was parallelised across blocks; the containers of sections 1–3 "
-              "re-pack byte-identical, and section 5 has the current decode times.", ""]
+              "decoder were pinned to one BLAS thread and decoding was parallelised across blocks, on another machine of the "
+              "same kind (described there). Sizes did not move: the s=0.25 exact container of section 4 (`--entropy none`) is "
+              "the same size as section 1's. Section 5 has the current decode times.", ""]
     if "smollm2" in res:
         s = res["smollm2"]
         L += ["## 1. SmolLM2-135M-Instruct, sliced by `tools/slice.py`", "",
