@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -16,6 +17,8 @@ from .codec.dtypes import RawTensor, bits_of
 from .codec.entropy import ENTROPY_MODES
 from .codec.encoder import EncodedChunk, Moments, SiteReport, canonical_rotation, encode_chunk
 from .codec.layout import ModelLayout
+from .codec.program import BlockProgram
+from .codec.sections import Section
 from .errors import InputError, VerifyError
 from .reader import DECODE_WORKERS, Reader
 from .tensors import raw_to_torch, torch_to_raw
@@ -122,14 +125,22 @@ def pack(
     sd = ckpt.state_dict
     report = PackReport(str(dst), scheme, tolerance, layout.architecture, 0, 0, 0, 0)
     digests: list[dict[str, str]] = []
-    with Writer(dst, scheme, len(layout.chunks), metadata, entropy=entropy) as w:
+    # The entropy stage of chunk i runs on a worker while chunk i + 1 encodes (zstd and numpy
+    # release the GIL); chunks are still written in order, and the bytes do not change.
+    with Writer(dst, scheme, len(layout.chunks), metadata, entropy=entropy) as w, \
+            ThreadPoolExecutor(1, thread_name_prefix="bbformat-entropy") as pool:
         report.metadata_bytes = w.metadata_bytes
+        ahead: tuple[BlockProgram, Future[list[Section]]] | None = None
         for chunk, enc in _encode_all(layout, lambda n: torch_to_raw(sd[n], n), scheme, tolerance, progress, moments):
-            w.add_chunk(enc.program, enc.sections)
+            if ahead is not None:
+                w.add_chunk(ahead[0], ahead[1].result(), coded=True)
+            ahead = (enc.program, pool.submit(w.code_sections, enc.program, enc.sections))
             digests.append({n: _digest(t) for n, t in enc.intended.items()})
             report.sites.extend(enc.reports)
             report.plain_bytes += sum(t.numel * bits_of(t.dtype) // 8 for t in enc.program.tensors)
             report.gross_bound_bits += sum(s.dim * (s.dim - 1) // 2 * enc.program.symbol_bits for s in enc.program.sites)
+        if ahead is not None:
+            w.add_chunk(ahead[0], ahead[1].result(), coded=True)
         # --verify decodes the finished temp file; only a verified file replaces dst
         report.container_bytes = w.close(check=(lambda tmp: verify_container(tmp, digests)) if verify else None)
     return report

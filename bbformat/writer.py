@@ -89,13 +89,21 @@ class Writer:
     def bytes_written(self) -> int:
         return self._pos
 
-    def add_chunk(self, program: BlockProgram, sections: list[Section]) -> IndexEntry:
+    def code_sections(self, program: BlockProgram, sections: list[Section]) -> list[Section]:
+        """The sections as add_chunk stores them: the payload under this writer's entropy mode.
+        Pure and thread-safe, so a caller can code one chunk while it encodes the next."""
+        if self._entropy == "none":
+            return list(sections)
+        return [self._code(program, s) if s.kind == KIND_PAYLOAD else s for s in sections]
+
+    def add_chunk(self, program: BlockProgram, sections: list[Section], coded: bool = False) -> IndexEntry:
+        """Append the next chunk. coded=True: `sections` come from code_sections already."""
         if self._state != "chunks":
             raise WriterStateError(f"add_chunk() called in state {self._state!r}")
         if len(self._entries) >= self._expected:
             raise WriterStateError(f"more chunks than the {self._expected} declared")
-        if self._entropy != "none":
-            sections = [self._code(program, s) if s.kind == KIND_PAYLOAD else s for s in sections]
+        if not coded:
+            sections = self.code_sections(program, sections)
         data = build_chunk(len(self._entries), program, sections)
         entry = IndexEntry(self._pos, len(data), int.from_bytes(data[-4:], "little"))
         assert entry.crc == crc32c(data[:-4])
