@@ -195,7 +195,7 @@ class Reader:
         self.close()
 
 
-def _read_exact(f: BinaryIO, n: int, what: str, prefix: bytes = b"") -> bytearray:
+def _read_exact(f: BinaryIO, n: int, what: str, prefix: bytes | bytearray = b"") -> bytearray:
     """prefix + n bytes read in bounded pieces, so a lying length cannot allocate much; the
     buffer grows in place (no second copy of a block)."""
     buf = bytearray(prefix)

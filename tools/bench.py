@@ -362,7 +362,7 @@ def _site_dims(path: Path) -> list[int]:
         return [s.dim for i in range(len(r)) for s in r.read_chunk(i).program.sites if not s.plain]
 
 
-def _floor_work(dims: list[int], per_site: int, workers: int) -> float:
+def _floor_work(dims: list[int], per_site: int, workers: int) -> None:
     """Wall time of the linear algebra alone: per site `per_site` symmetric eigendecompositions
     of a D x D Gram and one rebuild E diag(mu) E^T, in `workers` threads of one BLAS thread."""
     from concurrent.futures import ThreadPoolExecutor
@@ -383,7 +383,6 @@ def _floor_work(dims: list[int], per_site: int, workers: int) -> float:
         else:
             with ThreadPoolExecutor(workers) as ex:
                 list(ex.map(one, dims))
-    return 0.0
 
 
 def _stream_peak(path: Path) -> dict:

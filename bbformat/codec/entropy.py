@@ -15,14 +15,15 @@ import zstandard
 from ..errors import FormatError, InputError, LimitError
 from .dtypes import uint_dtype
 from .program import OP_PUSH, BlockProgram
-from .sections import CODEC_RAW, CODEC_ZSTD, decompress, frame_content_size
-from .varint import decode_varints, encode_varints
+from .sections import CODEC_RAW, CODEC_ZSTD, Buffer, ByteCursor, decompress, encode_group, frame_content_size
+from .varint import encode_varints
 
 CODEC_PLANES = 2
 MAX_SEGMENTS = 1 << 16
 MAX_CLASSES = 16
 PLANE_ZSTD_LEVEL = 3  # measured: higher levels are no smaller on these planes (BENCHMARKS.md)
 PAYLOAD_ZSTD_LEVEL = 3
+SMALL_GROUP = 64  # groups up to this size are stored raw without trying zstd
 ENTROPY_MODES = ("none", "zstd", "planes", "auto")
 CLASS_CHOICES = (1, 4)  # classes per axis the encoder tries for each segment
 MIN_CONTEXT_SEGMENT = 4096  # below this many symbols a class map costs more than it saves
@@ -77,35 +78,26 @@ def _contexts(n: int, r: int, k: int, row_cls: np.ndarray, col_cls: np.ndarray) 
     return grid.reshape(-1)[:n]
 
 
-def _group(raw: bytes, z: zstandard.ZstdCompressor) -> bytes:
-    codec, data = CODEC_RAW, raw
-    if len(raw) > 64:
-        comp = z.compress(raw)
-        if len(comp) < len(raw):
-            codec, data = CODEC_ZSTD, comp
-    return encode_varints(np.array([len(data)], np.uint64)) + bytes([codec]) + data
-
-
 def _segment_top(top: np.ndarray, r: int, k: int, z: zstandard.ZstdCompressor) -> tuple[bytes, bytes]:
     """(class-map bytes, groups) of one segment's top plane with k classes per axis."""
     n = top.size
     if k == 1:
-        return b"", _group(top.tobytes(), z)
+        return b"", encode_group(top.tobytes(), z, SMALL_GROUP)
     rows = -(-n // r)
-    mag = np.zeros(rows * r, np.float64)
+    mag = np.zeros(rows * r, np.uint8)
     mag[:n] = top & 0x7F  # sign dropped: the exponent's high bits order the magnitudes
-    grid = mag.reshape(rows, r)
+    grid = mag.reshape(rows, r)  # summed in float64 below: exact integers, a byte per symbol held
     full, tail = divmod(n, r)
     per_row = np.full(rows, float(r))
     per_row[full:] = float(tail or r)
     per_col = np.full(r, float(full)) + (np.arange(r) < tail)
-    row_cls = _classes(grid.sum(1) / per_row, k)
-    col_cls = _classes(grid.sum(0) / np.maximum(per_col, 1.0), k)
+    row_cls = _classes(grid.sum(1, dtype=np.float64) / per_row, k)
+    col_cls = _classes(grid.sum(0, dtype=np.float64) / np.maximum(per_col, 1.0), k)
     ctx = _contexts(n, r, k, row_cls, col_cls)
     order = np.argsort(ctx, kind="stable")
     bounds = np.concatenate(([0], np.cumsum(np.bincount(ctx, minlength=k * k))))
     grouped = top[order]
-    groups = b"".join(_group(grouped[bounds[c] : bounds[c + 1]].tobytes(), z) for c in range(k * k))
+    groups = b"".join(encode_group(grouped[bounds[c] : bounds[c + 1]].tobytes(), z, SMALL_GROUP) for c in range(k * k))
     return row_cls.tobytes() + col_cls.tobytes(), groups
 
 
@@ -131,8 +123,8 @@ def encode_planes(symbols: np.ndarray, symbol_bits: int, runs: list[tuple[int, i
         maps.append(m)
         tops.append(g)
         pos += n
-    lower = [_group(((sym >> (8 * b)) & 0xFF).astype(np.uint8).tobytes(), z) for b in range(symbol_bits // 8 - 2, -1, -1)]
-    return b"".join(head) + _group(b"".join(maps), z) + b"".join(tops) + b"".join(lower)
+    lower = [encode_group(((sym >> (8 * b)) & 0xFF).astype(np.uint8).tobytes(), z, SMALL_GROUP) for b in range(symbol_bits // 8 - 2, -1, -1)]
+    return b"".join(head) + encode_group(b"".join(maps), z, SMALL_GROUP) + b"".join(tops) + b"".join(lower)
 
 
 def code_payload(program: BlockProgram, data: bytes, mode: str) -> tuple[int, bytes]:
@@ -159,35 +151,10 @@ def code_payload(program: BlockProgram, data: bytes, mode: str) -> tuple[int, by
 # ----------------------------------------------------------------------------- decoder
 
 
-class _Cursor:
-    def __init__(self, data: bytes) -> None:
-        self.data = memoryview(data)
-        self.pos = 0
-
-    def varint(self, what: str) -> int:
-        end = self.pos
-        while end < len(self.data) and self.data[end] & 0x80 and end - self.pos < 10:
-            end += 1
-        if end >= len(self.data) or end - self.pos >= 10:
-            raise FormatError(f"planes payload: {what} is not a complete varint", "E_SECTION_CONTENT")
-        v = int(decode_varints(bytes(self.data[self.pos : end + 1]), 1)[0])
-        self.pos = end + 1
-        return v
-
-    def u8(self, what: str) -> int:
-        if self.pos >= len(self.data):
-            raise FormatError(f"planes payload: {what} is missing", "E_SECTION_CONTENT")
-        self.pos += 1
-        return int(self.data[self.pos - 1])
-
-    def group(self, size: int, what: str) -> np.ndarray:
-        """One group (SPEC.md 8.6): varint L, codec byte, L bytes decoding to exactly `size`."""
-        length = self.varint(f"{what} length")
-        codec = self.u8(f"{what} codec")
-        if length > len(self.data) - self.pos:
-            raise FormatError(f"planes payload: {what} runs past the section", "E_SECTION_CONTENT")
-        stored = self.data[self.pos : self.pos + length]  # a view: no copy of the group
-        self.pos += length
+class _Cursor(ByteCursor):
+    def take(self, size: int, what: str) -> np.ndarray:
+        """One group (SPEC.md 8.6) decoding to exactly `size` bytes."""
+        codec, stored = self.group(what)
         if codec == CODEC_ZSTD:
             declared = frame_content_size(stored)
             if declared != size:
@@ -218,7 +185,7 @@ def _read_contexts(cur: _Cursor, j: int, n: int, r: int, k: int, row_cls: np.nda
         for b in range(k):
             m = int(rcount[a] * ccount[b])
             extra = int(tcount[b]) if a == tail_cls else 0
-            part = cur.group(m + extra, f"segment {j} context {a * k + b}")
+            part = cur.take(m + extra, f"segment {j} context {a * k + b}")
             block[r0[a] : r0[a + 1], c0[b] : c0[b + 1]] = part[:m].reshape(int(rcount[a]), int(ccount[b]))
             if extra:
                 tail_sorted[t0[b] : t0[b + 1]] = part[m:]
@@ -233,9 +200,9 @@ def _read_contexts(cur: _Cursor, j: int, n: int, r: int, k: int, row_cls: np.nda
     return top
 
 
-def read_segments(data: bytes, total: int) -> tuple[list[Segment], int]:
+def read_segments(data: Buffer, total: int) -> tuple[list[Segment], int]:
     """The segment table of a codec-2 payload and the offset after it (SPEC.md 8.6 checks)."""
-    cur = _Cursor(data)
+    cur = _Cursor(data, "planes payload")
     count = cur.varint("segment count")
     if count > MAX_SEGMENTS:
         raise LimitError(f"planes payload has {count} segments; the limit is {MAX_SEGMENTS}", "E_LIMIT_COUNT")
@@ -260,20 +227,20 @@ def read_segments(data: bytes, total: int) -> tuple[list[Segment], int]:
     return segs, cur.pos
 
 
-def decode_planes(data: bytes, total: int, symbol_bits: int) -> np.ndarray:
+def decode_planes(data: Buffer, total: int, symbol_bits: int) -> np.ndarray:
     """The payload symbols (uint16/uint32, `total` of them) from codec-2 bytes."""
     segs, start = read_segments(data, total)
-    cur = _Cursor(data)
+    cur = _Cursor(data, "planes payload")
     cur.pos = start
     map_size = sum(-(-n // r) + r for n, r, k in segs if k > 1)
-    maps = cur.group(map_size, "class maps")
+    maps = cur.take(map_size, "class maps")
     nb = symbol_bits // 8
     out = np.empty(total, np.dtype(uint_dtype(symbol_bits)).newbyteorder("<"))
     planes = out.view(np.uint8).reshape(total, nb)  # byte b of every symbol, written in place
     pos = mpos = 0
     for j, (n, r, k) in enumerate(segs):
         if k == 1:
-            top = cur.group(n, f"segment {j} top plane")
+            top = cur.take(n, f"segment {j} top plane")
         else:
             rows = -(-n // r)
             row_cls, col_cls = maps[mpos : mpos + rows], maps[mpos + rows : mpos + rows + r]
@@ -285,7 +252,7 @@ def decode_planes(data: bytes, total: int, symbol_bits: int) -> np.ndarray:
         del top
         pos += n
     for b in range(nb - 2, -1, -1):
-        planes[:, b] = cur.group(total, f"plane {b}")
-    if cur.pos != len(data):
+        planes[:, b] = cur.take(total, f"plane {b}")
+    if not cur.done:
         raise FormatError("planes payload: bytes after the last group", "E_SECTION_CONTENT")
     return out

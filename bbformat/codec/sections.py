@@ -23,6 +23,7 @@ CODEC_ZSTD = 1
 ZSTD_FRAME_MAGIC = b"\x28\xb5\x2f\xfd"
 ZSTD_LEVEL = 19
 NO_SITE = 0xFFFFFFFF
+Buffer = bytes | bytearray | memoryview  # section bytes are read through views, not copied
 SECTION_ENTRY_BYTES = 32
 
 
@@ -97,68 +98,101 @@ def context_groups(approx_bits: np.ndarray, dtype: str) -> list[tuple[int, np.nd
     return [(int(c), order[ends[c] - counts[c] : ends[c]]) for c in np.flatnonzero(counts)]
 
 
+class ByteCursor:
+    """Reads a section's varints, bytes and groups in order; every overrun is E_SECTION_CONTENT."""
+
+    def __init__(self, data: Buffer, what: str) -> None:
+        self.data = memoryview(data)
+        self.pos = 0
+        self.what = what
+
+    def varint(self, what: str) -> int:
+        end = self.pos
+        while end < len(self.data) and self.data[end] & 0x80 and end - self.pos < 10:
+            end += 1
+        if end >= len(self.data) or end - self.pos >= 10:
+            raise FormatError(f"{self.what}: {what} is not a complete varint", "E_SECTION_CONTENT")
+        v = int(decode_varints(bytes(self.data[self.pos : end + 1]), 1)[0])
+        self.pos = end + 1
+        return v
+
+    def u8(self, what: str) -> int:
+        if self.pos >= len(self.data):
+            raise FormatError(f"{self.what}: {what} is missing", "E_SECTION_CONTENT")
+        self.pos += 1
+        return int(self.data[self.pos - 1])
+
+    def group(self, what: str) -> tuple[int, memoryview]:
+        """(codec, stored bytes) of the next group (SPEC.md 8.4, 8.6): a varint L, a codec byte
+        and L bytes. The codec's value is the caller's to check."""
+        length = self.varint(f"{what} length")
+        codec = self.u8(f"{what} codec")
+        if length > len(self.data) - self.pos:
+            raise FormatError(f"{self.what}: {what} runs past the section", "E_SECTION_CONTENT")
+        stored = self.data[self.pos : self.pos + length]  # a view: no copy of the group
+        self.pos += length
+        return codec, stored
+
+    @property
+    def done(self) -> bool:
+        return self.pos == len(self.data)
+
+
+def encode_group(raw: bytes, z: zstandard.ZstdCompressor, zstd_above: int = 0) -> bytes:
+    """One group: varint L, codec byte, L bytes; zstd where that is smaller than raw (tried only
+    for groups longer than zstd_above bytes)."""
+    codec, data = CODEC_RAW, raw
+    if len(raw) > zstd_above:
+        comp = z.compress(raw)
+        if len(comp) < len(raw):
+            codec, data = CODEC_ZSTD, comp
+    return encode_varints(np.array([len(data)], np.uint64)) + bytes([codec]) + data
+
+
 def encode_residuals(mask: np.ndarray, true_bits: np.ndarray, approx_bits: np.ndarray, dtype: str) -> bytes:
     width = bits_of(dtype)
     r = np.where(mask, bits_to_ordinal(true_bits, width) - bits_to_ordinal(approx_bits, width), 0)
     out = []
     z = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, write_checksum=False)
     for _, where in context_groups(approx_bits, dtype):
-        raw = encode_varints(zigzag(r[where]))
-        comp = z.compress(raw)
-        codec, data = (CODEC_ZSTD, comp) if len(comp) < len(raw) else (CODEC_RAW, raw)
-        out.append(encode_varints(np.array([len(data)], np.uint64)) + bytes([codec]) + data)
+        out.append(encode_group(encode_varints(zigzag(r[where])), z))
     return b"".join(out)
 
 
 def decode_residuals(data: bytes, approx_bits: np.ndarray, dtype: str) -> np.ndarray:
     width = bits_of(dtype)
     out = np.zeros(approx_bits.size, dtype=np.int64)
-    pos = 0
+    cur = ByteCursor(data, "x_residuals")
     for _, where in context_groups(approx_bits, dtype):
-        end = pos
-        while end < len(data) and data[end] & 0x80 and end - pos < 10:
-            end += 1
-        if end >= len(data):
-            raise FormatError("residual group header runs past the section", "E_SECTION_CONTENT")
-        length = int(decode_varints(data[pos : end + 1], 1)[0])
-        codec = data[end + 1] if end + 1 < len(data) else -1
-        start = end + 2
-        if length > len(data) - start:
-            raise FormatError("residual group runs past the section", "E_SECTION_CONTENT")
+        codec, stored = cur.group("residual group")
         limit = where.size * (3 if width == 16 else 5)
+        raw: Buffer
         if codec == CODEC_RAW:
-            raw = data[start : start + length]
+            raw = stored
             if len(raw) > limit:
                 raise LimitError("residual group is larger than its values allow", "E_LIMIT_SECTION")
         else:
             if codec != CODEC_ZSTD:
                 raise FormatError(f"unknown residual group codec {codec}", "E_CODEC")
-            declared = frame_content_size(data[start : start + length])
+            declared = frame_content_size(stored)
             if declared > limit:
                 raise LimitError("residual group declares more bytes than its values allow", "E_LIMIT_SECTION")
-            raw = decompress(data[start : start + length], CODEC_ZSTD, declared, limit)
+            raw = decompress(stored, CODEC_ZSTD, declared, limit)
         out[where] = unzigzag(decode_varints(raw, where.size))
-        pos = start + length
-    if pos != len(data):
+    if not cur.done:
         raise FormatError("bytes after the last residual group", "E_SECTION_CONTENT")
     return out
 
 
 def count_residual_corrections(data: bytes) -> int:
     """Nonzero residuals in an X_RESIDUALS section, without decoding the site (for inspect)."""
-    pos, total = 0, 0
-    while pos < len(data):
-        end = pos
-        while end < len(data) and data[end] & 0x80:
-            end += 1
-        length = int(decode_varints(data[pos : end + 1], 1)[0])
-        codec, start = data[end + 1], end + 2
-        chunk = data[start : start + length]
-        raw = zstandard.ZstdDecompressor().decompress(chunk) if codec == CODEC_ZSTD else chunk
+    cur, total = ByteCursor(data, "x_residuals"), 0
+    while not cur.done:
+        codec, chunk = cur.group("residual group")
+        raw = zstandard.ZstdDecompressor().decompress(chunk) if codec == CODEC_ZSTD else bytes(chunk)
         b = np.frombuffer(raw, np.uint8)
         n = int(np.count_nonzero((b & 0x80) == 0))
         total += int(np.count_nonzero(decode_varints(raw, n)))
-        pos = start + length
     return total
 
 
@@ -201,7 +235,7 @@ def decoded_limit(program: BlockProgram, kind: int, site: int) -> int:
     raise FormatError(f"unknown section kind {kind}", "E_SECTION_KIND")
 
 
-def frame_content_size(data: bytes) -> int:
+def frame_content_size(data: Buffer) -> int:
     """Frame_Content_Size of the zstd frame that `data` starts with (2^64 - 1 when the header
     has none). Anything but a zstd frame header, including a skippable frame, is E_ZSTD."""
     if bytes(data[:4]) != ZSTD_FRAME_MAGIC:
@@ -212,7 +246,7 @@ def frame_content_size(data: bytes) -> int:
         raise FormatError(f"bad zstd frame: {exc}", "E_ZSTD") from None
 
 
-def decompress(stored: bytes, codec: int, declared: int, limit: int) -> bytes:
+def decompress(stored: Buffer, codec: int, declared: int, limit: int) -> Buffer:
     if declared > limit:
         raise LimitError(f"section declares {declared} decoded bytes, limit is {limit}", "E_LIMIT_SECTION")
     if codec == CODEC_RAW:

@@ -41,7 +41,7 @@ def encode_varints(u: np.ndarray) -> bytes:
     return out.tobytes()
 
 
-def decode_varints(data: bytes, count: int) -> np.ndarray:
+def decode_varints(data: bytes | bytearray | memoryview, count: int) -> np.ndarray:
     """Decode exactly `count` varints filling `data` exactly; reject anything else."""
     b = np.frombuffer(data, dtype=np.uint8)
     ends = np.flatnonzero((b & 0x80) == 0)

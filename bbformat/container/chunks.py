@@ -20,6 +20,7 @@ from ..codec.sections import (
     KIND_X_PATCHES,
     KIND_X_RESIDUALS,
     NO_SITE,
+    Buffer,
     Section,
     decoded_limit,
     decompress,
@@ -272,7 +273,7 @@ def working_set_bytes(program: BlockProgram, chunk_length: int, planes: bool = F
 
 
 def parse_chunk(
-    data: bytes,
+    data: Buffer,
     expected_index: int | None = None,
     expected_crc: int | None = None,
     check_crc: bool = True,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import construct
 import zstandard
 
+from ..codec.sections import Buffer
 from ..errors import FormatError, InputError, IntegrityError, LimitError
 from . import records as R
 from .crc import crc32c
@@ -70,7 +71,7 @@ def check_version(major: int, minor: int) -> None:
         raise FormatError(f"unsupported major version {major}.{minor}", "E_VERSION")
 
 
-def parse_header_fixed(data: bytes) -> construct.Container:
+def parse_header_fixed(data: Buffer) -> construct.Container:
     if len(data) < R.HEADER_FIXED_SIZE:
         raise FormatError("file is too short for a header", "E_TRUNCATED")
     if data[:8] != R.FILE_MAGIC:
@@ -96,7 +97,7 @@ def header_length(fixed: construct.Container) -> int:
     return R.HEADER_FIXED_SIZE + fixed.metadata_length + 4
 
 
-def parse_header(data: bytes) -> Header:
+def parse_header(data: Buffer) -> Header:
     """`data` is exactly the header bytes (fixed part, metadata, CRC)."""
     h = parse_header_fixed(data)
     n = header_length(h)
@@ -104,7 +105,7 @@ def parse_header(data: bytes) -> Header:
         raise FormatError("header is truncated", "E_TRUNCATED")
     if crc32c(data[:-4]) != int.from_bytes(data[-4:], "little"):
         raise IntegrityError("header CRC32C mismatch", "E_CRC_HEADER")
-    raw = data[R.HEADER_FIXED_SIZE:-4]
+    raw: Buffer = data[R.HEADER_FIXED_SIZE:-4]
     if h.metadata_codec == 1:
         from ..codec.sections import decompress, frame_content_size
 
@@ -114,7 +115,7 @@ def parse_header(data: bytes) -> Header:
 
         raw = decompress(raw, 1, declared, R.MAX_METADATA)
     try:
-        meta = json.loads(raw.decode("utf-8"))
+        meta = json.loads(str(raw, "utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"metadata is not UTF-8 JSON: {exc}", "E_METADATA") from None
     except (ValueError, RecursionError) as exc:
@@ -179,7 +180,7 @@ def build_footer(index_offset: int, index: bytes, minor: int = 0) -> bytes:
     return part[:28] + crc.to_bytes(4, "little") + R.FOOTER_MAGIC
 
 
-def parse_footer(data: bytes) -> construct.Container:
+def parse_footer(data: Buffer) -> construct.Container:
     if len(data) != R.FOOTER_SIZE:
         raise FormatError("file is too short for a footer", "E_TRUNCATED")
     if data[-8:] != R.FOOTER_MAGIC:
