@@ -250,3 +250,15 @@ def test_pack_refuses_an_unknown_mode_with_a_usage_error(tmp_path: Path, capsys:
         main(["pack", str(tmp_path), str(tmp_path / "x.bb"), "--entropy", "lzma"])
     assert ei.value.code == 64
     assert "usage error" in capsys.readouterr().err
+
+
+def test_pack_refuses_an_unknown_mode_before_any_file(tmp_path: Path) -> None:
+    from bbformat.adapters.tc_layout import write_checkpoint
+    from bbformat.api import pack
+    from bbformat.testing import make_tiny_checkpoint
+
+    write_checkpoint(make_tiny_checkpoint("llama", seed=1, layers=1, hidden=16, heads=2, kv_heads=1, vocab=16, max_positions=8),
+                     tmp_path / "m")
+    with pytest.raises(InputError, match="unknown entropy mode 'brotli'"):
+        pack(tmp_path / "m", tmp_path / "m.bb", entropy="brotli")
+    assert not (tmp_path / "m.bb").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["m"]

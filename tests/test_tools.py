@@ -30,3 +30,21 @@ def test_fuzz_tool_refuses_a_bad_flag() -> None:
 def test_bench_threads_refuses_a_missing_container(tmp_path: Path) -> None:
     r = _tool(str(TOOLS / "bench_threads.py"), str(tmp_path / "none.bb"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no container at" in r.stderr
+
+
+def test_residual_contexts_measures_a_container_and_refuses_bad_input(tmp_path: Path) -> None:
+    from conftest import sample_container
+
+    good = tmp_path / "s.bb"
+    good.write_bytes(sample_container())
+    r = _tool(str(TOOLS / "residual_contexts.py"), str(good))
+    assert r.returncode == 0, r.stderr
+    import json
+
+    m = json.loads(r.stdout)
+    assert m["sites"] == 1 and m["exp_zstd"] == m["stored"] and m["exp_entropy"] <= m["stored"]
+    for bad, text in ((tmp_path / "none.bb", "usage"), (tmp_path / "junk.bb", "E_MAGIC")):
+        if bad.name == "junk.bb":
+            bad.write_bytes(b"not a container at all, long enough to have a footer" * 3)
+        r = _tool(str(TOOLS / "residual_contexts.py"), str(bad))
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and text in r.stderr and "Traceback" not in r.stderr

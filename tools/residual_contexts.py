@@ -32,6 +32,7 @@ from bbformat.codec import rotation as rot  # noqa: E402
 from bbformat.codec.dtypes import bits_to_f64  # noqa: E402
 from bbformat.codec.sections import KIND_X_RESIDUALS, StoredCorrector, decode_residuals, residual_contexts  # noqa: E402
 from bbformat.codec.varint import encode_varints, zigzag  # noqa: E402
+from bbformat.errors import BBFormatError  # noqa: E402
 from bbformat.reader import Reader  # noqa: E402
 
 ZSTD = zstandard.ZstdCompressor(level=19)
@@ -135,9 +136,13 @@ def measure(path: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or not Path(argv[0]).is_file():
-        print("usage: residual_contexts.py CONTAINER.bb", file=sys.stderr)
+        print("usage: residual_contexts.py CONTAINER.bb (a symmetric exact container)", file=sys.stderr)
         return 2
-    print(json.dumps(measure(Path(argv[0])), indent=1))
+    try:
+        print(json.dumps(measure(Path(argv[0])), indent=1))
+    except BBFormatError as exc:
+        print(f"residual_contexts: {argv[0]}: {exc} [{exc.code}]", file=sys.stderr)
+        return 2
     return 0
 
 
