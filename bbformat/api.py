@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,10 @@ from .reader import DECODE_WORKERS, Reader
 from .tensors import raw_to_torch, torch_to_raw
 from .writer import Writer
 
+# Chunks pack keeps encoded ahead of the compression worker (memory: about this many chunks).
+PACK_QUEUE = 2
+# Chunks ahead of the encoder whose canonical directions a second thread computes.
+CANONICAL_AHEAD = 2
 DEFAULT_TOLERANCE = {("paper", "opt"): 0.01, ("paper", "llama"): 0.005}
 FORMAT_VERSION = "1.0"
 
@@ -125,22 +130,27 @@ def pack(
     sd = ckpt.state_dict
     report = PackReport(str(dst), scheme, tolerance, layout.architecture, 0, 0, 0, 0)
     digests: list[dict[str, str]] = []
-    # The entropy stage of chunk i runs on a worker while chunk i + 1 encodes (zstd and numpy
-    # release the GIL); chunks are still written in order, and the bytes do not change.
-    with Writer(dst, scheme, len(layout.chunks), metadata, entropy=entropy) as w, \
-            ThreadPoolExecutor(1, thread_name_prefix="bbformat-entropy") as pool:
-        report.metadata_bytes = w.metadata_bytes
-        ahead: tuple[BlockProgram, Future[list[Section]]] | None = None
+    # The compression of chunk i (its side sections' zstd and the entropy stage) runs on a
+    # worker while chunk i + 1 encodes, and the header's metadata is compressed on a thread of
+    # its own (zstd and numpy release the GIL); chunks are still written in order, and the
+    # bytes are those of a sequential pack.
+    with Writer(dst, scheme, len(layout.chunks), metadata, entropy=entropy, background_header=True) as w, \
+            ThreadPoolExecutor(1, thread_name_prefix="bbformat-compress") as pool, rot.one_blas_thread():
+        ahead: deque[tuple[BlockProgram, Future[list[Section]]]] = deque()
         for chunk, enc in _encode_all(layout, lambda n: torch_to_raw(sd[n], n), scheme, tolerance, progress, moments):
-            if ahead is not None:
-                w.add_chunk(ahead[0], ahead[1].result(), coded=True)
-            ahead = (enc.program, pool.submit(w.code_sections, enc.program, enc.sections))
             digests.append({n: _digest(t) for n, t in enc.intended.items()})
+            enc.intended = {}  # what the queue holds: the payload and the side information
+            ahead.append((enc.program, pool.submit(lambda e: w.code_sections(e.program, e.finish()), enc)))
+            while len(ahead) > PACK_QUEUE or (ahead and ahead[0][1].done()):
+                program, coded = ahead.popleft()
+                w.add_chunk(program, coded.result(), coded=True)
             report.sites.extend(enc.reports)
             report.plain_bytes += sum(t.numel * bits_of(t.dtype) // 8 for t in enc.program.tensors)
             report.gross_bound_bits += sum(s.dim * (s.dim - 1) // 2 * enc.program.symbol_bits for s in enc.program.sites)
-        if ahead is not None:
-            w.add_chunk(ahead[0], ahead[1].result(), coded=True)
+        while ahead:
+            program, coded = ahead.popleft()
+            w.add_chunk(program, coded.result(), coded=True)
+        report.metadata_bytes = w.metadata_bytes
         # --verify decodes the finished temp file; only a verified file replaces dst
         report.container_bytes = w.close(check=(lambda tmp: verify_container(tmp, digests)) if verify else None)
     return report
@@ -164,35 +174,66 @@ def _check_paths(src: Path, dst: Path) -> None:
 def _encode_all(layout: ModelLayout, get: Callable[[str], RawTensor], scheme: str, tolerance: float, progress: Progress | None,  # type: ignore[no-untyped-def]
                 moments: Moments | None = None):
     """Encode chunks in order, carrying rotations forward (and, in the paper scheme,
-    the canonical rotations of later sites backward)."""
+    the canonical rotations of later sites backward).
+
+    The canonical directions of anchors that no site rotates depend on nothing but the
+    input, so a thread computes them CANONICAL_AHEAD chunks ahead of the chain. The caller
+    holds BLAS at one thread (rot.one_blas_thread) for as long as this runs."""
     where = {n: i for i, c in enumerate(layout.chunks) for n in c.tensors}
     canonical: dict[str, np.ndarray] = {}
     pending: dict[tuple[str, int], np.ndarray] = {}
-    for ci, chunk in enumerate(layout.chunks):
-        local = set(chunk.tensors)
-        for later in layout.chunks[ci + 1 :]:
-            for s in later.sites:
-                hits = [f for f in s.followers if f.tensor in local]
-                if not hits:
-                    continue
-                if scheme != "paper":
-                    raise InputError(f"site {s.name} touches {hits[0].tensor}, which is stored before it")
-                if s.name not in canonical:
-                    canonical[s.name] = canonical_rotation(get(s.anchor.tensor).to_f64(), s.anchor.axis)
-                for f in hits:
-                    pending[(f.tensor, f.axis)] = canonical[s.name]
-        tensors = {n: get(n) for n in chunk.tensors}
-        incoming = {k: v for k, v in pending.items() if k[0] in local}
-        enc = encode_chunk(chunk, tensors, incoming, scheme, tolerance, canonical,
-                           {n: m for n, m in moments.items() if n in local} if moments else None)
-        for k in incoming:
-            pending.pop(k, None)
-        for k, r in enc.outgoing.items():
-            if where.get(k[0], -1) > ci:
-                pending[k] = r
-        if progress is not None:
-            progress(ci + 1, len(layout.chunks), chunk.name)
-        yield chunk, enc
+    independent = _independent_anchors(layout)
+    ahead: dict[str, Future[np.ndarray]] = {}
+
+    def prefetch(ci: int) -> None:
+        if ci < len(layout.chunks):
+            for s in layout.chunks[ci].sites:
+                if s.anchor.tensor in independent and s.name not in ahead:
+                    ahead[s.name] = pool.submit(lambda a: canonical_rotation(get(a.tensor).to_f64(), a.axis), s.anchor)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="bbformat-canonical") as pool:
+        for ci in range(CANONICAL_AHEAD):
+            prefetch(ci)
+        for ci, chunk in enumerate(layout.chunks):
+            prefetch(ci + CANONICAL_AHEAD)
+            for s in chunk.sites:
+                if s.name in ahead and s.name not in canonical:
+                    canonical[s.name] = ahead.pop(s.name).result()
+            yield chunk, _encode_one(layout, ci, chunk, get, scheme, tolerance, progress, moments, where, canonical, pending)
+
+
+def _independent_anchors(layout: ModelLayout) -> set[str]:
+    """Anchors that no site rotates: their canonical directions depend on the input alone."""
+    followers = {f.tensor for c in layout.chunks for s in c.sites for f in s.followers}
+    return {s.anchor.tensor for c in layout.chunks for s in c.sites} - followers
+
+
+def _encode_one(layout, ci, chunk, get, scheme, tolerance, progress, moments, where, canonical, pending):  # type: ignore[no-untyped-def]
+    """One step of _encode_all: encode layout.chunks[ci], updating `canonical` and `pending`."""
+    local = set(chunk.tensors)
+    for later in layout.chunks[ci + 1 :]:
+        for s in later.sites:
+            hits = [f for f in s.followers if f.tensor in local]
+            if not hits:
+                continue
+            if scheme != "paper":
+                raise InputError(f"site {s.name} touches {hits[0].tensor}, which is stored before it")
+            if s.name not in canonical:
+                canonical[s.name] = canonical_rotation(get(s.anchor.tensor).to_f64(), s.anchor.axis)
+            for f in hits:
+                pending[(f.tensor, f.axis)] = canonical[s.name]
+    tensors = {n: get(n) for n in chunk.tensors}
+    incoming = {k: v for k, v in pending.items() if k[0] in local}
+    enc = encode_chunk(chunk, tensors, incoming, scheme, tolerance, canonical,
+                       {n: m for n, m in moments.items() if n in local} if moments else None, defer=True)
+    for k in incoming:
+        pending.pop(k, None)
+    for k, r in enc.outgoing.items():
+        if where.get(k[0], -1) > ci:
+            pending[k] = r
+    if progress is not None:
+        progress(ci + 1, len(layout.chunks), chunk.name)
+    return enc
 
 
 def verify_container(path: str | os.PathLike[str], digests: list[dict[str, str]]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -135,7 +136,7 @@ def _fill(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], expecte
         if tuple(p.shape) != tuple(t.shape):
             raise InputError(f"{name}: shape {tuple(t.shape)} does not match the model's {tuple(p.shape)}")
         with torch.no_grad():
-            p.copy_(t.to(p.dtype))
+            p.copy_(t)  # converts to the model's dtype in the same pass
         expected.discard(name)
 
 
@@ -157,11 +158,19 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32,
             stem = r.metadata.get("stem", "model")
             hf = json.loads(files["config.json"])
             sc = json.loads(files[f"{stem}.json"])
-            model = build_sliced_llama(hf, sc, dtype)
-            expected = {n for n, _ in model.named_parameters()}
-            for block in r.iter_blocks("reverse", workers=DECODE_WORKERS):
-                _fill(model, ((n, raw_to_torch(t)) for n, t in block.tensors.items()), expected)
-                del block
+            # The model is built on a thread of its own while the first blocks decode.
+            with ThreadPoolExecutor(1, thread_name_prefix="bbformat-build") as ex:
+                built = ex.submit(build_sliced_llama, hf, sc, dtype)
+                blocks = r.iter_blocks("reverse", workers=DECODE_WORKERS)
+                first = next(blocks, None)
+                model = built.result()
+                expected = {n for n, _ in model.named_parameters()}
+                if first is not None:
+                    _fill(model, ((n, raw_to_torch(t)) for n, t in first.tensors.items()), expected)
+                    del first
+                for block in blocks:
+                    _fill(model, ((n, raw_to_torch(t)) for n, t in block.tensors.items()), expected)
+                    del block
     else:
         ckpt = read_checkpoint(p)
         model = build_sliced_llama(ckpt.hf_config, ckpt.slicing_config, dtype)

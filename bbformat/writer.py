@@ -13,6 +13,7 @@ An OSError while writing (disk full, file-size limit, I/O error) becomes an Outp
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -22,7 +23,7 @@ from .codec.sections import KIND_PAYLOAD, Section
 from .container.chunks import build_chunk
 from .container.crc import crc32c
 from .container import records as R
-from .container.framing import IndexEntry, build_footer, build_header, build_index, minor_for
+from .container.framing import IndexEntry, build_footer, build_index, check_header, minor_for, seal_header
 from .errors import BBFormatError, InputError, output_error
 from .fsutil import fsync_dir, remove_stale_temps, temp_name
 
@@ -33,15 +34,20 @@ class WriterStateError(BBFormatError):
 
 class Writer:
     def __init__(self, dest: str | os.PathLike[str] | BinaryIO, scheme: str, chunk_count: int, metadata: dict,
-                 entropy: str = "none") -> None:
+                 entropy: str = "none", background_header: bool = False) -> None:
         """entropy: how add_chunk stores each payload (SPEC.md 8.6): "none" raw, "zstd" one
         zstd frame, "planes" codec 2, "auto" the smallest of the three per chunk. "planes" and
-        "auto" make a version 1.1 file (required flag PLANES), which 1.0 readers refuse."""
+        "auto" make a version 1.1 file (required flag PLANES), which 1.0 readers refuse.
+
+        background_header: compress the metadata (zstd-19; seconds for a tokenizer) on a
+        thread of its own; the header is written before the first chunk, as always."""
         if entropy not in ENTROPY_MODES:
             raise InputError(f"unknown entropy mode {entropy!r} (choose {', '.join(ENTROPY_MODES)})")
         self._entropy = entropy
         self._flags = R.FLAG_PLANES if entropy in ("planes", "auto") else 0
-        header = build_header(scheme, chunk_count, metadata, self._flags)  # refuses bad input before a temp file exists
+        fields = check_header(scheme, chunk_count, metadata, self._flags)  # refuses bad input before a temp file exists
+        self._header_pool: ThreadPoolExecutor | None = None
+        self._header: bytes | Future[bytes] | None
         self._path: Path | None = None
         self._tmp: Path | None = None
         self._state = "chunks"
@@ -63,9 +69,37 @@ class Writer:
             self._out = dest
         self._expected = chunk_count
         self._entries: list[IndexEntry] = []
+        self._waiting: list[bytes] = []  # built chunks not yet written (behind a background header)
+        self._added = 0
         self._pos = 0
+        self._header_bytes = 0
+        if background_header:
+            self._header_pool = ThreadPoolExecutor(1, thread_name_prefix="bbformat-header")
+            self._header = self._header_pool.submit(seal_header, fields)
+        else:
+            self._header = seal_header(fields)
+            self._write_header()
+
+    def _write_header(self) -> None:
+        if self._header is None:
+            return
+        header = self._header if isinstance(self._header, bytes) else self._header.result()
+        self._stop_header_pool()
+        self._header = None
         self._write(header)
-        self.metadata_bytes = len(header)
+        self._header_bytes = len(header)
+
+    def _stop_header_pool(self) -> None:
+        if self._header_pool is not None:
+            self._header_pool.shutdown(wait=False, cancel_futures=True)
+            self._header_pool = None
+
+    @property
+    def metadata_bytes(self) -> int:
+        """The header's size (waits for a background header and writes it)."""
+        if self._state == "chunks":
+            self._flush()
+        return self._header_bytes
 
     def _write(self, data: bytes) -> None:
         try:
@@ -96,20 +130,30 @@ class Writer:
             return list(sections)
         return [self._code(program, s) if s.kind == KIND_PAYLOAD else s for s in sections]
 
-    def add_chunk(self, program: BlockProgram, sections: list[Section], coded: bool = False) -> IndexEntry:
-        """Append the next chunk. coded=True: `sections` come from code_sections already."""
+    def add_chunk(self, program: BlockProgram, sections: list[Section], coded: bool = False) -> None:
+        """Append the next chunk. coded=True: `sections` come from code_sections already.
+        While a background header is still being compressed, chunks wait in memory."""
         if self._state != "chunks":
             raise WriterStateError(f"add_chunk() called in state {self._state!r}")
-        if len(self._entries) >= self._expected:
+        if self._added >= self._expected:
             raise WriterStateError(f"more chunks than the {self._expected} declared")
         if not coded:
             sections = self.code_sections(program, sections)
-        data = build_chunk(len(self._entries), program, sections)
-        entry = IndexEntry(self._pos, len(data), int.from_bytes(data[-4:], "little"))
-        assert entry.crc == crc32c(data[:-4])
-        self._write(data)
-        self._entries.append(entry)
-        return entry
+        self._waiting.append(build_chunk(self._added, program, sections))
+        self._added += 1
+        if isinstance(self._header, Future) and not self._header.done():
+            return
+        self._flush()
+
+    def _flush(self) -> None:
+        """Write the header if it is not yet written, then the chunks waiting for it."""
+        self._write_header()
+        while self._waiting:
+            data = self._waiting.pop(0)
+            entry = IndexEntry(self._pos, len(data), int.from_bytes(data[-4:], "little"))
+            assert entry.crc == crc32c(data[:-4])
+            self._write(data)
+            self._entries.append(entry)
 
     def _code(self, program: BlockProgram, section: Section) -> Section:
         codec, stored = code_payload(program, section.data, self._entropy)
@@ -123,8 +167,9 @@ class Writer:
         untouched, and the exception propagates (pack --verify uses this)."""
         if self._state != "chunks":
             raise WriterStateError(f"close() called in state {self._state!r}")
-        if len(self._entries) != self._expected:
-            raise WriterStateError(f"{len(self._entries)} chunks written, {self._expected} declared")
+        if self._added != self._expected:
+            raise WriterStateError(f"{self._added} chunks written, {self._expected} declared")
+        self._flush()
         index = build_index(self._entries)
         footer = build_footer(self._pos, index, minor_for(self._flags))
         self._write(index + footer)
@@ -155,6 +200,8 @@ class Writer:
         if self._state in ("closed", "aborted"):
             return
         self._state = "aborted"
+        self._stop_header_pool()
+        self._waiting.clear()
         if self._path is not None:
             try:
                 self._out.close()  # flushes what is buffered: may fail again on a full disk

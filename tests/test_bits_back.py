@@ -121,3 +121,38 @@ def test_site_ops_come_before_touched_tensors() -> None:
     enc = encode_chunk(layout, tensors, {}, "symmetric", 0.0)
     kinds = [(o.kind, o.index) for o in enc.program.ops]
     assert kinds.index((OP_SITE, 0)) == 1
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), d=dims, extra=st.integers(0, 20), dtype=dtypes, scheme=schemes,
+       tol=st.sampled_from([0.0, 1e-3]))
+def test_deferred_sections_are_the_sequential_ones(seed: int, d: int, extra: int, dtype: str, scheme: str, tol: float) -> None:
+    """encode_chunk(defer=True) + finish() (pack's pipeline: the zstd work on a worker) gives
+    the sections and reports of a sequential encode, and the raw-size bound it decides
+    with is never below the real cost."""
+    from bbformat.codec.sections import build_site_sections, side_cost_bound
+
+    layout, tensors = _case(seed, d, d + extra, dtype, 0.05)
+    now = encode_chunk(layout, tensors, {}, scheme, tol)
+    later = encode_chunk(layout, tensors, {}, scheme, tol, defer=True)
+    finished = later.finish()
+    assert later.finish() is finished and not later.deferred  # idempotent
+    assert [(s.kind, s.site, s.codec, s.stored) for s in finished] == [(s.kind, s.site, s.codec, s.stored) for s in now.sections]
+    assert later.reports == now.reports
+    assert np.array_equal(later.payload, now.payload)
+    site = now.program.sites[0]
+    if not site.plain:
+        fixes = encode_chunk(layout, tensors, {}, scheme, tol, defer=True).deferred
+        for s_idx, fix in fixes.items():
+            assert side_cost_bound(now.program, s_idx, fix) >= sum(c.cost for c in build_site_sections(now.program, s_idx, fix))
+
+
+def test_deferral_keeps_the_plain_decision() -> None:
+    """A site whose side information only compression could make pay is decided at once."""
+    d = 24
+    prefix = RawTensor.from_f64(np.random.default_rng(3).normal(0, 0.05, (60, d)), "float16")
+    anchor = RawTensor.from_f64(np.eye(d), "float16")
+    layout = ChunkLayout("c", ("prefix", "anchor"), (SiteSpec("s", d, AxisRef("anchor", 0)),))
+    enc = encode_chunk(layout, {"prefix": prefix, "anchor": anchor}, {}, "symmetric", 0.0, defer=True)
+    assert enc.program.sites[0].plain and not enc.deferred
+    assert enc.finish() == enc.sections

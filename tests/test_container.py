@@ -95,6 +95,48 @@ def test_writer_refuses_bad_header_before_any_file(tmp_path: Path, scheme: str, 
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("chunks", [0, 2])
+def test_background_header_writes_the_same_bytes(tmp_path: Path, chunks: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the metadata compressed on a thread, chunks wait for the header and the file is
+    byte for byte the one a plain writer makes, whether the header is ready or not."""
+    import threading
+
+    from bbformat.codec.encoder import encode_chunk
+    from bbformat.codec.layout import ChunkLayout
+    from bbformat.codec.dtypes import RawTensor
+    from bbformat.container import framing
+
+    meta = {"files": {"tokenizer.json": "x" * 100_000 + "".join(map(str, range(20_000)))}}
+    encs = [encode_chunk(ChunkLayout(f"b{i}", ("t",), ()), {"t": RawTensor.from_f64(np.full((4, 4), i + 0.5), "float16")}, {},
+                         "symmetric", 0.0) for i in range(chunks)]
+    plain = io.BytesIO()
+    w = Writer(plain, "symmetric", chunks, meta)
+    for e in encs:
+        w.add_chunk(e.program, e.sections)
+    w.close()
+    gate = threading.Event()
+    real = framing.seal_header
+
+    def slow_seal(fields):  # type: ignore[no-untyped-def]
+        gate.wait(10)  # the header is not ready until every chunk has been added
+        return real(fields)
+
+    monkeypatch.setattr("bbformat.writer.seal_header", slow_seal)
+    with Writer(tmp_path / "m.bb", "symmetric", chunks, meta, background_header=True) as bg:
+        for e in encs:
+            bg.add_chunk(e.program, e.sections)
+        assert bg.bytes_written == 0  # nothing written ahead of the header
+        gate.set()
+    assert (tmp_path / "m.bb").read_bytes() == plain.getvalue()
+
+
+def test_background_header_abort_leaves_nothing(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError):
+        with Writer(tmp_path / "m.bb", "symmetric", 1, {"x": "y" * 50_000}, background_header=True):
+            raise RuntimeError("interrupted")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path) -> None:
     out = tmp_path / "m.bb"
     with pytest.raises(RuntimeError):

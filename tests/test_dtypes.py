@@ -4,6 +4,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,7 @@ from bbformat.codec.dtypes import (
     tensor_to_symbols,
 )
 from bbformat.codec.varint import decode_varints, encode_varints, unzigzag, zigzag
+from bbformat.errors import FormatError
 
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 
@@ -96,3 +98,44 @@ def test_tensor_symbol_round_trip(dtype: str, w: int, n: int, seed: int) -> None
     s = tensor_to_symbols(t, w)
     assert s.size == t.bits.size * (t.bits.dtype.itemsize * 8 // w)
     assert symbols_to_tensor(s, dtype, t.shape, w).equal(t)
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=200))
+def test_varint_bytes_is_the_encoded_length(values: list[int]) -> None:
+    from bbformat.codec.varint import varint_bytes
+
+    u = np.array(values, dtype=np.uint64)
+    assert varint_bytes(u) == len(encode_varints(u))
+
+
+@given(st.binary(max_size=24), st.integers(0, 3))
+def test_byte_cursor_varint_agrees_with_decode_varints(data: bytes, start: int) -> None:
+    """The group reader's scalar varint and the vectorised decoder accept, reject and read
+    the same bytes."""
+    from bbformat.codec.sections import ByteCursor
+
+    cur = ByteCursor(data, "t")
+    cur.pos = min(start, len(data))
+    rest = data[cur.pos :]
+    n = next((i + 1 for i, b in enumerate(rest) if not b & 0x80), None)
+    try:
+        want = int(decode_varints(rest[:n], 1)[0]) if n is not None else None
+    except FormatError:
+        want = None
+    try:
+        got = cur.varint("v")
+    except FormatError as exc:
+        assert exc.code == "E_SECTION_CONTENT"
+        got = None
+    assert got == want
+    if got is not None:
+        assert cur.pos == min(start, len(data)) + n
+
+
+@given(st.lists(st.integers(0, 127), max_size=64))
+def test_single_byte_varints_fast_path(values: list[int]) -> None:
+    data = bytes(values)
+    assert decode_varints(data, len(values)).tolist() == values
+    if values:
+        with pytest.raises(FormatError):
+            decode_varints(data, len(values) + 1)

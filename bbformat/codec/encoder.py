@@ -21,10 +21,11 @@ from .program import (
     Op,
     SimulatingCorrector,
     SiteEntry,
+    SiteFix,
     TensorEntry,
     decode_program,
 )
-from .sections import KIND_PAYLOAD, NO_SITE, Section, build_site_sections
+from .sections import KIND_PAYLOAD, NO_SITE, Section, build_site_sections, side_cost_bound
 from .stack import SymbolStack
 
 SCHEMES = ("paper", "symmetric")
@@ -80,12 +81,41 @@ class SiteReport:
 
 @dataclass
 class EncodedChunk:
+    """One encoded chunk. After encode_chunk(defer=True), `sections` is complete only once
+    finish() has run: the side sections of sites that pay for themselves even stored raw are
+    built and compressed there, so a caller can do that zstd work on another thread."""
+
     program: BlockProgram
     payload: np.ndarray
     sections: list[Section]
     intended: dict[str, RawTensor]
     outgoing: Rotations
     reports: list[SiteReport] = field(default_factory=list)
+    deferred: dict[int, SiteFix] = field(default_factory=dict)
+
+    def finish(self) -> list[Section]:
+        """Build the deferred sites' sections (the same bytes encode_chunk(defer=False) makes),
+        put them in site order and fill in their reports' side_bytes. Idempotent."""
+        if self.deferred:
+            built: dict[int, list[Section]] = {}
+            for site, fix in self.deferred.items():
+                built[site] = [sec.finish() for sec in build_site_sections(self.program, site, fix)]
+            by_site: dict[int, list[Section]] = {}
+            for sec in self.sections[1:]:
+                by_site.setdefault(sec.site, []).append(sec)
+            by_site.update(built)
+            self.sections = self.sections[:1] + [sec for site in sorted(by_site) for sec in by_site[site]]
+            _report_stored_sizes(self, list(self.deferred))
+            self.deferred = {}
+        return self.sections
+
+
+def _report_stored_sizes(enc: EncodedChunk, sites: list[int]) -> None:
+    """Each listed site's report gets the bytes its sections take as stored."""
+    for i in sites:
+        name = enc.program.sites[i].name
+        report = next(r for r in enc.reports if r.name == name)
+        report.side_bytes = sum(sec.cost for sec in enc.sections if sec.site == i)
 
 
 def canonical_rotation(anchor: np.ndarray, axis: int) -> np.ndarray:
@@ -108,6 +138,7 @@ def encode_chunk(
     tolerance: float,
     canonical: dict[str, np.ndarray] | None = None,
     moments: Moments | None = None,
+    defer: bool = False,
 ) -> EncodedChunk:
     """Encode one chunk. `incoming` rotates axes touched by sites of earlier chunks
     (paper: also later ones); `canonical` caches U0 per site name; `moments` switches
@@ -115,9 +146,12 @@ def encode_chunk(
 
     BLAS runs on one thread here: eigenvectors of a nearly degenerate popped X depend on how
     LAPACK splits its work, so any other count would make the bytes depend on the machine's
-    thread settings (tests/test_determinism.py)."""
+    thread settings (tests/test_determinism.py).
+
+    defer=True leaves the zstd work of the side sections to EncodedChunk.finish() wherever
+    a bound on their raw size already shows that the site pays for itself."""
     with rot.one_blas_thread():
-        return _encode_chunk(layout, tensors, incoming, scheme, tolerance, canonical, moments)
+        return _encode_chunk(layout, tensors, incoming, scheme, tolerance, canonical, moments, defer)
 
 
 def _encode_chunk(
@@ -128,6 +162,7 @@ def _encode_chunk(
     tolerance: float,
     canonical: dict[str, np.ndarray] | None,
     moments: Moments | None,
+    defer: bool,
 ) -> EncodedChunk:
     if scheme not in SCHEMES:
         raise InputError(f"unknown scheme {scheme!r}")
@@ -167,7 +202,7 @@ def _encode_chunk(
     plain: dict[int, str] = {}
     for _ in range(len(layout.sites) + 1):
         result = _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain,
-                              base_h, feedback_cache)
+                              base_h, feedback_cache, defer)
         newly = {k: v for k, v in result[1].items() if k not in plain}
         if not newly:
             enc = result[0]
@@ -193,7 +228,7 @@ def _rounded(name, x, rots, dtype, base_h, cache):  # type: ignore[no-untyped-de
     return cache[key]
 
 
-def _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain, base_h, cache):  # type: ignore[no-untyped-def]
+def _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain, base_h, cache, defer):  # type: ignore[no-untyped-def]
     paper = scheme == "paper"
     stack = SymbolStack(w)
     anchor_rot: dict[int, np.ndarray] = {}
@@ -305,14 +340,19 @@ def _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dty
     sections = [Section(KIND_PAYLOAD, NO_SITE, payload.astype(payload.dtype.newbyteorder("<")).tobytes())]
     reports: list[SiteReport] = []
     newly: dict[int, str] = {}
+    deferred: dict[int, SiteFix] = {}
     for s_idx, s in enumerate(sites):
         gain = (rot.block_size(s.dim) - 2 * s.dim) * w
         if s_idx in new_plain:
             reports.append(SiteReport(s.name, s.dim, new_plain[s_idx], 0, 0, 0, 0))
             continue
         fix = sim.fixes.get(s_idx)
-        secs = build_site_sections(program, s_idx, fix) if fix is not None else []
-        side = sum(c.cost for c in secs)
+        if defer and fix is not None and side_cost_bound(program, s_idx, fix) * 8 < gain:
+            deferred[s_idx] = fix  # pays even stored raw: sections built in finish()
+            secs, side = [], 0
+        else:
+            secs = build_site_sections(program, s_idx, fix) if fix is not None else []
+            side = sum(c.cost for c in secs)
         corrected = int(fix.x_mask.sum()) if fix is not None and fix.x_mask is not None else 0
         if fix is not None and fix.anchor_mask is not None:
             corrected += int(fix.anchor_mask.sum())
@@ -329,5 +369,7 @@ def _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dty
         for f in s.followers:
             if f.tensor not in local:
                 outgoing[(f.tensor, f.axis)] = r
-    enc = EncodedChunk(program, payload, [sec.finish(sec.kind != KIND_PAYLOAD) for sec in sections], intended, outgoing, reports)
+    enc = EncodedChunk(program, payload, [sec.finish(sec.kind != KIND_PAYLOAD) for sec in sections], intended, outgoing, reports,
+                       deferred)
+    _report_stored_sizes(enc, [i for i in range(len(sites)) if i not in new_plain and i not in deferred])
     return enc, newly

@@ -24,6 +24,7 @@ MAX_CLASSES = 16
 PLANE_ZSTD_LEVEL = 3  # measured: higher levels are no smaller on these planes (BENCHMARKS.md)
 PAYLOAD_ZSTD_LEVEL = 3
 SMALL_GROUP = 64  # groups up to this size are stored raw without trying zstd
+UNPERMUTE_BYTES = 1 << 22  # the decoder un-permutes a top plane in pieces of about this size
 ENTROPY_MODES = ("none", "zstd", "planes", "auto")
 CLASS_CHOICES = (1, 4)  # classes per axis the encoder tries for each segment
 MIN_CONTEXT_SEGMENT = 4096  # below this many symbols a class map costs more than it saves
@@ -164,10 +165,11 @@ class _Cursor(ByteCursor):
         return np.frombuffer(decompress(stored, codec, size, size), np.uint8)
 
 
-def _read_contexts(cur: _Cursor, j: int, n: int, r: int, k: int, row_cls: np.ndarray, col_cls: np.ndarray) -> np.ndarray:
-    """The top plane of one segment from its k*k context groups. The full rows, sorted by class,
-    against the columns, sorted by class, form one block per context: each group is copied
-    as a block and the grid is un-permuted once (no per-symbol scatter)."""
+def _read_contexts(cur: _Cursor, j: int, n: int, r: int, k: int, row_cls: np.ndarray, col_cls: np.ndarray, dest: np.ndarray) -> None:
+    """The top plane of one segment from its k*k context groups, into `dest` (n bytes, may be
+    strided). The full rows, sorted by class, against the columns, sorted by class, form one
+    block per context: each group is copied as a block and the grid is un-permuted into
+    `dest` a few rows at a time (no per-symbol scatter, no second copy of the plane)."""
     full, tail = divmod(n, r)
     rc = row_cls[:full]
     rho = np.argsort(rc, kind="stable")
@@ -191,13 +193,12 @@ def _read_contexts(cur: _Cursor, j: int, n: int, r: int, k: int, row_cls: np.nda
                 tail_sorted[t0[b] : t0[b + 1]] = part[m:]
     inv_pi = np.empty(r, np.int64)
     inv_pi[pi] = np.arange(r)
-    grid = np.empty((full, r), np.uint8)
-    grid[rho] = block[:, inv_pi]
-    top = np.empty(n, np.uint8)
-    top[: full * r] = grid.reshape(-1)
+    grid = np.lib.stride_tricks.as_strided(dest, shape=(full, r), strides=(r * dest.strides[0], dest.strides[0]))  # a view
+    step = max(1, UNPERMUTE_BYTES // r)
+    for i in range(0, full, step):
+        grid[rho[i : i + step]] = block[i : i + step][:, inv_pi]
     if tail:
-        top[full * r :][np.argsort(col_cls[:tail], kind="stable")] = tail_sorted
-    return top
+        dest[full * r :][np.argsort(col_cls[:tail], kind="stable")] = tail_sorted
 
 
 def read_segments(data: Buffer, total: int) -> tuple[list[Segment], int]:
@@ -239,17 +240,16 @@ def decode_planes(data: Buffer, total: int, symbol_bits: int) -> np.ndarray:
     planes = out.view(np.uint8).reshape(total, nb)  # byte b of every symbol, written in place
     pos = mpos = 0
     for j, (n, r, k) in enumerate(segs):
+        dest = planes[pos : pos + n, nb - 1]
         if k == 1:
-            top = cur.take(n, f"segment {j} top plane")
+            dest[:] = cur.take(n, f"segment {j} top plane")
         else:
             rows = -(-n // r)
             row_cls, col_cls = maps[mpos : mpos + rows], maps[mpos + rows : mpos + rows + r]
             mpos += rows + r
             if (row_cls >= k).any() or (col_cls >= k).any():
                 raise FormatError(f"planes payload: segment {j} has a class >= {k}", "E_SECTION_CONTENT")
-            top = _read_contexts(cur, j, n, r, k, row_cls, col_cls)
-        planes[pos : pos + n, nb - 1] = top
-        del top
+            _read_contexts(cur, j, n, r, k, row_cls, col_cls, dest)
         pos += n
     for b in range(nb - 2, -1, -1):
         planes[:, b] = cur.take(total, f"plane {b}")

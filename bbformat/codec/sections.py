@@ -9,7 +9,7 @@ import zstandard
 from ..errors import FormatError, LimitError
 from .dtypes import RawTensor, bits_of, bits_to_ordinal, ordinal_to_bits, uint_dtype
 from .program import BlockProgram, SiteFix
-from .varint import decode_varints, encode_varints, unzigzag, zigzag
+from .varint import MAX_VARINT_BYTES, decode_varints, encode_varints, unzigzag, varint_bytes, zigzag
 
 KIND_PAYLOAD = 1
 KIND_SIGNS = 2
@@ -107,14 +107,19 @@ class ByteCursor:
         self.what = what
 
     def varint(self, what: str) -> int:
+        v = shift = 0
         end = self.pos
-        while end < len(self.data) and self.data[end] & 0x80 and end - self.pos < 10:
+        while end < len(self.data) and end - self.pos < MAX_VARINT_BYTES:
+            byte = self.data[end]
+            v |= (byte & 0x7F) << shift
+            shift += 7
             end += 1
-        if end >= len(self.data) or end - self.pos >= 10:
-            raise FormatError(f"{self.what}: {what} is not a complete varint", "E_SECTION_CONTENT")
-        v = int(decode_varints(bytes(self.data[self.pos : end + 1]), 1)[0])
-        self.pos = end + 1
-        return v
+            if not byte & 0x80:
+                if v >> 64:
+                    raise FormatError(f"{self.what}: {what} is 2^64 or more", "E_SECTION_CONTENT")
+                self.pos = end
+                return v
+        raise FormatError(f"{self.what}: {what} is not a complete varint", "E_SECTION_CONTENT")
 
     def u8(self, what: str) -> int:
         if self.pos >= len(self.data):
@@ -149,9 +154,13 @@ def encode_group(raw: bytes, z: zstandard.ZstdCompressor, zstd_above: int = 0) -
     return encode_varints(np.array([len(data)], np.uint64)) + bytes([codec]) + data
 
 
-def encode_residuals(mask: np.ndarray, true_bits: np.ndarray, approx_bits: np.ndarray, dtype: str) -> bytes:
+def _residuals(mask: np.ndarray, true_bits: np.ndarray, approx_bits: np.ndarray, dtype: str) -> np.ndarray:
     width = bits_of(dtype)
-    r = np.where(mask, bits_to_ordinal(true_bits, width) - bits_to_ordinal(approx_bits, width), 0)
+    return np.where(mask, bits_to_ordinal(true_bits, width) - bits_to_ordinal(approx_bits, width), 0)
+
+
+def encode_residuals(mask: np.ndarray, true_bits: np.ndarray, approx_bits: np.ndarray, dtype: str) -> bytes:
+    r = _residuals(mask, true_bits, approx_bits, dtype)
     out = []
     z = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, write_checksum=False)
     for _, where in context_groups(approx_bits, dtype):
@@ -215,6 +224,38 @@ def build_site_sections(program: BlockProgram, site: int, fix: SiteFix) -> list[
         vb = bits_of(program.tensors[s.anchor].dtype)
         out.append(Section(KIND_ANCHOR_PATCHES, site, encode_patches(fix.anchor_mask, fix.anchor_true, vb)).finish())
     return out
+
+
+def side_cost_bound(program: BlockProgram, site: int, fix: SiteFix) -> int:
+    """An upper bound on sum(c.cost for c in build_site_sections(program, site, fix)) that
+    compresses nothing: every section and group stored raw. The encoder decides with it
+    that a site pays for itself, and leaves the zstd work for later (EncodedChunk.finish)."""
+    s = program.sites[site]
+    w = program.symbol_bits
+    total = 0
+    if s.paper:
+        total += (s.dim + 7) // 8 + SECTION_ENTRY_BYTES
+    if fix.x_mask is not None and fix.x_mask.any():
+        assert fix.x_true is not None and fix.x_approx is not None
+        cands = [_patches_bytes(fix.x_mask, w)]
+        if not s.paper:
+            r = _residuals(fix.x_mask, fix.x_true, fix.x_approx, program.symbol_dtype)
+            raw = 0
+            for _, where in context_groups(fix.x_approx, program.symbol_dtype):
+                n = varint_bytes(zigzag(r[where]))
+                raw += varint_bytes(np.array([n], np.uint64)) + 1 + n
+            cands.append(raw)
+        total += min(cands) + SECTION_ENTRY_BYTES
+    if s.paper and fix.anchor_mask is not None and fix.anchor_mask.any():
+        total += _patches_bytes(fix.anchor_mask, bits_of(program.tensors[s.anchor].dtype)) + SECTION_ENTRY_BYTES
+    return total
+
+
+def _patches_bytes(mask: np.ndarray, value_bits: int) -> int:
+    """len(encode_patches(mask, ..., value_bits))."""
+    pos = np.flatnonzero(mask.reshape(-1)).astype(np.int64)
+    gaps = np.diff(np.concatenate(([-1], pos))) - 1
+    return varint_bytes(np.array([pos.size], np.uint64)) + varint_bytes(gaps.astype(np.uint64)) + pos.size * (value_bits // 8)
 
 
 def decoded_limit(program: BlockProgram, kind: int, site: int) -> int:

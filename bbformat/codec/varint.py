@@ -18,6 +18,15 @@ def unzigzag(u: np.ndarray) -> np.ndarray:
     return ((u >> np.uint64(1)).astype(np.int64)) ^ (-(u & np.uint64(1)).astype(np.int64))
 
 
+def varint_bytes(u: np.ndarray) -> int:
+    """len(encode_varints(u)), without encoding."""
+    u = np.asarray(u, dtype=np.uint64).reshape(-1)
+    n = u.size
+    for k in range(1, MAX_VARINT_BYTES):
+        n += int(np.count_nonzero(u >> np.uint64(7 * k)))
+    return n
+
+
 def encode_varints(u: np.ndarray) -> bytes:
     u = np.asarray(u, dtype=np.uint64).reshape(-1)
     if u.size == 0:
@@ -44,6 +53,8 @@ def encode_varints(u: np.ndarray) -> bytes:
 def decode_varints(data: bytes | bytearray | memoryview, count: int) -> np.ndarray:
     """Decode exactly `count` varints filling `data` exactly; reject anything else."""
     b = np.frombuffer(data, dtype=np.uint8)
+    if b.size == count and (count == 0 or int(b.max()) < 0x80):
+        return b.astype(np.uint64)  # every value is one byte (most residuals)
     ends = np.flatnonzero((b & 0x80) == 0)
     if ends.size != count or (count and ends[-1] != b.size - 1) or (count == 0 and b.size):
         raise FormatError("varint stream does not hold the declared number of values", "E_SECTION_CONTENT")

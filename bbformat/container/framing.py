@@ -29,8 +29,23 @@ def minor_for(required_flags: int) -> int:
     return 1 if required_flags & R.FLAG_PLANES else 0
 
 
+@dataclass(frozen=True)
+class HeaderFields:
+    """A checked header, its metadata still uncompressed (check_header, then seal_header)."""
+
+    scheme: str
+    chunk_count: int
+    metadata_json: bytes
+    required_flags: int
+
+
 def build_header(scheme: str, chunk_count: int, metadata: dict, required_flags: int = 0) -> bytes:
     """The header bytes; refuses what a reader would refuse (InputError), before anything is written."""
+    return seal_header(check_header(scheme, chunk_count, metadata, required_flags))
+
+
+def check_header(scheme: str, chunk_count: int, metadata: dict, required_flags: int = 0) -> HeaderFields:
+    """Everything build_header refuses (InputError), without the slow part: compressing the metadata."""
     if required_flags & ~R.REQUIRED_FLAGS_KNOWN:
         raise InputError(f"unknown required flags 0x{required_flags:08x}")
     if scheme not in R.SCHEME_CODES:
@@ -44,7 +59,12 @@ def build_header(scheme: str, chunk_count: int, metadata: dict, required_flags: 
     if len(meta) > R.MAX_METADATA:
         raise InputError(f"the container's metadata (for pack: the side files and key list) is {len(meta):,} bytes; "
                          f"readers refuse more than {R.MAX_METADATA:,}")
-    codec = 0
+    return HeaderFields(scheme, chunk_count, meta, required_flags)
+
+
+def seal_header(h: HeaderFields) -> bytes:
+    """The header bytes of a checked header: metadata zstd-19 compressed where that is smaller."""
+    meta, required_flags, codec = h.metadata_json, h.required_flags, 0
     if len(meta) > 4096:
         packed = zstandard.ZstdCompressor(level=19, write_content_size=True, write_checksum=False).compress(meta)
         if len(packed) < len(meta):
@@ -55,10 +75,10 @@ def build_header(scheme: str, chunk_count: int, metadata: dict, required_flags: 
             minor=minor_for(required_flags),
             required_flags=required_flags,
             optional_flags=0,
-            scheme=R.SCHEME_CODES[scheme],
+            scheme=R.SCHEME_CODES[h.scheme],
             metadata_codec=codec,
             reserved1=0,
-            chunk_count=chunk_count,
+            chunk_count=h.chunk_count,
             metadata_length=len(meta),
         )
     )
