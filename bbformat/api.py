@@ -17,7 +17,7 @@ from .codec import rotation as rot
 from .codec.dtypes import RawTensor, bits_of
 from .codec.entropy import ENTROPY_MODES
 from .codec.encoder import EncodedChunk, Moments, SiteReport, canonical_rotation, encode_chunk
-from .codec.layout import ModelLayout
+from .codec.layout import AxisRef, ModelLayout
 from .codec.program import BlockProgram
 from .codec.sections import Section
 from .errors import InputError, VerifyError
@@ -189,7 +189,7 @@ def _encode_all(layout: ModelLayout, get: Callable[[str], RawTensor], scheme: st
         if ci < len(layout.chunks):
             for s in layout.chunks[ci].sites:
                 if s.anchor.tensor in independent and s.name not in ahead:
-                    ahead[s.name] = pool.submit(lambda a: canonical_rotation(get(a.tensor).to_f64(), a.axis), s.anchor)
+                    ahead[s.name] = pool.submit(_input_canonical, get, s.anchor)
 
     with ThreadPoolExecutor(1, thread_name_prefix="bbformat-canonical") as pool:
         for ci in range(CANONICAL_AHEAD):
@@ -200,6 +200,11 @@ def _encode_all(layout: ModelLayout, get: Callable[[str], RawTensor], scheme: st
                 if s.name in ahead and s.name not in canonical:
                     canonical[s.name] = ahead.pop(s.name).result()
             yield chunk, _encode_one(layout, ci, chunk, get, scheme, tolerance, progress, moments, where, canonical, pending)
+
+
+def _input_canonical(get: Callable[[str], RawTensor], anchor: AxisRef) -> np.ndarray:
+    """The canonical direction of an anchor as the input holds it (no rotation applied)."""
+    return canonical_rotation(get(anchor.tensor).to_f64(), anchor.axis)
 
 
 def _independent_anchors(layout: ModelLayout) -> set[str]:
@@ -219,7 +224,7 @@ def _encode_one(layout, ci, chunk, get, scheme, tolerance, progress, moments, wh
             if scheme != "paper":
                 raise InputError(f"site {s.name} touches {hits[0].tensor}, which is stored before it")
             if s.name not in canonical:
-                canonical[s.name] = canonical_rotation(get(s.anchor.tensor).to_f64(), s.anchor.axis)
+                canonical[s.name] = _input_canonical(get, s.anchor)
             for f in hits:
                 pending[(f.tensor, f.axis)] = canonical[s.name]
     tensors = {n: get(n) for n in chunk.tensors}

@@ -47,7 +47,7 @@ class Writer:
         self._flags = R.FLAG_PLANES if entropy in ("planes", "auto") else 0
         fields = check_header(scheme, chunk_count, metadata, self._flags)  # refuses bad input before a temp file exists
         self._header_pool: ThreadPoolExecutor | None = None
-        self._header: bytes | Future[bytes] | None
+        self._header: Future[bytes] | None = None  # a background header not yet written
         self._path: Path | None = None
         self._tmp: Path | None = None
         self._state = "chunks"
@@ -77,15 +77,9 @@ class Writer:
             self._header_pool = ThreadPoolExecutor(1, thread_name_prefix="bbformat-header")
             self._header = self._header_pool.submit(seal_header, fields)
         else:
-            self._header = seal_header(fields)
-            self._write_header()
+            self._write_header(seal_header(fields))
 
-    def _write_header(self) -> None:
-        if self._header is None:
-            return
-        header = self._header if isinstance(self._header, bytes) else self._header.result()
-        self._stop_header_pool()
-        self._header = None
+    def _write_header(self, header: bytes) -> None:
         self._write(header)
         self._header_bytes = len(header)
 
@@ -141,13 +135,17 @@ class Writer:
             sections = self.code_sections(program, sections)
         self._waiting.append(build_chunk(self._added, program, sections))
         self._added += 1
-        if isinstance(self._header, Future) and not self._header.done():
+        if self._header is not None and not self._header.done():
             return
         self._flush()
 
     def _flush(self) -> None:
-        """Write the header if it is not yet written, then the chunks waiting for it."""
-        self._write_header()
+        """Write a background header if it is not yet written, then the chunks waiting for it."""
+        if self._header is not None:
+            header = self._header.result()
+            self._stop_header_pool()
+            self._header = None
+            self._write_header(header)
         while self._waiting:
             data = self._waiting.pop(0)
             entry = IndexEntry(self._pos, len(data), int.from_bytes(data[-4:], "little"))

@@ -97,14 +97,9 @@ class EncodedChunk:
         """Build the deferred sites' sections (the same bytes encode_chunk(defer=False) makes),
         put them in site order and fill in their reports' side_bytes. Idempotent."""
         if self.deferred:
-            built: dict[int, list[Section]] = {}
-            for site, fix in self.deferred.items():
-                built[site] = [sec.finish() for sec in build_site_sections(self.program, site, fix)]
-            by_site: dict[int, list[Section]] = {}
-            for sec in self.sections[1:]:
-                by_site.setdefault(sec.site, []).append(sec)
-            by_site.update(built)
-            self.sections = self.sections[:1] + [sec for site in sorted(by_site) for sec in by_site[site]]
+            built = [sec.finish() for site, fix in self.deferred.items() for sec in build_site_sections(self.program, site, fix)]
+            # the payload first, then the sites in order (a stable sort keeps each site's own order)
+            self.sections = self.sections[:1] + sorted(self.sections[1:] + built, key=lambda sec: sec.site)
             _report_stored_sizes(self, list(self.deferred))
             self.deferred = {}
         return self.sections

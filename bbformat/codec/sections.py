@@ -50,9 +50,14 @@ class Section:
         return len(self.stored) + SECTION_ENTRY_BYTES
 
 
-def encode_patches(mask: np.ndarray, true_bits: np.ndarray, value_bits: int) -> bytes:
+def _patch_positions(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, gaps before each) of the corrected values, as x_patches stores them."""
     pos = np.flatnonzero(mask.reshape(-1)).astype(np.int64)
-    gaps = np.diff(np.concatenate(([-1], pos))) - 1
+    return pos, np.diff(np.concatenate(([-1], pos))) - 1
+
+
+def encode_patches(mask: np.ndarray, true_bits: np.ndarray, value_bits: int) -> bytes:
+    pos, gaps = _patch_positions(mask)
     vals = true_bits.reshape(-1)[pos].astype(uint_dtype(value_bits))
     return encode_varints(np.array([pos.size], np.uint64)) + encode_varints(gaps.astype(np.uint64)) + vals.tobytes()
 
@@ -253,8 +258,7 @@ def side_cost_bound(program: BlockProgram, site: int, fix: SiteFix) -> int:
 
 def _patches_bytes(mask: np.ndarray, value_bits: int) -> int:
     """len(encode_patches(mask, ..., value_bits))."""
-    pos = np.flatnonzero(mask.reshape(-1)).astype(np.int64)
-    gaps = np.diff(np.concatenate(([-1], pos))) - 1
+    pos, gaps = _patch_positions(mask)
     return varint_bytes(np.array([pos.size], np.uint64)) + varint_bytes(gaps.astype(np.uint64)) + pos.size * (value_bits // 8)
 
 

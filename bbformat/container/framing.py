@@ -39,13 +39,9 @@ class HeaderFields:
     required_flags: int
 
 
-def build_header(scheme: str, chunk_count: int, metadata: dict, required_flags: int = 0) -> bytes:
-    """The header bytes; refuses what a reader would refuse (InputError), before anything is written."""
-    return seal_header(check_header(scheme, chunk_count, metadata, required_flags))
-
-
 def check_header(scheme: str, chunk_count: int, metadata: dict, required_flags: int = 0) -> HeaderFields:
-    """Everything build_header refuses (InputError), without the slow part: compressing the metadata."""
+    """Refuses what a reader would refuse (InputError), before anything is written; the slow
+    part, compressing the metadata, is seal_header's."""
     if required_flags & ~R.REQUIRED_FLAGS_KNOWN:
         raise InputError(f"unknown required flags 0x{required_flags:08x}")
     if scheme not in R.SCHEME_CODES:
