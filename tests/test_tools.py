@@ -32,6 +32,13 @@ def test_bench_threads_refuses_a_missing_container(tmp_path: Path) -> None:
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no container at" in r.stderr
 
 
+def test_bench_refuses_a_baseline_that_is_not_a_checkout(tmp_path: Path) -> None:
+    """Checked before anything is measured: one line, exit 2."""
+    r = _tool(str(TOOLS / "bench.py"), "--sections", "speed", "--baseline", str(tmp_path), "--work", str(tmp_path / "w"))
+    assert r.returncode == 2 and "not a checkout of bbformat" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "w").exists()
+
+
 def test_residual_contexts_measures_a_container_and_refuses_bad_input(tmp_path: Path) -> None:
     from conftest import sample_container
 

@@ -630,9 +630,9 @@ def speed_report(res: dict) -> list[str]:
           "Grams, which no encoder can skip either). Streaming peak = growth of peak RSS while `iter_stream` decodes the file "
           "and keeps every tensor, in a fresh process, after warming up LAPACK and zstd on a 64×64 problem; measured with "
           "glibc's mmap threshold fixed at 1 MiB (`MALLOC_MMAP_THRESHOLD_=1048576`, so freed blocks go back to the OS and "
-          "the figure is the decoder's live memory; it repeats to 0.1 MiB) and with the default, dynamic threshold (whose "
-          "retained free memory moves the figure by ±15 MiB with allocation history; calling malloc_trim after every block "
-          "took 381 → 368 MiB and 388 → 380 MiB in a trial, not enough to ship).", "",
+          "the figure is the decoder's live memory) and with the default, dynamic threshold (whose retained free memory "
+          "moves the figure between runs with allocation history; calling malloc_trim after every block narrowed that but did "
+          "not close it in a throw-away trial, so no figures here and nothing shipped).", "",
           "| payload | sites (D) | workers | floor s | decode s | unpack s | load_model s | unpack / floor | load_model / floor | "
           "pack s | pack floor s | pack / floor | pack linalg s | stream peak growth MiB (default malloc) | model + 2 blocks MiB |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -665,11 +665,12 @@ def speed_report(res: dict) -> list[str]:
               f"algebra takes {r0['pack_linalg_s']:.1f} s summed over its threads (timed inside each call, so it includes "
               "waiting for a core while the compression thread runs), against the floor's "
               f"{r0['floor_pack_s']:.2f} s: besides its three eigendecompositions per site it rotates every weight "
-              "(one product with a D×D rotation per rotated axis: about 3 GFLOP per layer and 33 GFLOP for the head) and forms "
+              "(one product with a D×D rotation per rotated axis; from the shapes, about 3 GFLOP per layer and 33 GFLOP for the "
+              "head) and forms "
               "the Gram matrices, which the floor leaves out and no encoder can skip. This run's pack overlaps its chain "
               "with everything that does not depend on it: the canonical directions of the anchors no site rotates (computed "
               "two chunks ahead on a second thread), the zstd-19 of the side sections (decided with a bound on their raw size, "
-              "then compressed on a worker) and of the metadata (about 4 s for its 4.7 MB of tokenizer files, on a third thread, the "
+              "then compressed on a worker) and of the metadata (its tokenizer files, on a third thread, the "
               "chunks waiting in memory for the header), and the entropy stage. What is left on the chain's thread besides "
               "the linear algebra: float16 ↔ float64 conversions, the stack's copies, and the decoder's simulation "
               "(residuals). Closing the rest would need the rotations themselves off the chain: each site's rotated "
@@ -834,6 +835,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="speed section: also time pack, unpack and load_model of this other checkout (e.g. a git worktree "
                          "of the previous commit) in the same run")
     a = ap.parse_args(argv)
+    if a.baseline is not None and not (a.baseline / "bbformat" / "__init__.py").is_file():
+        ap.error(f"--baseline {a.baseline}: not a checkout of bbformat (no bbformat/__init__.py there)")
     if a.from_json:
         res = json.loads(a.from_json.read_text())
         write_report(a.out, res, res.get("argv", argv))
