@@ -261,11 +261,11 @@ def open_container(path: str | os.PathLike[str], *, max_block_bytes: int | str |
 def read_tensors(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None) -> dict[str, "object"]:
     """Decode a whole container into an ordered dict of torch tensors."""
     with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim) as r:
-        out: dict[str, RawTensor] = {}
+        out: dict[str, torch.Tensor] = {}
         for block in r.iter_blocks("reverse", workers=DECODE_WORKERS):
-            out.update(block.tensors)
+            out.update((n, raw_to_torch(t, copy=False)) for n, t in block.tensors.items())
         keys = r.metadata.get("keys") or list(out)
-    return {k: raw_to_torch(out[k]) for k in keys}
+    return {k: out[k] for k in keys}
 
 
 def unpack(
@@ -289,10 +289,10 @@ def unpack(
         raise InputError(f"unknown output format {fmt!r} (choose 'pt' or 'safetensors')")
     with Reader(src, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim) as r:
         meta = r.metadata
-        decoded: dict[str, RawTensor] = {}
+        decoded: dict[str, torch.Tensor] = {}
         n = len(r)
         for k, block in enumerate(r.iter_blocks("reverse", workers=DECODE_WORKERS)):
-            decoded.update(block.tensors)
+            decoded.update((name, raw_to_torch(t, copy=False)) for name, t in block.tensors.items())
             if progress is not None:
                 progress(k + 1, n, block.name)
     keys = meta.get("keys") or list(decoded)
@@ -300,7 +300,7 @@ def unpack(
     if missing:
         raise InputError(f"container lacks tensors listed in its metadata: {missing[:3]}")
     files = _decode_files(meta.get("files", {}))
-    ckpt = Checkpoint.from_parts(meta.get("stem", "model"), {k: raw_to_torch(decoded[k]) for k in keys}, files)
+    ckpt = Checkpoint.from_parts(meta.get("stem", "model"), {k: decoded[k] for k in keys}, files)
     out = Path(dst)
     write_checkpoint(ckpt, out, fmt=fmt)
     return out

@@ -166,10 +166,10 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32,
                 model = built.result()
                 expected = {n for n, _ in model.named_parameters()}
                 if first is not None:
-                    _fill(model, ((n, raw_to_torch(t)) for n, t in first.tensors.items()), expected)
+                    _fill(model, ((n, raw_to_torch(t, copy=False)) for n, t in first.tensors.items()), expected)
                     del first
                 for block in blocks:
-                    _fill(model, ((n, raw_to_torch(t)) for n, t in block.tensors.items()), expected)
+                    _fill(model, ((n, raw_to_torch(t, copy=False)) for n, t in block.tensors.items()), expected)
                     del block
     else:
         ckpt = read_checkpoint(p)

@@ -22,8 +22,12 @@ def torch_to_raw(t: torch.Tensor, name: str = "") -> RawTensor:
     return RawTensor(dtype, bits)
 
 
-def raw_to_torch(r: RawTensor) -> torch.Tensor:
+def raw_to_torch(r: RawTensor, *, copy: bool = True) -> torch.Tensor:
+    """The torch tensor with r's bits. copy=False shares r's memory where it can (a contiguous,
+    writeable, native-order array), for callers that drop r afterwards; else one copy is made."""
     width = 16 if r.dtype != "float32" else 32
     tv, nv = _INT_VIEW[width]
-    ints = np.ascontiguousarray(r.bits.astype(nv)).view(np.int16 if width == 16 else np.int32)
-    return torch.from_numpy(ints.copy()).view(_TO_TORCH[r.dtype])
+    bits = r.bits
+    if copy or bits.dtype != np.dtype(nv) or not bits.flags.c_contiguous or not bits.flags.writeable:
+        bits = np.array(bits, dtype=nv, order="C", copy=True)
+    return torch.from_numpy(bits.view(np.int16 if width == 16 else np.int32)).view(_TO_TORCH[r.dtype])

@@ -139,3 +139,29 @@ def test_single_byte_varints_fast_path(values: list[int]) -> None:
     if values:
         with pytest.raises(FormatError):
             decode_varints(data, len(values) + 1)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_raw_to_torch_bits_and_sharing(dtype: str) -> None:
+    from bbformat.tensors import raw_to_torch, torch_to_raw
+
+    rng = np.random.default_rng(7)
+    nv = np.uint32 if dtype == "float32" else np.uint16
+    bits = rng.integers(0, np.iinfo(nv).max, size=(5, 6), dtype=nv, endpoint=True)
+    raw = RawTensor(dtype, bits)
+    iv = torch.int32 if dtype == "float32" else torch.int16
+
+    def as_bits(t: torch.Tensor) -> np.ndarray:
+        return t.view(iv).numpy().view(nv)
+
+    for copy in (True, False):
+        t = raw_to_torch(raw, copy=copy)
+        assert torch_to_raw(t).equal(raw)  # the same bits, NaN payloads included
+        assert np.shares_memory(as_bits(t), bits) is (not copy)
+    # copy=False copies whatever torch cannot share safely: read-only, strided, byte-swapped
+    readonly = bits.copy()
+    readonly.setflags(write=False)
+    for odd in (readonly, bits.T, bits.astype(np.dtype(nv).newbyteorder(">"))):
+        t = raw_to_torch(RawTensor(dtype, odd), copy=False)
+        assert np.array_equal(as_bits(t), odd)
+        assert not np.shares_memory(as_bits(t), odd)
