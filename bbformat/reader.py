@@ -71,6 +71,16 @@ class DecodedBlock:
     tensors: dict[str, RawTensor]
 
 
+def claim_names(seen: dict[str, int], block: DecodedBlock) -> DecodedBlock:
+    """Tensor names identify the model's tensors: a name decoded by an earlier block of the
+    same pass makes the file ambiguous, and the reader refuses it (SPEC.md 7.1)."""
+    for name in block.tensors:
+        first = seen.setdefault(name, block.index)
+        if first != block.index:
+            raise FormatError(f"tensor {name!r} is in chunk {first} and again in chunk {block.index}", "E_DESCRIPTOR")
+    return block
+
+
 def decode_parsed(chunk: ParsedChunk) -> dict[str, RawTensor]:
     return decode_program(chunk.program, chunk.payload, StoredCorrector(chunk.program, chunk.side))
 
@@ -164,9 +174,10 @@ class Reader:
             raise ValueError("order must be 'forward' or 'reverse'")
         if workers < 1:
             raise InputError(f"workers must be at least 1, not {workers}")
+        seen: dict[str, int] = {}
         if workers == 1 or len(idx) < 2:
             for i in idx:
-                yield self.decode_block(i)
+                yield claim_names(seen, self.decode_block(i))
             return
         # BLAS held at one thread around the whole pool, so that the workers' own one-thread
         # sections never restore a larger count while another worker is decoding.
@@ -182,7 +193,7 @@ class Reader:
                 nxt = next(todo, None)
                 if nxt is not None:
                     ahead.append(pool.submit(self.decode_block, nxt))
-                yield block
+                yield claim_names(seen, block)
 
     def close(self) -> None:
         if self._own:
@@ -223,6 +234,7 @@ def iter_stream(
     yield header
     pos = hlen
     entries: list[IndexEntry] = []
+    seen: dict[str, int] = {}
     for i in range(header.chunk_count):
         head = _read_exact(f, R.CHUNK_FIXED_SIZE, "chunk header")
         if head[:4] != R.CHUNK_MAGIC:
@@ -235,7 +247,7 @@ def iter_stream(
         entries.append(IndexEntry(pos, length, chunk.crc))
         pos += length
         del data  # a coded payload is decoded by now; a raw one is still held by the chunk
-        block = DecodedBlock(i, chunk.program.name, decode_parsed(chunk))
+        block = claim_names(seen, DecodedBlock(i, chunk.program.name, decode_parsed(chunk)))
         del chunk  # while the caller holds the block, keep nothing else of it
         yield block
     index = build_index(entries)

@@ -499,7 +499,7 @@ CODES = {
     "E_BOUNDS": ("an offset or length out of bounds, not contiguous, overlapping or overflowing (header, index, index entries, chunk_length, descriptor/table, sections)", "§1, §2, §5, §5.3, §10", 15),
     "E_INDEX": ("index chunk_count or index_length disagrees with the header; streaming: index bytes or footer fields disagree with the chunks read", "§10.1, §10.3", 16),
     "E_CHUNK_ORDER": ("a chunk's chunk_index differs from its position", "§5, §10.1", 17),
-    "E_DESCRIPTOR": ("the descriptor does not parse to exactly Ld bytes (incl. invalid UTF-8), duplicate tensor name, unknown op kind, op index out of range, a tensor not pushed exactly once, a site not used exactly once", "§1, §5.1, §5.2", 18),
+    "E_DESCRIPTOR": ("the descriptor does not parse to exactly Ld bytes (incl. invalid UTF-8), duplicate tensor name, unknown op kind, op index out of range, a tensor not pushed exactly once, a site not used exactly once; MAY: a tensor name in two chunks", "§1, §5.1, §5.2, §11.4", 18),
     "E_DTYPE": ("unknown symbol or tensor dtype code, or a tensor narrower than the symbols", "§5.1, §6.1", 19),
     "E_SITE": ("a site's anchor does not exist or does not fit (axis, dims[axis] = D, D >= 2), or its PUSH precedes the SITE", "§5.1, §5.2", 20),
     "E_SECTION_KIND": ("unknown section kind, payload naming a site, a section naming a non-existent site, a kind not allowed for its site", "§5.3, §8.1", 21),
@@ -562,6 +562,7 @@ class Vec:
     eig: bool = True  # bytes depend on the eigensolver (a non-plain site was encoded)
     note: str | None = None
     tensors: dict | None = None  # optional vectors the reference rejects: what an accepting reader returns
+    accept_as: bytes | None = None  # ... or a container that decodes to it
     since: str = "1.0"  # the SPEC version whose rules give this vector its expected outcome
 
 
@@ -588,13 +589,13 @@ class Suite:
         self._add(Vec(vid, "invalid", data, section, description, "reject", code, tuple(also), rules, eig=eig, note=note, since=since))
 
     def optional(self, vid: str, data: bytes, section: str, description: str, expected: str, code: str, tol: float | None = None,
-                 eig: bool = True, note: str | None = None, tensors: dict | None = None) -> None:
+                 eig: bool = True, note: str | None = None, tensors: dict | None = None, accept_as: bytes | None = None) -> None:
         """A vector a reader MAY reject (SPEC.md 11.4): `expected` is the reference's outcome, `code`
         the code of a rejecting reader; for a reference reject, `tensors` is what an accepting
         reader must return."""
         assert vid.startswith("o_"), vid
         self._add(Vec(vid, "optional", data, section, description, expected, code, tol=tol, may_reject=True, eig=eig, note=note,
-                      tensors=tensors))
+                      tensors=tensors, accept_as=accept_as))
 
     # ---- writing -----------------------------------------------------------------------------
 
@@ -639,6 +640,11 @@ class Suite:
                     e["rules"] = list(v.rules)
                 if v.tensors is not None:
                     e["tensors"] = v.tensors
+                if v.accept_as is not None:
+                    alt = out / "accept_as.tmp.bb"
+                    alt.write_bytes(v.accept_as)
+                    e["tensors"] = self._tensors(v, alt, impl_python.decode_path(alt))
+                    alt.unlink()
                 e["stream_code"] = stream
             else:
                 if res["result"] != "accept":
@@ -1864,7 +1870,8 @@ def add_optional(S: Suite) -> None:
     c2 = c.copy()
     c2.rec["name"] = "again"
     S.optional("o_duplicate_tensor_across_chunks", BB([c, c2], meta=meta("symmetric", 0.0)).build(), "§7.1, §11.4",
-               "the same tensor names (and bytes) in two chunks: the reference accepts (last one wins)", "accept", "E_DESCRIPTOR")
+               "the same tensor names (and bytes) in two chunks: the reference rejects; an accepting reader returns the last chunk's tensors",
+               "reject", "E_DESCRIPTOR", accept_as=BB([c2], meta=meta("symmetric", 0.0)).build())
     S.optional("o_scheme_contradicts_sites", mod(bs, scheme=1).build(), "§4, §11.4", "header scheme paper, sites in symmetric mode", "accept", "E_SCHEME")
     for vid, text in (("o_metadata_nan", b'{"tolerance":NaN}'), ("o_metadata_infinity", b'{"tolerance":-Infinity}')):
         S.optional(vid, BB([], meta=text).build(), "§4.1, §11.4", f"metadata JSON with a non-RFC 8259 literal: {text.decode()}", "accept", "E_METADATA", eig=False)

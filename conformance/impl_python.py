@@ -52,8 +52,8 @@ def decode_path(path: str | Path) -> dict:
     try:
         tensors = {}
         with Reader(path) as r:
-            for i in range(len(r)):
-                tensors.update(r.decode_block(i).tensors)
+            for block in r.iter_blocks():  # every chunk in order; rejects a name in two chunks
+                tensors.update(block.tensors)
     except InputError:
         raise
     except BBFormatError as exc:

@@ -113,3 +113,29 @@ def test_reader_rejects_garbage_cleanly(tmp_path: Path) -> None:
     p.write_bytes(b"")
     with pytest.raises(FormatError):
         Reader(p)
+
+
+DUPLICATE = Path(__file__).parent.parent / "conformance" / "optional" / "o_duplicate_tensor_across_chunks.bb"
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_tensor_name_in_two_chunks_is_refused(order: str, workers: int, tmp_path: Path) -> None:
+    from bbformat import api
+
+    data = DUPLICATE.read_bytes()
+    with Reader(DUPLICATE) as r:
+        assert len(r) == 2
+        names = [set(r.decode_block(i).tensors) for i in range(2)]  # one block at a time: no clash to see
+        assert names[0] == names[1]
+        with pytest.raises(FormatError, match="in chunk . and again in chunk .") as exc:
+            list(r.iter_blocks(order, workers=workers))
+    assert exc.value.code == "E_DESCRIPTOR"
+    with pytest.raises(FormatError) as exc:
+        list(iter_stream(Dribble(data, 97)))
+    assert exc.value.code == "E_DESCRIPTOR"
+    with pytest.raises(FormatError):
+        api.read_tensors(DUPLICATE)
+    with pytest.raises(FormatError):
+        api.unpack(DUPLICATE, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
