@@ -64,11 +64,11 @@ def bits_to_f64(bits: np.ndarray, dtype: str) -> np.ndarray:
 
 def _bits_to_f64(bits: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "float16":
-        return bits.astype(np.uint16).view(np.float16).astype(np.float64)
+        return bits.astype(np.uint16, copy=False).view(np.float16).astype(np.float64)
     if dtype == "bfloat16":
         return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
     if dtype == "float32":
-        return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+        return bits.astype(np.uint32, copy=False).view(np.float32).astype(np.float64)
     raise InputError(f"unsupported element type {dtype!r}")
 
 
@@ -125,7 +125,8 @@ def ordinal_to_bits(o: np.ndarray, width: int) -> np.ndarray:
 
 def tensor_to_symbols(t: RawTensor, symbol_bits: int) -> np.ndarray:
     """A tensor's little-endian bytes in C order, read as `symbol_bits`-wide symbols."""
-    return np.frombuffer(t.tobytes(), dtype=uint_dtype(symbol_bits)).copy()
+    le = np.ascontiguousarray(t.bits).astype(t.bits.dtype.newbyteorder("<"), copy=False).reshape(-1)
+    return le.view(np.dtype(uint_dtype(symbol_bits)).newbyteorder("<")).astype(uint_dtype(symbol_bits))  # one copy
 
 
 def symbols_to_tensor(sym: np.ndarray, dtype: str, shape: tuple[int, ...], symbol_bits: int) -> RawTensor:
