@@ -577,7 +577,15 @@ def residuals_report(res: dict) -> list[str]:
           "not coding it better. Tried while designing the planes coding, with throw-away scripts on this container (so no "
           "figures here): order-0 statistics over a whole chunk instead of per tensor (worse: zstd's adaptive blocks beat "
           "them), row/column contexts shared across the tensors of a chunk (worse than per tensor), 2 or 8 classes per axis "
-          "(4 is the best of the three), and zstd level 19 for the planes (no smaller than level 3).", ""]
+          "(4 is the best of the three), and zstd level 19 for the planes (no smaller than level 3). Tried later against "
+          "the destroyed information itself, with throw-away scripts on four sites of this slice (so no figures here either): "
+          "(1) rounding the rotated anchor against a first-order model of the decoder's eigenvector error, flipping the "
+          "rounding of entries near a tie along the model's gradient (an encoder-only change): flips in batches overshoot, "
+          "since every flip moves every eigenvector pair at once, and batches small enough to descend cut the modelled error "
+          "by a few percent after tens of iterations at seconds per site, far from what 90% needs; (2) taking the canonical "
+          "direction from the Gram of the anchor together with the followers already decoded in its chunk (a format change): "
+          "attention sites' residual entropy fell by about a tenth, and MLP sites have no sizeable follower in their chunk, "
+          "so the whole container would gain under a point. Neither shipped.", ""]
     return L
 
 
@@ -659,7 +667,8 @@ def speed_report(res: dict) -> list[str]:
         L += ["", f"Where the time goes (`--entropy {r0['entropy']}`). Decoding: the blocks decode on {r0['workers']} threads, "
               f"{r0['decode_s']:.2f} s against a floor of {r0['floor_decode_s']:.2f} s; the rest is each site's Gram matrix "
               "(a D×D product over the anchor's rows, which the floor leaves out), reading the file, the residual sections and "
-              "the float conversions. unpack then writes the checkpoint with `torch.save` (a zip of every tensor, CRC-32 and "
+              "the float conversions. unpack turns each block into torch tensors as it arrives (sharing the decoded arrays, no "
+              "copy), then writes the checkpoint with `torch.save` (a zip of every tensor, CRC-32 and "
               "fsync included) after the last block, which the `.pt` layout cannot overlap with decoding; load_model fills the "
               "model while the next blocks decode and builds the model while the first ones do. Encoding: pack's own linear "
               f"algebra takes {r0['pack_linalg_s']:.1f} s summed over its threads (timed inside each call, so it includes "
