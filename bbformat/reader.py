@@ -166,7 +166,8 @@ class Reader:
         """Decode blocks in order, one at a time (workers=1: memory about one block), or with
         `workers` threads decoding the next blocks ahead (memory about workers + 1 blocks).
         Chunks are independent and the linear algebra releases the GIL; every worker runs
-        BLAS on one thread, so the decoded bits do not depend on `workers`."""
+        BLAS on one thread, so the decoded bits do not depend on `workers`. A tensor name that an
+        earlier block of the pass already gave is refused (E_DESCRIPTOR)."""
         idx = list(range(len(self.entries)))
         if order == "reverse":
             idx.reverse()
