@@ -261,11 +261,20 @@ def open_container(path: str | os.PathLike[str], *, max_block_bytes: int | str |
 def read_tensors(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None) -> dict[str, "object"]:
     """Decode a whole container into an ordered dict of torch tensors."""
     with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim) as r:
-        out: dict[str, torch.Tensor] = {}
-        for block in r.iter_blocks("reverse", workers=DECODE_WORKERS):
-            out.update((n, raw_to_torch(t, copy=False)) for n, t in block.tensors.items())
+        out = _decode_to_torch(r, None)
         keys = r.metadata.get("keys") or list(out)
     return {k: out[k] for k in keys}
+
+
+def _decode_to_torch(r: Reader, progress: Progress | None) -> dict[str, torch.Tensor]:
+    """Every block, decoded in parallel; each becomes torch tensors (sharing its arrays) as it arrives."""
+    out: dict[str, torch.Tensor] = {}
+    n = len(r)
+    for k, block in enumerate(r.iter_blocks("reverse", workers=DECODE_WORKERS)):
+        out.update((name, raw_to_torch(t, copy=False)) for name, t in block.tensors.items())
+        if progress is not None:
+            progress(k + 1, n, block.name)
+    return out
 
 
 def unpack(
@@ -289,12 +298,7 @@ def unpack(
         raise InputError(f"unknown output format {fmt!r} (choose 'pt' or 'safetensors')")
     with Reader(src, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim) as r:
         meta = r.metadata
-        decoded: dict[str, torch.Tensor] = {}
-        n = len(r)
-        for k, block in enumerate(r.iter_blocks("reverse", workers=DECODE_WORKERS)):
-            decoded.update((name, raw_to_torch(t, copy=False)) for name, t in block.tensors.items())
-            if progress is not None:
-                progress(k + 1, n, block.name)
+        decoded = _decode_to_torch(r, progress)
     keys = meta.get("keys") or list(decoded)
     missing = [k for k in keys if k not in decoded]
     if missing:

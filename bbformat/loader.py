@@ -148,7 +148,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32,
     max_block_bytes and max_site_dim bound each block's memory and decode time (Reader, SPEC.md 11.5).
     """
     from .adapters.tc_layout import read_checkpoint
-    from .reader import DECODE_WORKERS, Reader
+    from .reader import DECODE_WORKERS, DecodedBlock, Reader
     from .tensors import raw_to_torch
 
     p = Path(path)
@@ -165,11 +165,15 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32,
                 first = next(blocks, None)
                 model = built.result()
                 expected = {n for n, _ in model.named_parameters()}
+
+                def fill(block: DecodedBlock) -> None:
+                    _fill(model, ((n, raw_to_torch(t, copy=False)) for n, t in block.tensors.items()), expected)
+
                 if first is not None:
-                    _fill(model, ((n, raw_to_torch(t, copy=False)) for n, t in first.tensors.items()), expected)
+                    fill(first)
                     del first
                 for block in blocks:
-                    _fill(model, ((n, raw_to_torch(t, copy=False)) for n, t in block.tensors.items()), expected)
+                    fill(block)
                     del block
     else:
         ckpt = read_checkpoint(p)

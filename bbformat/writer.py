@@ -90,9 +90,9 @@ class Writer:
 
     @property
     def metadata_bytes(self) -> int:
-        """The header's size (waits for a background header and writes it)."""
-        if self._state == "chunks":
-            self._flush()
+        """The header's size (waits for a background header's compression; writes nothing)."""
+        if self._header is not None:
+            return len(self._header.result())
         return self._header_bytes
 
     def _write(self, data: bytes) -> None:
@@ -146,12 +146,12 @@ class Writer:
             self._stop_header_pool()
             self._header = None
             self._write_header(header)
-        while self._waiting:
-            data = self._waiting.pop(0)
+        for data in self._waiting:
             entry = IndexEntry(self._pos, len(data), int.from_bytes(data[-4:], "little"))
             assert entry.crc == crc32c(data[:-4])
             self._write(data)
             self._entries.append(entry)
+        self._waiting.clear()
 
     def _code(self, program: BlockProgram, section: Section) -> Section:
         codec, stored = code_payload(program, section.data, self._entropy)

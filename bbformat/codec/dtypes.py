@@ -46,8 +46,12 @@ class RawTensor:
     def from_f64(cls, x: np.ndarray, dtype: str) -> "RawTensor":
         return cls(dtype, f64_to_bits(x, dtype))
 
+    def little_endian(self) -> np.ndarray:
+        """The bits as a C-ordered little-endian array (no copy where they already are)."""
+        return np.ascontiguousarray(self.bits).astype(self.bits.dtype.newbyteorder("<"), copy=False)
+
     def tobytes(self) -> bytes:
-        return np.ascontiguousarray(self.bits).astype(self.bits.dtype.newbyteorder("<")).tobytes()
+        return self.little_endian().tobytes()
 
     def equal(self, other: "RawTensor") -> bool:
         return (
@@ -125,8 +129,8 @@ def ordinal_to_bits(o: np.ndarray, width: int) -> np.ndarray:
 
 def tensor_to_symbols(t: RawTensor, symbol_bits: int) -> np.ndarray:
     """A tensor's little-endian bytes in C order, read as `symbol_bits`-wide symbols."""
-    le = np.ascontiguousarray(t.bits).astype(t.bits.dtype.newbyteorder("<"), copy=False).reshape(-1)
-    return le.view(np.dtype(uint_dtype(symbol_bits)).newbyteorder("<")).astype(uint_dtype(symbol_bits))  # one copy
+    le = t.little_endian().reshape(-1).view(np.dtype(uint_dtype(symbol_bits)).newbyteorder("<"))
+    return le.astype(uint_dtype(symbol_bits))  # one copy
 
 
 def symbols_to_tensor(sym: np.ndarray, dtype: str, shape: tuple[int, ...], symbol_bits: int) -> RawTensor:
