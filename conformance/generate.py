@@ -724,6 +724,15 @@ EXPECTED_LAYOUT = ("expected/<id>/<k>.bin: the reference reader's decoded tensor
                    "names it (relative to conformance/).")
 
 
+def blas_kernel() -> str:
+    """The kernel OpenBLAS picked for this CPU (threadpoolctl's `architecture`, e.g. Haswell or
+    SkylakeX; OPENBLAS_CORETYPE overrides it): eigensolver-dependent bytes follow it."""
+    from threadpoolctl import threadpool_info
+
+    kinds = sorted({str(i.get("architecture")) for i in threadpool_info() if i.get("user_api") == "blas"})
+    return ",".join(kinds) or "unknown"
+
+
 def generator_info() -> dict:
     cfg = np.show_config(mode="dicts")["Build Dependencies"]
     return {
@@ -735,6 +744,7 @@ def generator_info() -> dict:
         "zstandard": zstandard.__version__,
         "libzstd": ".".join(str(x) for x in zstandard.ZSTD_VERSION),
         "machine": platform.machine(),
+        "blas_kernel": blas_kernel(),
         "python": platform.python_version(),
         "torch": __import__("torch").__version__,
     }

@@ -27,7 +27,7 @@ import run as runner  # noqa: E402
 MANIFEST = json.loads((CONF / "manifest.json").read_text(encoding="utf-8"))
 VECTORS = MANIFEST["vectors"]
 # what the bytes depend on besides the generator's code
-ENV_KEYS = ("numpy", "blas", "lapack", "libzstd", "zstandard", "machine")
+ENV_KEYS = ("numpy", "blas", "lapack", "libzstd", "zstandard", "machine", "blas_kernel")
 
 
 def _files(d: Path) -> dict[str, bytes]:
@@ -56,12 +56,17 @@ def test_regenerates_byte_identical(tmp_path: Path) -> None:
         for v in indep:
             assert committed[v["path"]] == fresh[v["path"]], v["id"]
             assert v == new_by_id[v["id"]], v["id"]
-    pytest.skip(f"generator recorded {old_env}, this machine has {new_env}: compared only the ids and the {len(indep)} "
-                "eigensolver-independent vectors (all of them only if libzstd matches)")
+    # The eigensolver-dependent ones: this machine's own files must decode to what its manifest says.
+    bad = [f"{v['id']}: {why}" for v in new["vectors"] if v["eigensolver_dependent"]
+           for why in [runner.check(v, _decode_in_process(v, tmp_path, out), out)] if why]
+    assert not bad, "\n".join(bad)
+    pytest.skip(f"generator recorded {old_env}, this machine has {new_env}: compared the ids and the bytes of the {len(indep)} "
+                "eigensolver-independent vectors (only if libzstd matches), and decoded this machine's eigensolver-dependent "
+                "ones against its own manifest")
 
 
-def _decode_in_process(vec: dict, tmp: Path) -> dict:
-    res = impl_python.decode_path(CONF / vec["path"])
+def _decode_in_process(vec: dict, tmp: Path, base: Path = CONF) -> dict:
+    res = impl_python.decode_path(base / vec["path"])
     res.pop("class", None)
     for k, (name, t) in enumerate(sorted(res.get("tensors", {}).items())):
         f = tmp / f"{vec['id']}.{k}.bin"
