@@ -8,7 +8,8 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -16,17 +17,19 @@ import torch
 from .codec import rotation as rot
 from .codec.dtypes import RawTensor, bits_of
 from .codec.entropy import ENTROPY_MODES
-from .codec.encoder import EncodedChunk, Moments, SiteReport, canonical_rotation, encode_chunk
+from .codec.encoder import EncodedChunk, Moments, SiteReport, canonical_rotation_of, encode_chunk
 from .codec.layout import AxisRef, ModelLayout
-from .codec.program import BlockProgram
-from .codec.sections import Section
-from .errors import InputError, VerifyError
+from .codec.program import TensorEntry
+from .errors import FormatError, InputError, VerifyError
 from .reader import DECODE_WORKERS, Reader
 from .tensors import raw_to_torch, torch_to_raw
 from .writer import Writer
 
+if TYPE_CHECKING:
+    from .adapters.tc_layout import Checkpoint
+
 # Chunks pack keeps encoded ahead of the compression worker (memory: about this many chunks).
-PACK_QUEUE = 2
+PACK_QUEUE = 1
 # Chunks ahead of the encoder whose canonical directions a second thread computes.
 CANONICAL_AHEAD = 2
 DEFAULT_TOLERANCE = {("paper", "opt"): 0.01, ("paper", "llama"): 0.005}
@@ -91,7 +94,6 @@ def pack(
     The output is deterministic for a given software and thread
     environment (the moments are rounded to 10 bits, which makes a differing BLAS or
     thread count flip a rounding decision rarely, but not never)."""
-    from .adapters import plan
     from .adapters.tc_layout import read_checkpoint
 
     if scheme not in ("paper", "symmetric"):
@@ -100,8 +102,18 @@ def pack(
         raise InputError(f"unknown entropy mode {entropy!r} (choose {', '.join(ENTROPY_MODES)})")
     _check_paths(Path(src), Path(dst))
     # Every input check (files, pickle, JSON, config vs tensors, NaN/Inf) happens before the
-    # Writer creates anything at dst.
-    ckpt = read_checkpoint(Path(src))
+    # Writer creates anything at dst. The weights are mapped, not read: each block's tensors
+    # are read when it is encoded and released after (memory: a few blocks, not the model).
+    with read_checkpoint(Path(src)) as ckpt:
+        return _pack_checkpoint(ckpt, dst, scheme, tolerance, verify, progress, calibration, calibration_samples,
+                                calibration_seqlen, entropy)
+
+
+def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str, tolerance: float | None, verify: bool,
+                     progress: Progress | None, calibration: str | os.PathLike[str] | torch.Tensor | None,
+                     calibration_samples: int, calibration_seqlen: int, entropy: str) -> PackReport:
+    from .adapters import plan
+
     layout = plan(ckpt, scheme)
     if tolerance is None:
         tolerance = DEFAULT_TOLERANCE.get((scheme, layout.architecture), 0.0)
@@ -127,33 +139,43 @@ def pack(
         moments = stream_moments(ckpt, tokens)
         metadata["rounding"] = "feedback"
         metadata["calibration_tokens"] = int(tokens.numel())
-    sd = ckpt.state_dict
+
+    def get(name: str) -> RawTensor:
+        raw = torch_to_raw(ckpt.state_dict[name], name)
+        ckpt.release(name)
+        return raw
+
     report = PackReport(str(dst), scheme, tolerance, layout.architecture, 0, 0, 0, 0)
     digests: list[dict[str, str]] = []
-    # The compression of chunk i (its side sections' zstd and the entropy stage) runs on a
+    # Chunk i is compressed (its side sections' zstd and the entropy stage) and written by a
     # worker while chunk i + 1 encodes, and the header's metadata is compressed on a thread of
-    # its own (zstd and numpy release the GIL); chunks are still written in order, and the
-    # bytes are those of a sequential pack.
+    # its own (zstd and numpy release the GIL); one worker writes the chunks in order, and the
+    # bytes are those of a sequential pack. A chunk is dropped as soon as it is written: the
+    # encoder holds one block, the worker at most PACK_QUEUE more.
     with Writer(dst, scheme, len(layout.chunks), metadata, entropy=entropy, background_header=True) as w, \
             ThreadPoolExecutor(1, thread_name_prefix="bbformat-compress") as pool, rot.one_blas_thread():
-        ahead: deque[tuple[BlockProgram, Future[list[Section]]]] = deque()
-        for chunk, enc in _encode_all(layout, lambda n: torch_to_raw(sd[n], n), scheme, tolerance, progress, moments):
+        queued: deque[Future[None]] = deque()
+        for chunk, enc in _encode_all(layout, get, scheme, tolerance, progress, moments):
             digests.append({n: _digest(t) for n, t in enc.intended.items()})
-            enc.intended = {}  # what the queue holds: the payload and the side information
-            ahead.append((enc.program, pool.submit(lambda e: w.code_sections(e.program, e.finish()), enc)))
-            while len(ahead) > PACK_QUEUE or (ahead and ahead[0][1].done()):
-                program, coded = ahead.popleft()
-                w.add_chunk(program, coded.result(), coded=True)
-            report.sites.extend(enc.reports)
+            enc.intended = {}
+            report.sites.extend(enc.reports)  # a deferred site's side_bytes are filled in by finish()
             report.plain_bytes += sum(t.numel * bits_of(t.dtype) // 8 for t in enc.program.tensors)
             report.gross_bound_bits += sum(s.dim * (s.dim - 1) // 2 * enc.program.symbol_bits for s in enc.program.sites)
-        while ahead:
-            program, coded = ahead.popleft()
-            w.add_chunk(program, coded.result(), coded=True)
+            queued.append(pool.submit(_write_chunk, w, enc))
+            del enc
+            while len(queued) > PACK_QUEUE or (queued and queued[0].done()):
+                queued.popleft().result()  # a worker's error is raised here
+        while queued:
+            queued.popleft().result()
         report.metadata_bytes = w.metadata_bytes
         # --verify decodes the finished temp file; only a verified file replaces dst
         report.container_bytes = w.close(check=(lambda tmp: verify_container(tmp, digests)) if verify else None)
     return report
+
+
+def _write_chunk(w: Writer, enc: EncodedChunk) -> None:
+    """On the writer's one worker thread: finish the chunk's sections, code its payload, write it."""
+    w.add_chunk(enc.program, w.code_sections(enc.program, enc.finish()), coded=True)
 
 
 def _check_paths(src: Path, dst: Path) -> None:
@@ -197,14 +219,38 @@ def _encode_all(layout: ModelLayout, get: Callable[[str], RawTensor], scheme: st
         for ci, chunk in enumerate(layout.chunks):
             prefetch(ci + CANONICAL_AHEAD)
             for s in chunk.sites:
-                if s.name in ahead and s.name not in canonical:
-                    canonical[s.name] = ahead.pop(s.name).result()
-            yield chunk, _encode_one(layout, ci, chunk, get, scheme, tolerance, progress, moments, where, canonical, pending)
+                fut = ahead.pop(s.name, None)  # popped either way: a future left behind would hold its D x D
+                if fut is not None and s.name not in canonical:
+                    canonical[s.name] = fut.result()
+            enc = _encode_one(layout, ci, chunk, get, scheme, tolerance, progress, moments, where, canonical, pending)
+            for s in chunk.sites:  # a site's canonical direction is used up once its own chunk is
+                canonical.pop(s.name, None)
+            yield chunk, enc
+            del enc  # not held while the next chunk encodes
+
+
+class LazyTensors(Mapping[str, RawTensor]):
+    """A chunk's input tensors, read from the checkpoint on each access and not kept: the encoder
+    holds each only while it rotates or pushes it (a block of a 13B model is 0.5 GB)."""
+
+    def __init__(self, get: Callable[[str], RawTensor], names: Sequence[str]) -> None:
+        self._get, self._names = get, list(names)
+
+    def __getitem__(self, name: str) -> RawTensor:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._get(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 def _input_canonical(get: Callable[[str], RawTensor], anchor: AxisRef) -> np.ndarray:
     """The canonical direction of an anchor as the input holds it (no rotation applied)."""
-    return canonical_rotation(get(anchor.tensor).to_f64(), anchor.axis)
+    return canonical_rotation_of(get(anchor.tensor), anchor.axis)
 
 
 def _independent_anchors(layout: ModelLayout) -> set[str]:
@@ -227,7 +273,7 @@ def _encode_one(layout, ci, chunk, get, scheme, tolerance, progress, moments, wh
                 canonical[s.name] = _input_canonical(get, s.anchor)
             for f in hits:
                 pending[(f.tensor, f.axis)] = canonical[s.name]
-    tensors = {n: get(n) for n in chunk.tensors}
+    tensors = LazyTensors(get, chunk.tensors)
     incoming = {k: v for k, v in pending.items() if k[0] in local}
     enc = encode_chunk(chunk, tensors, incoming, scheme, tolerance, canonical,
                        {n: m for n, m in moments.items() if n in local} if moments else None, defer=True)
@@ -251,6 +297,42 @@ def verify_container(path: str | os.PathLike[str], digests: list[dict[str, str]]
             if got != want:
                 bad = sorted(n for n in want if got.get(n) != want[n])
                 raise VerifyError(f"block {block.name}: decoded tensors differ from the encoder's intent: {', '.join(bad[:5])}")
+
+
+@dataclass
+class VerifyReport:
+    path: str
+    format_version: str
+    chunks: int
+    tensors: int
+    values: int
+    decoded_bytes: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {"path": self.path, "format_version": self.format_version, "chunks": self.chunks, "tensors": self.tensors,
+                "values": self.values, "decoded_bytes": self.decoded_bytes, "crc_verified": True, "content_digests": False}
+
+    def summary(self) -> str:
+        return (f"{self.path}: decoded all {self.chunks} chunks ({self.tensors} tensors, {self.values:,} values); every "
+                f"CRC32C and structural check passed. Format {self.format_version} files carry no digest of the decoded "
+                "values, so this is not a proof of exactness on this reader")
+
+
+def verify(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None,
+           workers: int | None = None, progress: Progress | None = None) -> VerifyReport:
+    """Decode every block (CRC32C and every MUST-reject check on the way) and drop it: memory
+    about `workers` + 1 blocks. Raises the first error met."""
+    with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim) as r:
+        n = len(r)
+        rep = VerifyReport(str(path), f"{r.header.major}.{r.header.minor}", n, 0, 0, 0)
+        for k, block in enumerate(r.iter_blocks("reverse", workers=workers or DECODE_WORKERS)):
+            rep.tensors += len(block.tensors)
+            rep.values += sum(t.bits.size for t in block.tensors.values())
+            rep.decoded_bytes += sum(t.bits.nbytes for t in block.tensors.values())
+            if progress is not None:
+                progress(k + 1, n, block.name)
+            del block
+    return rep
 
 
 def open_container(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None) -> Reader:
@@ -285,26 +367,76 @@ def unpack(
     progress: Progress | None = None,
     max_block_bytes: int | str | None = "auto",
     max_site_dim: int | None = None,
+    workers: int | None = None,
 ) -> Path:
     """Write the TransformerCompression layout back: <stem>.pt (or .safetensors) and the JSON files.
 
-    Everything is decoded first, then written as atomically as POSIX allows (see
-    adapters.tc_layout.write_checkpoint): a new DST appears complete in one rename; into an
-    existing DST the files are staged and fsynced, then renamed in one burst, weights last.
-    A failed write raises OutputError (NoSpaceError when out of space) and leaves nothing partial."""
-    from .adapters.tc_layout import Checkpoint, write_checkpoint
+    The weights file is streamed: each tensor is written as its block decodes (safetensors:
+    its header first, from the descriptors; .pt: torch's zip, record by record, the pickle
+    last), so memory holds about `workers` + 1 blocks, not the model. The files are published
+    as atomically as POSIX allows (adapters.tc_layout.publish_checkpoint): a new DST appears
+    complete in one rename; into an existing DST the files are staged and fsynced, then renamed
+    in one burst, weights last. A failed write raises OutputError (NoSpaceError when out of
+    space) and leaves nothing partial."""
+    from .adapters.tc_layout import check_side_files, publish_checkpoint
 
     if fmt not in ("pt", "safetensors"):
         raise InputError(f"unknown output format {fmt!r} (choose 'pt' or 'safetensors')")
     with Reader(src, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim) as r:
-        meta = r.metadata
-        decoded = _decode_to_torch(r, progress)
-    keys = meta.get("keys") or list(decoded)
-    missing = [k for k in keys if k not in decoded]
-    if missing:
-        raise InputError(f"container lacks tensors listed in its metadata: {missing[:3]}")
-    files = _decode_files(meta.get("files", {}))
-    ckpt = Checkpoint.from_parts(meta.get("stem", "model"), {k: decoded[k] for k in keys}, files)
-    out = Path(dst)
-    write_checkpoint(ckpt, out, fmt=fmt)
-    return out
+        entries = r.tensor_entries()
+        keys = r.metadata.get("keys") or list(entries)
+        missing = [k for k in keys if k not in entries]
+        if missing:
+            raise InputError(f"container lacks tensors listed in its metadata: {missing[:3]}")
+        stem = r.metadata.get("stem", "model")
+        files = _decode_files(r.metadata.get("files", {}))
+        check_side_files(stem, files)
+        wanted = {k: entries[k] for k in keys}
+
+        def weights(path: Path) -> None:
+            _stream_weights(r, path, fmt, wanted, progress, workers)
+
+        return publish_checkpoint(Path(dst), stem, files, fmt, weights)
+
+
+def _stream_weights(r: Reader, path: Path, fmt: str, wanted: dict[str, TensorEntry], progress: Progress | None,
+                    workers: int | None) -> None:
+    """Decode every block and write its tensors into the weights file at `path` as they come."""
+    from .stream_writers import SafetensorsWriter, TorchZipWriter
+    from .tensors import torch_dtype
+
+    specs = [(k, torch_dtype(e.dtype), e.shape) for k, e in wanted.items()]
+    if fmt == "pt":
+        out = TorchZipWriter(path, list(wanted))
+        try:
+            _write_blocks(r, wanted, out.write, progress, workers)
+            out.finish()
+        except BaseException:
+            out.abort()
+            raise
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())
+        return
+    with open(path, "xb") as f:
+        st = SafetensorsWriter(f, specs, metadata={"format": "pt"})
+        _write_blocks(r, wanted, st.write, progress, workers)
+        st.finish()
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_blocks(r: Reader, wanted: dict[str, TensorEntry], write: Callable[[str, torch.Tensor], None],
+                  progress: Progress | None, workers: int | None) -> None:
+    n = len(r)
+    for k, block in enumerate(r.iter_blocks("reverse", workers=workers or DECODE_WORKERS)):
+        for name, t in block.tensors.items():
+            want = wanted.get(name)
+            if want is None:
+                continue  # a tensor the metadata's key list leaves out is not written
+            if (t.dtype, t.shape) != (want.dtype, want.shape):
+                raise FormatError(f"tensor {name!r} decodes as {t.dtype} {t.shape}, its descriptor said "
+                                  f"{want.dtype} {want.shape}", "E_DESCRIPTOR")
+            write(name, raw_to_torch(t, copy=False))
+        if progress is not None:
+            progress(k + 1, n, block.name)
+        del block

@@ -1,4 +1,4 @@
-"""bbformat command line: pack, unpack, inspect, demo.
+"""bbformat command line: pack, unpack, verify, inspect, demo.
 
 Errors print one line on stderr and exit with the error's status (see README).
 """
@@ -51,6 +51,16 @@ def _site_dim(text: str) -> int:
     return d
 
 
+def _workers(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("--workers must be at least 1")
+    return n
+
+
 def _progress(quiet: bool, verb: str) -> Callable[[int, int, str], None] | None:
     if quiet or not sys.stderr.isatty():
         return None
@@ -90,9 +100,21 @@ def _cmd_unpack(a: argparse.Namespace) -> int:
     from .api import unpack
 
     out = unpack(a.src, a.dst, fmt=a.format, progress=_progress(a.quiet, "unpack"), max_block_bytes=a.max_memory,
-                 max_site_dim=a.max_site_dim)
+                 max_site_dim=a.max_site_dim, workers=a.workers)
     if not a.quiet:
         print(f"wrote {out}")
+    return 0
+
+
+def _cmd_verify(a: argparse.Namespace) -> int:
+    from .api import verify
+
+    rep = verify(a.src, max_block_bytes=a.max_memory, max_site_dim=a.max_site_dim, workers=a.workers,
+                 progress=_progress(a.quiet or a.json, "verify"))
+    if a.json:
+        print(json.dumps(rep.as_dict(), indent=2))
+    else:
+        print(rep.summary())
     return 0
 
 
@@ -164,10 +186,19 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--format", choices=("pt", "safetensors"), default="pt")
     up.add_argument("--quiet", action="store_true")
     up.set_defaults(func=_cmd_unpack)
+    vf = sub.add_parser("verify", help="decode every block of a container and check it")
+    vf.add_argument("src")
+    vf.add_argument("--json", action="store_true")
+    vf.add_argument("--quiet", action="store_true")
+    for sp in (up, vf):
+        sp.add_argument("--workers", type=_workers, default=None, metavar="N",
+                        help="threads decoding blocks ahead (default: up to 4, one per core); memory grows by a block per worker")
+    vf.set_defaults(func=_cmd_verify)
+
     ins = sub.add_parser("inspect", help="summarise a container")
     ins.add_argument("src")
     ins.add_argument("--json", action="store_true")
-    for sp in (up, ins):
+    for sp in (up, vf, ins):
         sp.add_argument("--max-memory", type=_size, default="auto", metavar="SIZE",
                         help="refuse a block whose declared working set (SPEC.md 11.5) exceeds SIZE, e.g. 2G "
                              "(default: auto = half the physical memory; none = no budget)")

@@ -15,7 +15,7 @@ import tracemalloc
 from dataclasses import dataclass, field
 
 from .container import records as R
-from .container.chunks import _parse_descriptor, working_set_bytes
+from .container.chunks import parse_descriptor, working_set_bytes
 from .container.crc import crc32c
 from .container.rebuild import Parts, join, reseal_chunk, reseal_footer, reseal_header, split
 from .errors import BBFormatError
@@ -176,7 +176,7 @@ def declared_bytes(data: bytes) -> int:
             end = pos + R.CHUNK_FIXED_SIZE + h.descriptor_length
             if h.descriptor_length <= R.MAX_DESCRIPTOR and end <= len(data):
                 try:
-                    program = _parse_descriptor(data[pos + R.CHUNK_FIXED_SIZE : end])
+                    program = parse_descriptor(data[pos + R.CHUNK_FIXED_SIZE : end])
                     worst = max(worst, working_set_bytes(program, min(h.chunk_length, len(data))))
                 except BBFormatError:
                     pass

@@ -8,6 +8,7 @@ TransformerCompression.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from .codec.dtypes import bits_of
 from .errors import InputError, UnsupportedModelError
 
 RMSN_EPS = 1e-5
@@ -118,7 +120,7 @@ def build_sliced_llama(hf_config: dict, slicing_config: dict, dtype: torch.dtype
         model.model.norm = RMSN(hidden, config.rms_norm_eps)
         d_head = slicing_config.get("head_dimension") or hidden
         model.lm_head = nn.Linear(int(d_head), config.vocab_size, bias=False)
-    model = model.to_empty(device="cpu").to(dtype)
+    model = model.to(dtype).to_empty(device="cpu")  # cast on meta: nothing is allocated twice
     model.model.rotary_emb = LlamaRotaryEmbedding(config=config)  # real buffers, not meta
     model.eval()
     model.requires_grad_(False)
@@ -140,28 +142,33 @@ def _fill(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], expecte
         expected.discard(name)
 
 
-def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, *, max_block_bytes: int | str | None = "auto",
-               max_site_dim: int | None = None) -> nn.Module:
+def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *, max_block_bytes: int | str | None = "auto",
+               max_site_dim: int | None = None, workers: int | None = None) -> nn.Module:
     """A runnable torch model from a .bb container or a sliced checkpoint directory.
 
-    Containers are decoded one block at a time straight into the model's parameters;
-    max_block_bytes and max_site_dim bound each block's memory and decode time (Reader, SPEC.md 11.5).
+    dtype: the model's parameter dtype; None (the default) takes the checkpoint's own (the
+    dtype most of its bytes are in), so a float16 7B model is not doubled to float32.
+    Containers are decoded one block at a time straight into the model's parameters (peak
+    memory: the model and about `workers` + 1 blocks); max_block_bytes and max_site_dim bound
+    each block's memory and decode time (Reader, SPEC.md 11.5).
     """
     from .adapters.tc_layout import read_checkpoint
     from .reader import DECODE_WORKERS, DecodedBlock, Reader
-    from .tensors import raw_to_torch
+    from .tensors import raw_to_torch, torch_dtype
 
     p = Path(path)
     if p.is_file() and p.suffix == ".bb":
         with Reader(p, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim) as r:
-            files = {k: __import__("base64").b64decode(v) for k, v in r.metadata.get("files", {}).items()}
+            files = {k: base64.b64decode(v) for k, v in r.metadata.get("files", {}).items()}
             stem = r.metadata.get("stem", "model")
             hf = json.loads(files["config.json"])
             sc = json.loads(files[f"{stem}.json"])
+            if dtype is None:
+                dtype = torch_dtype(_dominant((e.dtype, e.numel * bits_of(e.dtype)) for e in r.tensor_entries().values()))
             # The model is built on a thread of its own while the first blocks decode.
             with ThreadPoolExecutor(1, thread_name_prefix="bbformat-build") as ex:
                 built = ex.submit(build_sliced_llama, hf, sc, dtype)
-                blocks = r.iter_blocks("reverse", workers=DECODE_WORKERS)
+                blocks = r.iter_blocks("reverse", workers=workers or DECODE_WORKERS)
                 first = next(blocks, None)
                 model = built.result()
                 expected = {n for n, _ in model.named_parameters()}
@@ -176,10 +183,23 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32,
                     fill(block)
                     del block
     else:
-        ckpt = read_checkpoint(p)
-        model = build_sliced_llama(ckpt.hf_config, ckpt.slicing_config, dtype)
-        expected = {n for n, _ in model.named_parameters()}
-        _fill(model, ckpt.state_dict.items(), expected)
+        with read_checkpoint(p) as ckpt:
+            sd = ckpt.state_dict
+            if dtype is None:
+                dtype = _dominant((t.dtype, t.numel() * t.element_size()) for t in sd.values())
+            model = build_sliced_llama(ckpt.hf_config, ckpt.slicing_config, dtype)
+            expected = {n for n, _ in model.named_parameters()}
+            for name in sd:
+                _fill(model, [(name, sd[name])], expected)
+                ckpt.release(name)
     if expected:
         raise InputError(f"checkpoint lacks {len(expected)} model tensors, e.g. {sorted(expected)[:3]}")
     return model
+
+
+def _dominant(sizes: Iterable[tuple[Any, int]]) -> Any:
+    """The dtype most bytes are in (ties: the first met); float32 for an empty model."""
+    total: dict[Any, int] = {}
+    for dt, n in sizes:
+        total[dt] = total.get(dt, 0) + n
+    return max(total, key=lambda k: total[k]) if total else torch.float32

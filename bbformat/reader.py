@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from .codec.dtypes import RawTensor
-from .codec.program import decode_program
+from .codec.program import BlockProgram, TensorEntry, decode_program
 from .codec.rotation import one_blas_thread
 from .codec.sections import StoredCorrector
 from .container import records as R
-from .container.chunks import ParsedChunk, parse_chunk
+from .container.chunks import ParsedChunk, descriptor_extent, parse_chunk, parse_descriptor
 from .container.crc import crc32c
 from .container.framing import (
     Header,
@@ -157,6 +157,31 @@ class Reader:
         e = self.entries[i]
         return parse_chunk(self._read_at(e.offset, e.length), expected_index=i, expected_crc=e.crc, max_block_bytes=self._budget,
                            max_site_dim=self._max_dim, required_flags=self.header.required_flags)
+
+    def read_program(self, i: int) -> BlockProgram:
+        """Chunk i's program (its tensors, sites and ops) from its descriptor alone, without
+        reading the rest of the chunk: its CRC is checked only when the chunk is decoded."""
+        if not 0 <= i < len(self.entries):
+            raise IndexError(i)
+        e = self.entries[i]
+        try:
+            off, n = descriptor_extent(self._read_at(e.offset, R.CHUNK_FIXED_SIZE), e.length)
+            return parse_descriptor(self._read_at(e.offset + off, n))
+        except FormatError:
+            self.read_chunk(i)  # a damaged chunk is reported as such (E_CRC_CHUNK) ...
+            raise  # ... else the descriptor itself is bad
+
+    def tensor_entries(self) -> dict[str, TensorEntry]:
+        """Every tensor of the container (name, dtype, shape) in chunk order, from the
+        descriptors: what a writer needs before the first block is decoded. A name in two
+        chunks is refused (E_DESCRIPTOR), as iter_blocks refuses it."""
+        out: dict[str, TensorEntry] = {}
+        for i in range(len(self.entries)):
+            for t in self.read_program(i).tensors:
+                if t.name in out:
+                    raise FormatError(f"tensor {t.name!r} is in two chunks (the second: chunk {i})", "E_DESCRIPTOR")
+                out[t.name] = t
+        return out
 
     def decode_block(self, i: int) -> DecodedBlock:
         chunk = self.read_chunk(i)

@@ -18,7 +18,11 @@ def torch_to_raw(t: torch.Tensor, name: str = "") -> RawTensor:
         raise UnsupportedModelError(f"tensor {name!r} has dtype {t.dtype}; only float16, bfloat16 and float32 are stored")
     width = 16 if dtype != "float32" else 32
     tv, nv = _INT_VIEW[width]
-    bits = t.detach().contiguous().cpu().view(tv).numpy().view(nv).copy()
+    src = t.detach().cpu()
+    if src.is_contiguous():
+        bits = src.view(tv).numpy().view(nv).copy()
+    else:  # contiguous() made the one copy (a sliced view of a wider storage, as TC saves them)
+        bits = src.contiguous().view(tv).numpy().view(nv)
     return RawTensor(dtype, bits)
 
 
@@ -31,3 +35,8 @@ def raw_to_torch(r: RawTensor, *, copy: bool = True) -> torch.Tensor:
     if copy or bits.dtype != np.dtype(nv) or not bits.flags.c_contiguous or not bits.flags.writeable:
         bits = np.array(bits, dtype=nv, order="C", copy=True)
     return torch.from_numpy(bits.view(np.int16 if width == 16 else np.int32)).view(_TO_TORCH[r.dtype])
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a SPEC dtype name (float16, bfloat16, float32)."""
+    return _TO_TORCH[name]

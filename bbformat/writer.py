@@ -20,8 +20,7 @@ from typing import BinaryIO, Callable
 from .codec.entropy import ENTROPY_MODES, code_payload
 from .codec.program import BlockProgram
 from .codec.sections import KIND_PAYLOAD, Section
-from .container.chunks import build_chunk
-from .container.crc import crc32c
+from .container.chunks import BuiltChunk, build_chunk_parts
 from .container import records as R
 from .container.framing import IndexEntry, build_footer, build_index, check_header, minor_for, seal_header
 from .errors import BBFormatError, InputError, output_error
@@ -69,7 +68,7 @@ class Writer:
             self._out = dest
         self._expected = chunk_count
         self._entries: list[IndexEntry] = []
-        self._waiting: list[bytes] = []  # built chunks not yet written (behind a background header)
+        self._waiting: list[BuiltChunk] = []  # built chunks not yet written (behind a background header)
         self._added = 0
         self._pos = 0
         self._header_bytes = 0
@@ -95,7 +94,7 @@ class Writer:
             return len(self._header.result())
         return self._header_bytes
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes | memoryview) -> None:
         try:
             self._out.write(data)
         except OSError as exc:
@@ -133,7 +132,7 @@ class Writer:
             raise WriterStateError(f"more chunks than the {self._expected} declared")
         if not coded:
             sections = self.code_sections(program, sections)
-        self._waiting.append(build_chunk(self._added, program, sections))
+        self._waiting.append(build_chunk_parts(self._added, program, sections))
         self._added += 1
         if self._header is not None and not self._header.done():
             return
@@ -146,10 +145,11 @@ class Writer:
             self._stop_header_pool()
             self._header = None
             self._write_header(header)
-        for data in self._waiting:
-            entry = IndexEntry(self._pos, len(data), int.from_bytes(data[-4:], "little"))
-            assert entry.crc == crc32c(data[:-4])
-            self._write(data)
+        for chunk in self._waiting:
+            entry = IndexEntry(self._pos, chunk.length, chunk.crc)
+            for part in chunk.parts:
+                self._write(part)
+            assert self._pos == entry.offset + entry.length
             self._entries.append(entry)
         self._waiting.clear()
 

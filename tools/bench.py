@@ -19,6 +19,10 @@ Sections:
            (issue 6, part 2).
   residuals  Exact mode's residual coding against what its residuals allow
            (tools/residual_contexts.py; issue 6, part 3).
+  scale    Paper-sized models (Llama-2-7B, OPT-13B shapes, synthetic weights): pack, unpack,
+           verify, load_model with wall time and peak RSS against their floors
+           (tools/bench_scale.py, which owns section 7 and its results file; not in the
+           default --sections, it takes hours: `--sections scale`).
 Timings are medians of --repeats runs (default 3). `--merge tools/bench_results.json`
 re-runs only the named sections and keeps the rest of an earlier run.
 """
@@ -767,9 +771,22 @@ def write_report(path: Path, res: dict, argv: list[str]) -> None:
         L += speed_report(res)
     if "residuals" in res:
         L += residuals_report(res)
+    L += _scale_section(path)
     L += goals(res)
     L += res.get("notes", [])
     path.write_text("\n".join(L) + "\n")
+
+
+def _scale_section(path: Path) -> list[str]:
+    """Section 7 as tools/bench_scale.py last wrote it (this tool does not measure it)."""
+    from bench_scale import SECTION
+
+    lines = path.read_text().splitlines() if path.is_file() else []
+    if SECTION not in lines:
+        return []
+    start = lines.index(SECTION)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return lines[start:end] + ([""] if lines[end - 1:end] != [""] else [])
 
 
 def goals(res: dict) -> list[str]:
@@ -859,6 +876,13 @@ def main(argv: list[str] | None = None) -> int:
         if res.get("machine") != machine():
             log(f"note: the merged results were measured on {res.get('machine')}")
     secs = a.sections.split(",")
+    if "scale" in secs:  # its own tool, results file and section of the report
+        import bench_scale
+
+        code = bench_scale.main(["--work", str(a.work / "scale"), "--report", str(a.out)] + (["--quick"] if a.quick else []))
+        secs.remove("scale")
+        if not secs:
+            return code
     for name, fn in (("entropy", bench_entropy), ("speed", bench_speed), ("residuals", bench_residuals)):
         if name in secs:
             t1 = time.time()

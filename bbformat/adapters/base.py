@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from ..codec.layout import AxisRef, ChunkLayout, ModelLayout, SiteSpec
 from ..errors import InputError, UnsupportedModelError
-from .tc_layout import Checkpoint
+from .tc_layout import Checkpoint, MappedWeights
 
 # Derived buffers some transformers versions keep in state dicts: stored as-is.
 IGNORABLE = re.compile(r".*rotary_emb\.inv_freq$")
@@ -74,7 +75,7 @@ def _layer_re(names: Names) -> re.Pattern[str]:
     return re.compile(re.escape(names.layer).replace(r"\{i\}", r"(\d{1,9})") + r"(.+)$")
 
 
-def check_layer_count(sd: dict[str, torch.Tensor], names: Names, n_layers: int) -> None:
+def check_layer_count(sd: Mapping[str, torch.Tensor], names: Names, n_layers: int) -> None:
     """config.json's num_hidden_layers against the layers the state dict holds (before anything
     is sized by the config, so an absurd layer count costs nothing)."""
     rx = _layer_re(names)
@@ -182,14 +183,19 @@ def _nonfinite(t: torch.Tensor) -> tuple[int, int]:
     return nan, inf
 
 
-def check_finite(sd: dict[str, torch.Tensor]) -> None:
+def check_finite(sd: Mapping[str, torch.Tensor], release: Callable[[str], None] | None = None) -> None:
     """Refuse NaN and ±Inf anywhere. In a rotated tensor they would poison the Gram matrix whose
     eigendecomposition recovers the rotation, and with it the bits-back stack; in the few tensors
     no rotation touches they would be stored faithfully, but a sliced model holding them is
-    broken, so they are refused there too."""
+    broken, so they are refused there too. `release(name)` is called after each tensor (a
+    mapped checkpoint drops its pages, so this pass holds one tensor at a time)."""
+    if release is None and isinstance(sd, MappedWeights):
+        release = sd.release
     bad = []
     for k, t in sd.items():
         nan, inf = _nonfinite(t)
+        if release is not None:
+            release(k)
         if nan or inf:
             bad.append((k, nan, inf, t.numel()))
     if bad:
@@ -203,7 +209,7 @@ def _describe(shape: tuple[int, ...]) -> str:
     return f"{shape} ({len(shape)}-D)"
 
 
-def check_state_dict(sd: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], names: Names, n_layers: int,
+def check_state_dict(sd: Mapping[str, torch.Tensor], expected: dict[str, tuple[int, ...]], names: Names, n_layers: int,
                      tied: bool | None = None) -> Extras:
     """Refuse a state dict that does not match its config; return the tolerated extras.
 
@@ -254,7 +260,7 @@ def check_state_dict(sd: dict[str, torch.Tensor], expected: dict[str, tuple[int,
     return extras
 
 
-def add_optional_biases(expected: dict[str, tuple[int, ...]], sd: dict[str, torch.Tensor], names: Names, i: int,
+def add_optional_biases(expected: dict[str, tuple[int, ...]], sd: Mapping[str, torch.Tensor], names: Names, i: int,
                         shapes: dict[str, tuple[int, ...]]) -> None:
     """Expect the bias of each role that is present (shape from `shapes`)."""
     p = names.layer.format(i=i)

@@ -51,18 +51,22 @@ adapters/{llama,opt}_adapter.py); we copy no code, only the layout:
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
+import mmap
 import os
 import pickle
 import re
 import shutil
 import struct
+import sys
 import warnings
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -88,7 +92,7 @@ class Checkpoint:
     """
 
     stem: str
-    state_dict: dict[str, torch.Tensor]
+    state_dict: Mapping[str, torch.Tensor]  # MappedWeights when read from a file
     slicing_config: dict[str, Any]
     hf_config: dict[str, Any]
     extra_files: dict[str, bytes] = field(default_factory=dict)
@@ -101,6 +105,22 @@ class Checkpoint:
         hf = _parse_json(files, "config.json")
         sc = _parse_json(files, f"{stem}.json")
         return cls(stem, dict(state_dict), sc, hf, files)
+
+    def release(self, name: str) -> None:
+        """Done with `name` for now: a mapped tensor's pages leave the resident set."""
+        if isinstance(self.state_dict, MappedWeights):
+            self.state_dict.release(name)
+
+    def close(self) -> None:
+        """Unmap a weights file read by read_checkpoint (its tensors must not be used after)."""
+        if isinstance(self.state_dict, MappedWeights):
+            self.state_dict.close()
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _check_stem(stem: str) -> None:
@@ -210,14 +230,103 @@ def _weights_only_refusal(path: Path, exc: BaseException) -> InputError:
     return InputError(f"refusing {path.name}: torch.load(weights_only=True) rejected its pickle ({detail[:300]}); nothing was executed")
 
 
-def _load_pt(path: Path) -> dict[str, torch.Tensor]:
+class MappedWeights(Mapping[str, torch.Tensor]):
+    """The tensors of a weights file, mapped from the file instead of read: a tensor's pages are
+    read when it is first used, and release(name) drops them from this process's resident set
+    again (they stay in the OS page cache). pack holds about one block of the model this way,
+    whatever the file's size. close() unmaps the file (the tensors must not be used after)."""
+
+    def __init__(self, path: Path, tensors: dict[str, torch.Tensor], keep_alive: object = None) -> None:
+        self._path = path
+        self._tensors = tensors
+        self._keep_alive = keep_alive  # e.g. the safetensors handle that owns the mapping
+        self._ranges = _file_mappings(path)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._tensors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    @property
+    def mapped_ranges(self) -> list[tuple[int, int]]:
+        """[start, end) of this process's mappings of the file: the only memory release() touches."""
+        return list(self._ranges)
+
+    def release(self, name: str) -> None:
+        """Drop `name`'s pages from the resident set (only ever within this file's own mappings)."""
+        t = self._tensors.get(name)
+        if t is not None and t.numel():
+            start = t.data_ptr()  # a view's extent: its last element is at sum((size - 1) * stride)
+            last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+            release_mapped(self._ranges, start, start + (last + 1) * t.element_size())
+
+    def close(self) -> None:
+        self._tensors = {}
+        self._keep_alive = None
+
+
+_PAGE = mmap.PAGESIZE
+_MADV_DONTNEED = 4
+
+
+def _file_mappings(path: Path) -> list[tuple[int, int]]:
+    """[start, end) of this process's mappings of `path` (matched by device and inode), from
+    /proc/self/maps; empty where there is no such file (then nothing is ever released)."""
+    try:
+        st = os.stat(path)
+        with open("/proc/self/maps") as f:
+            lines = f.readlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 6 or parts[4] != str(st.st_ino):
+            continue
+        major, minor = (int(x, 16) for x in parts[3].split(":"))
+        if os.makedev(major, minor) != st.st_dev:
+            continue
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        out.append((lo, hi))
+    return out
+
+
+def release_mapped(ranges: list[tuple[int, int]], start: int, end: int) -> None:
+    """madvise(MADV_DONTNEED) on the whole pages of [start, end) that lie inside one of `ranges`,
+    which must be read-only or unmodified private file mappings: their pages are read again
+    from the file if touched. Never applied to anything else (that would discard data)."""
+    lo = (start + _PAGE - 1) // _PAGE * _PAGE  # whole pages only: a neighbour's page stays
+    hi = end // _PAGE * _PAGE
+    if hi <= lo or _libc() is None or not any(a <= lo and hi <= b for a, b in ranges):
+        return
+    _libc().madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED)
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def _load_pt(path: Path) -> MappedWeights:
     """Only ever torch.load(weights_only=True) (explicit, so TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD cannot
-    turn it off): its unpickler refuses every global but tensors, storages and plain containers."""
+    turn it off): its unpickler refuses every global but tensors, storages and plain containers.
+    mmap=True: the records are mapped, not read."""
     _check_torch_zip(path)
     try:
         with warnings.catch_warnings():  # torch warns on odd pickle protocols etc.: errors stay one line
             warnings.simplefilter("ignore")
-            obj = torch.load(path, weights_only=True, map_location="cpu", mmap=False)
+            obj = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
     except pickle.UnpicklingError as exc:
         raise _weights_only_refusal(path, exc) from None
     except RecursionError:
@@ -234,23 +343,42 @@ def _load_pt(path: Path) -> dict[str, torch.Tensor]:
         if not isinstance(v, torch.Tensor):
             raise InputError(f"{path.name}: value of {k!r} is a {type(v).__name__}, not a tensor")
         out[k] = v
-    return out
+    return MappedWeights(path, out)
 
 
-def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    import safetensors.torch
+SAFETENSORS_MAX_HEADER = 100 << 20  # the safetensors library's own limit
+
+
+def _safetensors_order(path: Path) -> list[str]:
+    """Tensor names in file order (by position of their data), from the header, whose length is
+    checked against the file before it is read."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise ValueError("file is shorter than a safetensors header")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(SAFETENSORS_MAX_HEADER, os.fstat(f.fileno()).st_size - 8):
+            raise ValueError(f"header length {n:,} runs past the file or the 100 MiB limit")
+        header = json.loads(f.read(n).decode("utf-8"))
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    names = [k for k in header if k != "__metadata__"]
+    return sorted(names, key=lambda k: (header[k]["data_offsets"][0], k))
+
+
+def _load_safetensors(path: Path) -> MappedWeights:
+    """safetensors' own lazy reader (safe_open maps the file and validates its header);
+    get_tensor returns tensors backed by that mapping."""
+    from safetensors import safe_open
 
     try:
-        data = path.read_bytes()
-        (n,) = struct.unpack("<Q", data[:8])
-        header = json.loads(data[8 : 8 + n].decode("utf-8"))
-        tensors = safetensors.torch.load(data)
-        # file order: by position of the data
-        order = sorted((k for k in header if k != "__metadata__"), key=lambda k: (header[k]["data_offsets"][0], k))
-        return {k: tensors[k] for k in order}
+        order = _safetensors_order(path)
+        handle = safe_open(str(path), framework="pt")
+        tensors = {k: handle.get_tensor(k) for k in order}
     except Exception as exc:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"cannot read {path.name} as safetensors: {msg}") from None
+    return MappedWeights(path, tensors, keep_alive=handle)
 
 
 def read_checkpoint(src: Path | str) -> Checkpoint:
@@ -364,8 +492,10 @@ def _can_swap(dst: Path) -> bool:
         return False
 
 
-def write_checkpoint(ckpt: Checkpoint, dst: Path | str, fmt: str = "pt") -> Path:
-    """Write <stem>.pt (or .safetensors), <stem>.json, config.json and the side files into DST.
+def publish_checkpoint(dst: Path | str, stem: str, files: Mapping[str, bytes], fmt: str,
+                       write_weights: Callable[[Path], None]) -> Path:
+    """Write <stem>.pt (or .safetensors), <stem>.json, config.json and the side files into DST;
+    `write_weights(path)` creates, writes and fsyncs the weights file (it may stream it).
 
     As atomic as POSIX allows (plain renames, nothing OS-specific). Every file is first
     written and fsynced in a staging directory named `.<DST name>.bbtmp-<12 hex>`; then:
@@ -391,18 +521,13 @@ def write_checkpoint(ckpt: Checkpoint, dst: Path | str, fmt: str = "pt") -> Path
     """
     if fmt not in ("pt", "safetensors"):
         raise InputError(f"unknown checkpoint format {fmt!r} (choose 'pt' or 'safetensors')")
-    _check_stem(ckpt.stem)
+    _check_stem(stem)
     dst = Path(dst)
-    for k, v in ckpt.state_dict.items():
-        if not isinstance(v, torch.Tensor):
-            raise InputError(f"value of {k!r} is a {type(v).__name__}, not a tensor")
-    files = dict(ckpt.extra_files)
-    files.setdefault("config.json", _json_bytes(ckpt.hf_config, one_line=False))
-    files.setdefault(f"{ckpt.stem}.json", _json_bytes(ckpt.slicing_config, one_line=True))
+    files = dict(files)
     for name in files:
         if not name or "/" in name or "\\" in name or name.startswith(".") or name.endswith(WEIGHT_SUFFIXES):
             raise InputError(f"refusing to write side file {name!r}")
-    weights = f"{ckpt.stem}.{fmt}"
+    weights = f"{stem}.{fmt}"
     order = sorted(files) + [weights]  # the weights file last: see the docstring
     if os.path.lexists(dst) and not dst.is_dir():
         raise InputError(f"{dst} exists and is not a directory")
@@ -430,13 +555,7 @@ def write_checkpoint(ckpt: Checkpoint, dst: Path | str, fmt: str = "pt") -> Path
         try:
             for name, data in sorted(files.items()):
                 _write_synced(staging / name, data)
-            if fmt == "pt":
-                _torch_save_synced(staging / weights, dict(ckpt.state_dict))
-            else:
-                import safetensors.torch
-
-                sd = {k: v.detach().contiguous() for k, v in ckpt.state_dict.items()}
-                _write_synced(staging / weights, safetensors.torch.save(sd, metadata={"format": "pt"}))
+            write_weights(staging / weights)
             fsync_dir(staging)
             if swap:
                 try:
@@ -463,3 +582,43 @@ def write_checkpoint(ckpt: Checkpoint, dst: Path | str, fmt: str = "pt") -> Path
     fsutil.remove_stale_temps(dst.parent, label)
     fsutil.remove_stale_temps(dst, label)
     return dst
+
+
+def side_files(stem: str, files: Mapping[str, bytes], hf_config: dict[str, Any] | None = None,
+               slicing_config: dict[str, Any] | None = None) -> dict[str, bytes]:
+    """The side files a checkpoint is written with: config.json and <stem>.json made from the
+    configs when `files` lacks them, and the rest as they are."""
+    out = dict(files)
+    if hf_config is not None:
+        out.setdefault("config.json", _json_bytes(hf_config, one_line=False))
+    if slicing_config is not None:
+        out.setdefault(f"{stem}.json", _json_bytes(slicing_config, one_line=True))
+    return out
+
+
+def check_side_files(stem: str, files: Mapping[str, bytes]) -> None:
+    """config.json and <stem>.json must be there and hold JSON objects (InputError if not)."""
+    _check_stem(stem)
+    _parse_json(files, "config.json")
+    _parse_json(files, f"{stem}.json")
+
+
+def write_checkpoint(ckpt: Checkpoint, dst: Path | str, fmt: str = "pt") -> Path:
+    """Write a checkpoint held in memory (see publish_checkpoint for how, atomically)."""
+    if fmt not in ("pt", "safetensors"):
+        raise InputError(f"unknown checkpoint format {fmt!r} (choose 'pt' or 'safetensors')")
+    for k, v in ckpt.state_dict.items():
+        if not isinstance(v, torch.Tensor):
+            raise InputError(f"value of {k!r} is a {type(v).__name__}, not a tensor")
+    files = side_files(ckpt.stem, ckpt.extra_files, ckpt.hf_config, ckpt.slicing_config)
+
+    def weights(path: Path) -> None:
+        if fmt == "pt":
+            _torch_save_synced(path, dict(ckpt.state_dict))
+        else:
+            import safetensors.torch
+
+            sd = {k: v.detach().contiguous() for k, v in ckpt.state_dict.items()}
+            _write_synced(path, safetensors.torch.save(sd, metadata={"format": "pt"}))
+
+    return publish_checkpoint(dst, ckpt.stem, files, fmt, weights)

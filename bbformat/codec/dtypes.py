@@ -127,10 +127,20 @@ def ordinal_to_bits(o: np.ndarray, width: int) -> np.ndarray:
     return b.astype(uint_dtype(width))
 
 
+def symbols_view(t: RawTensor, symbol_bits: int) -> np.ndarray:
+    """A tensor's little-endian bytes in C order, read as `symbol_bits`-wide little-endian
+    symbols: a view where the bits already are C-ordered little-endian."""
+    return t.little_endian().reshape(-1).view(np.dtype(uint_dtype(symbol_bits)).newbyteorder("<"))
+
+
 def tensor_to_symbols(t: RawTensor, symbol_bits: int) -> np.ndarray:
-    """A tensor's little-endian bytes in C order, read as `symbol_bits`-wide symbols."""
-    le = t.little_endian().reshape(-1).view(np.dtype(uint_dtype(symbol_bits)).newbyteorder("<"))
-    return le.astype(uint_dtype(symbol_bits))  # one copy
+    """symbols_view as native-order symbols (one copy)."""
+    return symbols_view(t, symbol_bits).astype(uint_dtype(symbol_bits))
+
+
+def little_endian_bytes(a: np.ndarray) -> bytes:
+    """The bytes of `a` in C order, little-endian, in one copy."""
+    return np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
 def symbols_to_tensor(sym: np.ndarray, dtype: str, shape: tuple[int, ...], symbol_bits: int) -> RawTensor:

@@ -2,13 +2,14 @@
 store plainly any site that does not pay for itself."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import InputError
 from . import rotation as rot
-from .dtypes import RawTensor, bits_of, bits_to_f64, tensor_to_symbols, uint_dtype, wide_dtype
+from .dtypes import RawTensor, bits_of, bits_to_f64, f64_to_bits, little_endian_bytes, symbols_view, uint_dtype, wide_dtype
 from .layout import ChunkLayout, SiteSpec
 from .rounding import round_feedback
 from .program import (
@@ -119,6 +120,52 @@ def canonical_rotation(anchor: np.ndarray, axis: int) -> np.ndarray:
     return u0
 
 
+# A 2-D tensor whose float64 copy would be larger than this is rotated and its Gram matrix
+# summed in row blocks of about BLOCK_F64_BYTES, so the encoder never holds it whole in float64
+# (a 50,272 x 5,120 head would need 2 x 2 GB). Encoder-only arithmetic (the decoder never
+# rotates a follower, and recomputes an anchor's Gram its own way): the stored bits of such
+# tensors can differ from a single matrix product's in the last place, never the format.
+LARGE_F64_BYTES = 256 << 20
+BLOCK_F64_BYTES = 32 << 20
+
+
+def is_large(t: RawTensor) -> bool:
+    return t.bits.ndim == 2 and 8 * t.bits.size > LARGE_F64_BYTES
+
+
+def is_large_entry(e: TensorEntry) -> bool:
+    return len(e.shape) == 2 and 8 * e.numel > LARGE_F64_BYTES
+
+
+def _row_blocks(m: np.ndarray) -> range:
+    return range(0, m.shape[0], max(1, BLOCK_F64_BYTES // (8 * max(1, m.shape[1]))))
+
+
+def canonical_rotation_of(t: RawTensor, axis: int) -> np.ndarray:
+    """canonical_rotation of a stored tensor; a large one's Gram is summed over row blocks."""
+    if not is_large(t):
+        return canonical_rotation(t.to_f64(), axis)
+    m = rot.axis_matrix(t.bits, axis)
+    g = np.zeros((m.shape[1], m.shape[1]))
+    step = _row_blocks(m).step
+    for i in _row_blocks(m):
+        block = bits_to_f64(m[i : i + step], t.dtype)
+        g += rot.gram(block)
+    _, u0 = rot.eigh(g)
+    return u0
+
+
+def rotate_rounded_blocks(t: RawTensor, axis: int, r: np.ndarray) -> RawTensor:
+    """fp(t rotated by r on `axis`) for a large 2-D tensor, a row block of its axis matrix at a time."""
+    m = rot.axis_matrix(t.bits, axis)
+    out = np.empty(t.bits.shape, t.bits.dtype)
+    om = rot.axis_matrix(out, axis)  # a view: rows written through it land in `out`
+    step = _row_blocks(m).step
+    for i in _row_blocks(m):
+        om[i : i + step] = f64_to_bits(bits_to_f64(m[i : i + step], t.dtype) @ r, t.dtype)
+    return RawTensor(t.dtype, out)
+
+
 def _rotate(x: np.ndarray, rots: list[tuple[int, np.ndarray]]) -> np.ndarray:
     for axis, r in rots:
         x = rot.rotate_axis(x, axis, r)
@@ -127,7 +174,7 @@ def _rotate(x: np.ndarray, rots: list[tuple[int, np.ndarray]]) -> np.ndarray:
 
 def encode_chunk(
     layout: ChunkLayout,
-    tensors: dict[str, RawTensor],
+    tensors: Mapping[str, RawTensor],
     incoming: Rotations,
     scheme: str,
     tolerance: float,
@@ -135,7 +182,9 @@ def encode_chunk(
     moments: Moments | None = None,
     defer: bool = False,
 ) -> EncodedChunk:
-    """Encode one chunk. `incoming` rotates axes touched by sites of earlier chunks
+    """Encode one chunk. `tensors` may be a lazy mapping that reads a tensor on every access
+    (pack's, so a block's inputs are not all held at once): each is read a few times and
+    never kept. `incoming` rotates axes touched by sites of earlier chunks
     (paper: also later ones); `canonical` caches U0 per site name; `moments` switches
     rotated tensors that have one to error-feedback rounding (codec/rounding.py).
 
@@ -151,7 +200,7 @@ def encode_chunk(
 
 def _encode_chunk(
     layout: ChunkLayout,
-    tensors: dict[str, RawTensor],
+    tensors: Mapping[str, RawTensor],
     incoming: Rotations,
     scheme: str,
     tolerance: float,
@@ -167,24 +216,24 @@ def _encode_chunk(
     dropped = [s for s in layout.sites if _first_touched(layout, s, scheme) == 0]
     if dropped:
         layout = ChunkLayout(layout.name, layout.tensors, tuple(s for s in layout.sites if s not in dropped))
-    entries = [TensorEntry(n, tensors[n].dtype, tensors[n].shape) for n in layout.tensors]
+    entries = [TensorEntry(n, t.dtype, t.shape) for n in layout.tensors for t in (tensors[n],)]
     sym_dtype = choose_symbol_dtype(entries)
     w = bits_of(sym_dtype)
     ops = plan_ops(layout, scheme)
     index = {n: i for i, n in enumerate(layout.tensors)}
 
-    # Inputs in float64 with rotations from other chunks already applied.
-    base: dict[str, np.ndarray] = {}
-    rotated_in: set[str] = set()
-    for n in layout.tensors:
-        rots = [(ax, r) for (t, ax), r in incoming.items() if t == n]
-        base[n] = _rotate(tensors[n].to_f64(), rots) if rots else tensors[n].to_f64()
-        if rots:
-            rotated_in.add(n)
+    # Inputs in float64 with rotations from other chunks already applied, made when needed
+    # and dropped after (a block's float64 copy whole would be 4x its fp16 size).
+    incoming_of = {n: [(ax, r) for (t, ax), r in incoming.items() if t == n] for n in layout.tensors}
+    rotated_in = {n for n, rots in incoming_of.items() if rots}
+
+    def base(n: str) -> np.ndarray:
+        return _rotate(tensors[n].to_f64(), incoming_of[n])
+
     # Second moments follow their axis through the incoming rotations: H' = Rᵀ H R.
     base_h: Moments = {}
     for n, (ax, h) in (moments or {}).items():
-        if n in base:
+        if n in incoming_of:
             for (t, rax), r in incoming.items():
                 if t == n and rax == ax:
                     h = r.T @ h @ r
@@ -192,11 +241,13 @@ def _encode_chunk(
     feedback_cache: dict[tuple[str, bytes], RawTensor] = {}
     for s in layout.sites:
         if s.name not in canonical:
-            canonical[s.name] = canonical_rotation(base[s.anchor.tensor], s.anchor.axis)
+            a = s.anchor.tensor
+            canonical[s.name] = canonical_rotation(base(a), s.anchor.axis) if a in rotated_in else \
+                canonical_rotation_of(tensors[a], s.anchor.axis)
 
     plain: dict[int, str] = {}
     for _ in range(len(layout.sites) + 1):
-        result = _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain,
+        result = _encode_once(layout, tensors, base, incoming_of, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain,
                               base_h, feedback_cache, defer)
         newly = {k: v for k, v in result[1].items() if k not in plain}
         if not newly:
@@ -223,16 +274,29 @@ def _rounded(name, x, rots, dtype, base_h, cache):  # type: ignore[no-untyped-de
     return cache[key]
 
 
-def _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain, base_h, cache, defer):  # type: ignore[no-untyped-def]
+def _eigen_of_top(stack: SymbolStack, n_pop: int, dim: int, sym_dtype: str, w: int) -> tuple[str | None, np.ndarray, np.ndarray]:
+    """(reason the site cannot be used or None, eigenvalues as stored, eigenvectors) of the
+    symmetric matrix the top n_pop symbols make; the matrix itself is dropped here."""
+    xv = bits_to_f64(stack.peek(n_pop), sym_dtype)
+    if not np.all(np.isfinite(xv)):
+        return "non-finite popped values", np.zeros(0), np.zeros(0)
+    mu, v = rot.eigh(rot.block_to_matrix(xv, dim))
+    mu_w = mu.astype(wide_dtype(w))
+    if not np.all(np.isfinite(mu_w)):
+        return "eigenvalues overflow", mu_w, v
+    return None, mu_w, v
+
+
+def _encode_once(layout, tensors, base, incoming_of, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain, base_h, cache, defer):  # type: ignore[no-untyped-def]
     paper = scheme == "paper"
-    stack = SymbolStack(w)
+    # room for every push up front: a doubling stack would hold up to 3x the block at a regrowth
+    stack = SymbolStack(w, capacity=sum(e.numel * bits_of(e.dtype) // w for e in entries) + sum(4 * s.dim for s in layout.sites))
     anchor_rot: dict[int, np.ndarray] = {}
     follower_rot: dict[int, np.ndarray | None] = {}
     true_x: dict[int, np.ndarray] = {}
     true_signs: dict[int, np.ndarray] = {}
     true_anchor: dict[int, RawTensor] = {}
     new_plain: dict[int, str] = dict(plain)
-    stored: dict[str, RawTensor] = {}
     sites = layout.sites
 
     paper_q: dict[int, np.ndarray] = {}
@@ -243,7 +307,8 @@ def _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dty
             anchor_rot[s_idx] = follower_rot[s_idx] = canonical[s.name]
 
     def final_value(name: str) -> RawTensor:
-        dtype = tensors[name].dtype
+        entry = entries[index[name]]
+        dtype = entry.dtype
         rots: list[tuple[int, np.ndarray]] = []
         q: tuple[int, int] | None = None
         for s_idx, s in enumerate(sites):
@@ -257,8 +322,11 @@ def _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dty
                         q = (s_idx, a.axis)
                 elif follower_rot.get(s_idx) is not None:
                     rots.append((a.axis, follower_rot[s_idx]))  # type: ignore[arg-type]
-        if rots or name in rotated_in:
-            t = _rounded(name, _rotate(base[name], rots), rots, dtype, base_h, cache)
+        every = incoming_of[name] + rots
+        if len(every) == 1 and name not in base_h and is_large_entry(entry):
+            t = rotate_rounded_blocks(tensors[name], *every[0])
+        elif every:
+            t = _rounded(name, _rotate(base(name), rots), rots, dtype, base_h, cache)
         else:
             t = tensors[name]
         if q is not None:
@@ -271,8 +339,7 @@ def _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dty
         if op.kind == OP_PUSH:
             name = layout.tensors[op.index]
             t = final_value(name)
-            stored[name] = t
-            stack.push(tensor_to_symbols(t, w))
+            stack.push(symbols_view(t, w))
             continue
         s_idx = op.index
         s = sites[s_idx]
@@ -281,18 +348,8 @@ def _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dty
         n_pop = rot.block_size(s.dim)
         if reason is None and len(stack) < n_pop:
             reason = "no bits source" if len(stack) == 0 else "too few symbols below"
-        x = None
         if reason is None:
-            block = stack.peek(n_pop)
-            xv = bits_to_f64(block, sym_dtype)
-            if not np.all(np.isfinite(xv)):
-                reason = "non-finite popped values"
-            else:
-                x = rot.block_to_matrix(xv, s.dim)
-                mu, v = rot.eigh(x)
-                mu_w = mu.astype(wide_dtype(w))
-                if not np.all(np.isfinite(mu_w)):
-                    reason = "eigenvalues overflow"
+            reason, mu_w, v = _eigen_of_top(stack, n_pop, s.dim, sym_dtype, w)
         if reason is not None:
             new_plain[s_idx] = reason
             # paper: the canonical direction is applied regardless (Alg. 1)
@@ -309,8 +366,8 @@ def _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dty
             paper_q[s_idx] = v
             follower_rot[s_idx] = u0
         else:
-            anchor_rot[s_idx] = u0 @ v.T
-            follower_rot[s_idx] = u0 @ v.T
+            anchor_rot[s_idx] = follower_rot[s_idx] = u0 @ v.T
+        del v, mu_w  # not held through the decoder's simulation below
 
     program = BlockProgram(
         layout.name,
@@ -329,10 +386,12 @@ def _encode_once(layout, tensors, base, rotated_in, ops, index, entries, sym_dty
         ],
         list(ops),
     )
-    payload = stack.symbols()
+    # the payload's bytes once, and the symbols as a read-only view of them (not a second copy)
+    payload_bytes = little_endian_bytes(stack.take())
+    payload = np.frombuffer(payload_bytes, dtype=np.dtype(uint_dtype(w)).newbyteorder("<")).astype(uint_dtype(w), copy=False)
     sim = SimulatingCorrector(sym_dtype, tolerance, true_x, true_signs, true_anchor)
     intended = decode_program(program, payload, sim)
-    sections = [Section(KIND_PAYLOAD, NO_SITE, payload.astype(payload.dtype.newbyteorder("<")).tobytes())]
+    sections = [Section(KIND_PAYLOAD, NO_SITE, payload_bytes)]
     reports: list[SiteReport] = []
     newly: dict[int, str] = {}
     deferred: dict[int, SiteFix] = {}

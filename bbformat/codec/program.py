@@ -177,10 +177,14 @@ class Corrector(Protocol):
     def correct_anchor(self, site: int, approx: RawTensor) -> RawTensor: ...
 
 
-def recover_basis(anchor: RawTensor, site: SiteEntry, signs: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Eigenvectors of the stored anchor's Gram matrix (ascending), sign-fixed in paper mode."""
-    m = rot.axis_matrix(anchor.to_f64(), site.anchor_axis)
-    g = rot.gram(m)
+def recover_basis(anchor: RawTensor, site: SiteEntry, signs: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray]:
+    """(the anchor's float64 axis matrix in paper mode, else None; the eigenvectors of its Gram
+    matrix, ascending, sign-fixed in paper mode). Outside paper mode the matrix is dropped
+    before the eigensolver runs: for a 5,120 x 20,480 anchor that is 840 MB."""
+    mat = rot.axis_matrix(anchor.to_f64(), site.anchor_axis)
+    g = rot.gram(mat)
+    m = mat if site.paper else None
+    del mat
     e = None
     if np.all(np.isfinite(g)):
         try:
@@ -217,20 +221,27 @@ def _decode_program(program: BlockProgram, payload: np.ndarray, corrector: Corre
         s = program.sites[op.index]
         if s.plain:
             continue
-        mu = np.frombuffer(stack.pop(s.n_mu).tobytes(), dtype=wide_dtype(w)).astype(np.float64)
-        anchor_name = program.tensors[s.anchor].name
-        anchor = out[anchor_name]
-        signs = corrector.signs(op.index) if s.paper else None
-        m, e = recover_basis(anchor, s, signs)
-        x = rot.regenerate(e, mu, s.paper)
-        approx = f64_to_bits(rot.matrix_to_block(x), program.symbol_dtype)
-        stack.push(corrector.correct_x(op.index, approx))
-        if s.paper:
-            canon = RawTensor.from_f64(rot.from_axis_matrix(m @ e, anchor.shape, s.anchor_axis), anchor.dtype)
-            out[anchor_name] = corrector.correct_anchor(op.index, canon)
+        _undo_site(program, op.index, stack, out, corrector)
     if len(stack):
         raise FormatError(f"{len(stack)} payload symbols left over after decoding", "E_SYMBOL_COUNT")
     return out
+
+
+def _undo_site(program: BlockProgram, site: int, stack: SymbolStack, out: dict[str, RawTensor], corrector: Corrector) -> None:
+    """One site, backwards: push the regenerated block back (corrected), and in the paper
+    scheme un-rotate the anchor. Its float64 temporaries (the anchor's matrix, X~) die here."""
+    s = program.sites[site]
+    w = program.symbol_bits
+    mu = np.frombuffer(stack.pop(s.n_mu).tobytes(), dtype=wide_dtype(w)).astype(np.float64)
+    anchor_name = program.tensors[s.anchor].name
+    anchor = out[anchor_name]
+    signs = corrector.signs(site) if s.paper else None
+    m, e = recover_basis(anchor, s, signs)
+    approx = f64_to_bits(rot.matrix_to_block(rot.regenerate(e, mu, s.paper)), program.symbol_dtype)
+    stack.push(corrector.correct_x(site, approx))
+    if m is not None:  # paper
+        canon = RawTensor.from_f64(rot.from_axis_matrix(m @ e, anchor.shape, s.anchor_axis), anchor.dtype)
+        out[anchor_name] = corrector.correct_anchor(site, canon)
 
 
 def needs_fix(approx: np.ndarray, true: np.ndarray, dtype: str, tolerance: float) -> np.ndarray:

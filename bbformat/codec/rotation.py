@@ -37,29 +37,23 @@ def eigh(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return w, v
 
 
-@lru_cache(maxsize=8)
-def _upper(d: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row and column of the strict upper triangle, row-major (cached: decoders reuse D)."""
-    iu = np.triu_indices(d, 1)
-    iu[0].setflags(write=False)
-    iu[1].setflags(write=False)
-    return iu
-
-
 def block_to_matrix(values: np.ndarray, d: int) -> np.ndarray:
-    """Popped block (diagonal first, then the strict upper triangle row-major) -> symmetric X."""
+    """Popped block (diagonal first, then the strict upper triangle row-major) -> symmetric X.
+    Row by row: no index arrays (for D = 4096 they would take 134 MB)."""
     x = np.zeros((d, d), dtype=np.float64)
     x[np.diag_indices(d)] = values[:d]
-    iu = _upper(d)
-    x[iu] = values[d:]
-    x[(iu[1], iu[0])] = values[d:]
+    off = d
+    for i in range(d - 1):
+        n = d - 1 - i
+        x[i, i + 1 :] = values[off : off + n]
+        x[i + 1 :, i] = values[off : off + n]
+        off += n
     return x
 
 
 def matrix_to_block(x: np.ndarray) -> np.ndarray:
     d = x.shape[0]
-    iu = _upper(d)
-    return np.concatenate((np.diag(x), x[iu]))
+    return np.concatenate([np.diag(x)] + [x[i, i + 1 :] for i in range(d - 1)])
 
 
 def block_size(d: int) -> int:

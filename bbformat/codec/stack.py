@@ -8,44 +8,70 @@ from .dtypes import uint_dtype
 
 
 class SymbolStack:
+    """Two parts: the `initial` symbols (a decoded payload), which are only ever read, and
+    the symbols pushed since, in a buffer of the stack's own. A pop takes from the pushed
+    part first, then from the initial one, so the payload is never copied whole: a decoder
+    holds its payload plus what it pushes (a site's regenerated block), not the payload twice."""
+
     def __init__(self, symbol_bits: int, initial: np.ndarray | None = None, capacity: int = 0) -> None:
-        """capacity: room to reserve at the first push (a decoder knows its peak, so it never
-        regrows). `initial` is not copied until something is pushed: a decoder pops tensors
-        from the payload first, so a block without rotations is never copied whole."""
+        """capacity: the most symbols the stack will hold; what the initial symbols leave of it
+        is reserved at the first push, so the pushed part never regrows."""
         self.symbol_bits = symbol_bits
         self._dtype = uint_dtype(symbol_bits)
-        self._buf = np.zeros(0, self._dtype) if initial is None else np.asarray(initial, self._dtype).reshape(-1)
-        self._owned = False
-        self._capacity = capacity
-        self._n = self._buf.size
+        base = np.zeros(0, self._dtype) if initial is None else np.asarray(initial, self._dtype)
+        self._base = base if base.ndim == 1 else base.reshape(-1)
+        self._nbase = self._base.size
+        self._top = np.zeros(0, self._dtype)
+        self._ntop = 0
+        self._reserve = max(0, capacity - self._nbase)
 
     def __len__(self) -> int:
-        return self._n
+        return self._nbase + self._ntop
 
     def push(self, symbols: np.ndarray) -> None:
         s = np.asarray(symbols).reshape(-1)
-        need = self._n + s.size
-        if not self._owned or need > self._buf.size:
-            grown = np.empty(max(need, self._capacity, 2 * self._n, 1024), self._dtype)
-            grown[: self._n] = self._buf[: self._n]
-            self._buf, self._owned = grown, True
-        self._buf[self._n : need] = s
-        self._n = need
+        need = self._ntop + s.size
+        if need > self._top.size:
+            grown = np.empty(max(need, self._reserve, 2 * self._ntop, 1024), self._dtype)
+            grown[: self._ntop] = self._top[: self._ntop]
+            self._top = grown
+        self._top[self._ntop : need] = s
+        self._ntop = need
 
     def peek(self, n: int) -> np.ndarray:
-        if n > self._n:
-            raise FormatError(f"stack underflow: need {n} symbols, have {self._n}", "E_SYMBOL_COUNT")
-        return self._buf[self._n - n : self._n].copy()
+        if n > len(self):
+            raise FormatError(f"stack underflow: need {n} symbols, have {len(self)}", "E_SYMBOL_COUNT")
+        if n <= self._ntop:
+            return self._top[self._ntop - n : self._ntop].copy()
+        below = n - self._ntop
+        return np.concatenate((self._base[self._nbase - below : self._nbase], self._top[: self._ntop]))
 
     def pop(self, n: int) -> np.ndarray:
-        if n == self._n == self._buf.size and self._buf.flags.writeable and self._buf.base is None:
+        if n == self._nbase == self._base.size and not self._ntop and self._base.flags.writeable and self._base.base is None:
             # the whole of a fresh, writable initial array (a decoded payload holding one
             # tensor): hand it over instead of copying it
-            out, self._buf, self._n, self._owned = self._buf, np.zeros(0, self._dtype), 0, False
+            out, self._base, self._nbase = self._base, np.zeros(0, self._dtype), 0
             return out
         out = self.peek(n)
-        self._n -= n
+        if n <= self._ntop:
+            self._ntop -= n
+        else:
+            self._nbase -= n - self._ntop
+            self._ntop = 0
         return out
 
     def symbols(self) -> np.ndarray:
-        return self._buf[: self._n].copy()
+        return np.concatenate((self._base[: self._nbase], self._top[: self._ntop]))
+
+    def take(self) -> np.ndarray:
+        """The symbols, handed over without a copy where they are in one part; the stack is
+        empty afterwards."""
+        if not self._nbase:
+            out = self._top[: self._ntop]
+        elif not self._ntop:
+            out = self._base[: self._nbase]
+        else:
+            out = self.symbols()
+        self._base, self._nbase = np.zeros(0, self._dtype), 0
+        self._top, self._ntop = np.zeros(0, self._dtype), 0
+        return out

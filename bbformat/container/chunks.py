@@ -53,7 +53,15 @@ def _program_to_record(p: BlockProgram) -> dict:
     )
 
 
-def build_chunk(index: int, program: BlockProgram, sections: list[Section]) -> bytes:
+class BuiltChunk(NamedTuple):
+    """A chunk as the pieces it is written from (the sections are not copied into one buffer)."""
+
+    parts: list[Buffer]
+    length: int
+    crc: int
+
+
+def build_chunk_parts(index: int, program: BlockProgram, sections: list[Section]) -> BuiltChunk:
     desc = R.DESCRIPTOR.build(_program_to_record(program))
     table_end = R.CHUNK_FIXED_SIZE + len(desc) + R.SECTION_ENTRY_SIZE * len(sections)
     entries = []
@@ -69,8 +77,16 @@ def build_chunk(index: int, program: BlockProgram, sections: list[Section]) -> b
     head = R.CHUNK_FIXED.build(
         dict(reserved0=0, chunk_length=length, chunk_index=index, descriptor_length=len(desc), section_count=len(sections), reserved1=0)
     )
-    body = b"".join([head, desc, *entries, *(s.stored for s in sections)])
-    return body + crc32c(body).to_bytes(4, "little")
+    parts: list[Buffer] = [head + desc + b"".join(entries), *(s.stored for s in sections)]
+    crc = 0
+    for part in parts:
+        crc = crc32c(part, crc)
+    return BuiltChunk([*parts, crc.to_bytes(4, "little")], length, crc)
+
+
+def build_chunk(index: int, program: BlockProgram, sections: list[Section]) -> bytes:
+    """The chunk's bytes, CRC included."""
+    return b"".join(build_chunk_parts(index, program, sections).parts)
 
 
 @dataclass
@@ -211,7 +227,8 @@ def _scan_descriptor(data: bytes) -> _Descriptor:
     return _Descriptor(name, sym, r0, r1, tensors, sites, ops)
 
 
-def _parse_descriptor(data: bytes) -> BlockProgram:
+def parse_descriptor(data: bytes) -> BlockProgram:
+    """A chunk descriptor's bytes (SPEC.md 5.1) as a validated block program."""
     rec = _scan_descriptor(data)
     _check_reserved(rec.reserved0 | rec.reserved1, "descriptor")
     if rec.symbol_dtype not in DTYPE_NAMES:
@@ -249,6 +266,22 @@ def _parse_descriptor(data: bytes) -> BlockProgram:
     program = BlockProgram(rec.name, DTYPE_NAMES[rec.symbol_dtype], tensors, sites, ops)
     program.validate()
     return program
+
+
+def descriptor_extent(head: bytes, chunk_length: int) -> tuple[int, int]:
+    """(offset, length) of the descriptor inside a chunk, from its fixed header, checked against
+    the chunk's length from the index before anything is read (the CRC is checked only when
+    the whole chunk is read)."""
+    if len(head) != R.CHUNK_FIXED_SIZE or head[:4] != R.CHUNK_MAGIC:
+        raise FormatError("bad chunk magic", "E_MAGIC")
+    fixed = R.CHUNK_FIXED.parse(head)
+    if fixed.chunk_length != chunk_length:
+        raise FormatError("chunk length field disagrees with its extent", "E_BOUNDS")
+    if fixed.descriptor_length > R.MAX_DESCRIPTOR:
+        raise LimitError("chunk descriptor too large", "E_LIMIT_COUNT")
+    if R.CHUNK_FIXED_SIZE + fixed.descriptor_length > chunk_length - 4:
+        raise FormatError("chunk descriptor runs past the chunk", "E_BOUNDS")
+    return R.CHUNK_FIXED_SIZE, int(fixed.descriptor_length)
 
 
 def working_set_bytes(program: BlockProgram, chunk_length: int, planes: bool = False) -> int:
@@ -308,7 +341,7 @@ def parse_chunk(
     table_end = table_off + R.SECTION_ENTRY_SIZE * head.section_count
     if table_end > len(data) - 4:
         raise FormatError("chunk descriptor or section table runs past the chunk", "E_BOUNDS")
-    program = _parse_descriptor(bytes(data[R.CHUNK_FIXED_SIZE:table_off]))
+    program = parse_descriptor(bytes(data[R.CHUNK_FIXED_SIZE:table_off]))
     if max_site_dim is not None:  # the caller's time budget: an eigendecomposition costs O(D^3)
         for s in program.sites:
             if not s.plain and s.dim > max_site_dim:

@@ -1,0 +1,55 @@
+"""The encoder's row-block path for large tensors (codec/encoder.py, LARGE_F64_BYTES), forced on
+tiny models by lowering the thresholds: the container still decodes bit for bit to what the
+encoder intended, the rotated values are the rounded product to within one unit in the last
+place, and the Gram matrix summed over blocks has the same eigenvectors up to sign."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bbformat
+from bbformat.adapters.tc_layout import write_checkpoint
+from bbformat.codec import encoder
+from bbformat.codec import rotation as rot
+from bbformat.codec.dtypes import RawTensor
+from bbformat.testing import make_tiny_checkpoint
+
+
+@pytest.fixture
+def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(encoder, "LARGE_F64_BYTES", 0)
+    monkeypatch.setattr(encoder, "BLOCK_F64_BYTES", 8 * 64 * 7)  # 7 rows of 64 at a time: many ragged blocks
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_rotate_rounded_blocks_is_the_rounded_product(small_blocks: None, dtype: str, axis: int) -> None:
+    rng = np.random.default_rng(1)
+    t = RawTensor.from_f64(rng.normal(0, 0.1, (100, 64) if axis == 1 else (64, 100)), dtype)
+    r = np.linalg.qr(rng.normal(size=(64, 64)))[0]
+    got = encoder.rotate_rounded_blocks(t, axis, r)
+    want = RawTensor.from_f64(rot.rotate_axis(t.to_f64(), axis, r), dtype)
+    assert got.shape == t.shape and got.bits.flags.c_contiguous
+    # a block's product may round its last bit differently from one product over the whole matrix
+    step = np.abs(want.to_f64()) * (2.0 ** -{"float16": 10, "bfloat16": 7, "float32": 23}[dtype])
+    assert np.all(np.abs(got.to_f64() - want.to_f64()) <= step + 1e-30)
+
+
+def test_blocked_gram_has_the_same_eigenvectors(small_blocks: None) -> None:
+    rng = np.random.default_rng(2)
+    t = RawTensor.from_f64(rng.normal(0, 0.1, (300, 48)) * np.linspace(2, 0.5, 48), "float32")
+    got = encoder.canonical_rotation_of(t, 1)
+    want = encoder.canonical_rotation(t.to_f64(), 1)
+    assert np.allclose(np.abs(np.sum(got * want, axis=0)), 1.0, atol=1e-8)
+
+
+@pytest.mark.parametrize("scheme", ["symmetric", "paper"])
+def test_pack_with_every_tensor_large_is_exact(small_blocks: None, tmp_path: Path, scheme: str) -> None:
+    ckpt = make_tiny_checkpoint("llama", seed=5, layers=2)
+    write_checkpoint(ckpt, tmp_path / "m")
+    rep = bbformat.pack(tmp_path / "m", tmp_path / "m.bb", scheme=scheme, tolerance=0.0, verify=True)
+    assert rep.container_bytes > 0
+    out = bbformat.read_tensors(tmp_path / "m.bb")
+    assert list(out) == list(ckpt.state_dict)
