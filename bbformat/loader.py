@@ -120,7 +120,7 @@ def build_sliced_llama(hf_config: dict, slicing_config: dict, dtype: torch.dtype
         model.model.norm = RMSN(hidden, config.rms_norm_eps)
         d_head = slicing_config.get("head_dimension") or hidden
         model.lm_head = nn.Linear(int(d_head), config.vocab_size, bias=False)
-    model = model.to(dtype).to_empty(device="cpu")  # cast on meta: nothing is allocated twice
+    model = nn.Module.to(model, dtype).to_empty(device="cpu")  # cast on meta: nothing is allocated twice
     model.model.rotary_emb = LlamaRotaryEmbedding(config=config)  # real buffers, not meta
     model.eval()
     model.requires_grad_(False)

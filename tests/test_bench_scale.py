@@ -202,3 +202,18 @@ def test_quick_run_writes_every_row_and_replaces_its_section(tmp_path: Path) -> 
     assert r.returncode == 0, r.stderr[-3000:]
     again = report.read_text()
     assert again.startswith(OTHER) and again.count(bs.SECTION) == 1 and "### llama-2-7b" in again and "### opt-13b" not in again
+
+
+def test_runs_of_one_model_each_merge_into_one_section() -> None:
+    def run(model: str, minutes: float) -> dict:
+        return {"machine": "m", "argv": ["--models", model], "date": "2026-11-24", "elapsed_min": minutes, "repeats": 1,
+                "models": [{"name": model}], "goals": [{"model": model}]}
+
+    merged = bs.merge_results([run("opt-13b", 30.0), run("llama-2-7b", 60.0)])
+    assert [m["name"] for m in merged["models"]] == ["opt-13b", "llama-2-7b"]
+    assert [g["model"] for g in merged["goals"]] == ["opt-13b", "llama-2-7b"]
+    assert merged["elapsed_min"] == 90.0
+    text = bs.commands_line(merged)
+    assert text.startswith("Commands, run one after the other") and "--models opt-13b" in text and "--models llama-2-7b" in text
+    with pytest.raises(ValueError):
+        bs.merge_results([run("a", 1.0), {**run("b", 1.0), "machine": "other"}])

@@ -7,7 +7,7 @@ against plain loaders (safetensors, ZipNN, zstd-3) on the same checkpoint.
     python tools/bench_scale.py --work DIR [--models llama-2-7b,opt-13b] [--layers llama-2-7b=32,opt-13b=8]
         [--repeats 1] [--json tools/bench_scale_results.json] [--report BENCHMARKS.md]
         [--skip-generate] [--keep] [--quick] [--pt-pack first|all|none] [--rss-limit GIB] [--timeout S]
-    python tools/bench_scale.py --from-json RESULTS.json --report BENCHMARKS.md   # rewrite the section only
+    python tools/bench_scale.py --from-json R1.json [R2.json ...] --report BENCHMARKS.md   # rewrite the section only
 
 Each model: `tools/make_large.py` writes the checkpoint into DIR/<model>/gen; its files are
 hard-linked into DIR/<model>/st (the .safetensors and the side files) and DIR/<model>/pt (the
@@ -426,6 +426,7 @@ class Ctx:
     pack_threads: int = 2
     unpack_workers_option: bool = False
     verify_command: bool = False
+    verify_workers: tuple[int, ...] = (1, 2)
     logs: Path = field(default_factory=Path)
 
 
@@ -623,7 +624,7 @@ def decode_ops(ctx: Ctx, model: str, mdir: Path, out: Path) -> list[Json]:
     dst = mdir / "unpacked"
     clean = lambda: rm(dst)  # noqa: E731
     ops = [cli_op(ctx, model, f"verify_w{w}", f"verify --workers {w}", ["verify", str(out), "--workers", str(w)], "decode", w)
-           for w in (1, 2)]
+           for w in ctx.verify_workers]
     for fmt in ("pt", "safetensors"):
         ops.append(cli_op(ctx, model, f"unpack_{fmt}", f"unpack --format {fmt}", ["unpack", str(out), str(dst), "--format", fmt, "--quiet"],
                           "decode", ctx.decode_workers, before=clean, after=clean))
@@ -886,12 +887,10 @@ def workers_table(m: Json) -> list[str]:
     L = ["| operation | 1 worker s | 2 workers s | speed-up | decoder floor 1 / 2 workers s |", "|---|---|---|---|---|"]
     su = m.get("floor_summary")
     fl = f"{_sec(decode_floor(su, 1))} / {_sec(decode_floor(su, 2))}" if su else "n/a"
-    for name, k1, k2 in (("verify", "verify_w1", "verify_w2"), ("unpack --format safetensors", "unpack_safetensors_w1", "unpack_safetensors_w2")):
+    for name, k1, k2 in (("verify", "verify_w1", "verify_w2"),):
         a, b = by.get(k1), by.get(k2)
         if not a or not b:
-            why = "not run" + ("" if m.get("unpack_workers_option", True) or k1.startswith("verify") else
-                               " (this bbformat's unpack has no `--workers`)")
-            L.append(f"| {name} | {why} | | | {fl} |")
+            L.append(f"| {name} | {'not run (--verify-workers)' if not a else ''} | {'not run' if not b else ''} | | {fl} |")
             continue
         up = f"{a['wall_s'] / b['wall_s']:.2f}×" if a.get("wall_s") and b.get("wall_s") else "n/a"
         L.append(f"| {name} | {_op_cell(a)[0]} | {_op_cell(b)[0]} | {up} | {fl} |")
@@ -938,9 +937,29 @@ def goals_table(res: Json) -> list[str]:
     return L + ["", f"{len(goals) - missed} of {len(goals)} goals met." if goals else "No goal could be checked.", ""]
 
 
+def commands_line(res: Json) -> str:
+    runs = res.get("runs") or [res]
+    text = "; ".join(f"`python tools/bench_scale.py {shlex.join(r['argv'])}` ({r['date']}, {r['elapsed_min']:.0f} min)" for r in runs)
+    return ("Command: " if len(runs) == 1 else "Commands, run one after the other on this machine: ") + text + "."
+
+
+def merge_results(parts: list[Json]) -> Json:
+    """Several runs (e.g. one model each) as one result: their models and goals in order, each
+    run's command kept; the machine must be the same."""
+    machines = {p["machine"] for p in parts}
+    if len(machines) != 1:
+        raise ValueError(f"runs from different machines cannot be merged: {sorted(machines)}")
+    out = dict(parts[0])
+    out["runs"] = [{"argv": p["argv"], "date": p["date"], "elapsed_min": p["elapsed_min"]} for p in parts]
+    out["models"] = [m for p in parts for m in p["models"]]
+    out["goals"] = [g for p in parts for g in p.get("goals", [])]
+    out["elapsed_min"] = sum(p["elapsed_min"] for p in parts)
+    return out
+
+
 def render_section(res: Json) -> str:
     L = [SECTION, "", f"Machine: {res['machine']}.", "",
-         f"Command: `python tools/bench_scale.py {shlex.join(res['argv'])}` ({res['date']}, {res['elapsed_min']:.0f} min). "
+         commands_line(res) + " "
          f"Each command ran {res['repeats']} time(s), each in a fresh process: wall s is the median, measured inside the process "
          "around the call (the command's `main(argv)`, or `load_model` alone; Python's start and imports excluded); peak RSS is "
          "the process's VmHWM (the largest over the runs). Checkpoints are synthetic (`tools/make_large.py`: random weights "
@@ -1032,9 +1051,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--keep", action="store_true", help="keep the checkpoints and containers")
     ap.add_argument("--quick", action="store_true", help="tiny shapes: the whole tool in about a minute")
     ap.add_argument("--pt-pack", choices=("first", "all", "none"), default="first", help="pack from .pt too: first model only (default), all, none")
+    ap.add_argument("--verify-workers", default="1,2", metavar="N,...",
+                    help="worker counts verify is measured with (default 1,2: the workers comparison)")
     ap.add_argument("--rss-limit", type=float, default=None, metavar="GIB", help="kill a child whose RSS passes this (default 80%% of RAM)")
     ap.add_argument("--timeout", type=float, default=None, metavar="S", help="kill a child that runs longer (default: none)")
-    ap.add_argument("--from-json", type=Path, default=None, help="rewrite the --report section from an earlier --json, measuring nothing")
+    ap.add_argument("--from-json", type=Path, nargs="+", default=None,
+                    help="rewrite the --report section from earlier --json files (several: merged in order), measuring nothing")
     return ap
 
 
@@ -1046,7 +1068,8 @@ def make_ctx(a: argparse.Namespace) -> Ctx:
     ctx = Ctx(work=work, repeats=a.repeats, quick=a.quick, keep=a.keep, skip_generate=a.skip_generate, pt_pack=a.pt_pack,
               rss_limit=int(a.rss_limit * GIB) if a.rss_limit else int(0.8 * phys), timeout=a.timeout,
               decode_workers=DECODE_WORKERS, pack_threads=min(2, os.cpu_count() or 1),
-              unpack_workers_option=cli_has(["unpack"], "--workers"), verify_command=cli_has(["verify"]), logs=work / "logs")
+              unpack_workers_option=cli_has(["unpack"], "--workers"), verify_command=cli_has(["verify"]),
+              verify_workers=tuple(int(x) for x in a.verify_workers.split(",") if x.strip()), logs=work / "logs")
     ctx.logs.mkdir(parents=True, exist_ok=True)
     return ctx
 
@@ -1073,7 +1096,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     a = ap.parse_args(argv)
     if a.from_json:
-        res = json.loads(a.from_json.read_text())
+        res = merge_results([json.loads(p.read_text()) for p in a.from_json])
+        if a.json:
+            a.json.write_text(json.dumps(res, indent=1))
         write_report(a.report or ROOT / "BENCHMARKS.md", res)
         return 0
     models = [m.strip() for m in a.models.split(",") if m.strip()]

@@ -301,9 +301,10 @@ def release_mapped(ranges: list[tuple[int, int]], start: int, end: int) -> None:
     from the file if touched. Never applied to anything else (that would discard data)."""
     lo = (start + _PAGE - 1) // _PAGE * _PAGE  # whole pages only: a neighbour's page stays
     hi = end // _PAGE * _PAGE
-    if hi <= lo or _libc() is None or not any(a <= lo and hi <= b for a, b in ranges):
+    libc = _libc()
+    if hi <= lo or libc is None or not any(a <= lo and hi <= b for a, b in ranges):
         return
-    _libc().madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED)
+    libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED)
 
 
 @functools.lru_cache(maxsize=1)
