@@ -327,7 +327,12 @@ def _load_pt(path: Path) -> MappedWeights:
     try:
         with warnings.catch_warnings():  # torch warns on odd pickle protocols etc.: errors stay one line
             warnings.simplefilter("ignore")
-            obj = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+            try:
+                obj = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+            except (pickle.UnpicklingError, RecursionError):
+                raise
+            except Exception:  # e.g. an archive whose records torch cannot map: read it instead
+                obj = torch.load(path, weights_only=True, map_location="cpu", mmap=False)
     except pickle.UnpicklingError as exc:
         raise _weights_only_refusal(path, exc) from None
     except RecursionError:
