@@ -387,7 +387,7 @@ def measure_floor_shapes(sites: list[Json], repeats: int = FLOOR_REPEATS) -> Jso
 
 def _task_floor(args: list[str]) -> Json:
     t = time.perf_counter()
-    res = measure_floor_shapes(read_sites(Path(args[0])))
+    res = measure_floor_shapes(read_sites(Path(args[0])), int(args[1]) if len(args) > 1 else FLOOR_REPEATS)
     res["wall_s"] = time.perf_counter() - t
     return res
 
@@ -427,6 +427,7 @@ class Ctx:
     unpack_workers_option: bool = False
     verify_command: bool = False
     verify_workers: tuple[int, ...] = (1, 2)
+    floor_repeats: int = FLOOR_REPEATS
     logs: Path = field(default_factory=Path)
 
 
@@ -685,7 +686,7 @@ def bench_model(ctx: Ctx, model: str, layers: int, with_pt: bool) -> Json:
         if out.is_file():
             res["ops"] += decode_ops(ctx, model, mdir, out)
             log(f"{model}: floors (codec primitives on each distinct site shape)")
-            fl = run_child(ctx, "floor", [str(out)], f"{model}.floor")
+            fl = run_child(ctx, "floor", [str(out), str(ctx.floor_repeats)], f"{model}.floor")
             res["floors"] = fl if fl["ok"] else {"ok": False, "error": fl.get("error")}
         res["plain_loaders"] = plain_loaders(ctx, model, mdir, st_file)
     except Exception as exc:  # the model's failure is a row of the report, not the end of the run
@@ -967,6 +968,8 @@ def render_section(res: Json) -> str:
     for m in res["models"]:
         L += model_section(m)
     L += goals_table(res)
+    if res.get("notes"):
+        L += ["", *res["notes"]]
     return "\n".join(L).rstrip() + "\n"
 
 
@@ -1051,10 +1054,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--keep", action="store_true", help="keep the checkpoints and containers")
     ap.add_argument("--quick", action="store_true", help="tiny shapes: the whole tool in about a minute")
     ap.add_argument("--pt-pack", choices=("first", "all", "none"), default="first", help="pack from .pt too: first model only (default), all, none")
+    ap.add_argument("--floor-repeats", type=int, default=FLOOR_REPEATS, metavar="N",
+                    help=f"timings of each distinct site shape for the floors (median; default {FLOOR_REPEATS})")
     ap.add_argument("--verify-workers", default="1,2", metavar="N,...",
                     help="worker counts verify is measured with (default 1,2: the workers comparison)")
     ap.add_argument("--rss-limit", type=float, default=None, metavar="GIB", help="kill a child whose RSS passes this (default 80%% of RAM)")
     ap.add_argument("--timeout", type=float, default=None, metavar="S", help="kill a child that runs longer (default: none)")
+    ap.add_argument("--notes", type=Path, default=None,
+                    help="with --from-json: a markdown file whose lines end the section (what the numbers mean, why a goal is missed)")
     ap.add_argument("--from-json", type=Path, nargs="+", default=None,
                     help="rewrite the --report section from earlier --json files (several: merged in order), measuring nothing")
     return ap
@@ -1069,7 +1076,8 @@ def make_ctx(a: argparse.Namespace) -> Ctx:
               rss_limit=int(a.rss_limit * GIB) if a.rss_limit else int(0.8 * phys), timeout=a.timeout,
               decode_workers=DECODE_WORKERS, pack_threads=min(2, os.cpu_count() or 1),
               unpack_workers_option=cli_has(["unpack"], "--workers"), verify_command=cli_has(["verify"]),
-              verify_workers=tuple(int(x) for x in a.verify_workers.split(",") if x.strip()), logs=work / "logs")
+              verify_workers=tuple(int(x) for x in a.verify_workers.split(",") if x.strip()), floor_repeats=max(1, a.floor_repeats),
+              logs=work / "logs")
     ctx.logs.mkdir(parents=True, exist_ok=True)
     return ctx
 
@@ -1097,6 +1105,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.from_json:
         res = merge_results([json.loads(p.read_text()) for p in a.from_json])
+        if a.notes:
+            res["notes"] = a.notes.read_text().rstrip("\n").splitlines()
         if a.json:
             a.json.write_text(json.dumps(res, indent=1))
         write_report(a.report or ROOT / "BENCHMARKS.md", res)
