@@ -90,3 +90,18 @@ def remove_stale_temps(directory: Path, name: str, older_than: float = STALE_TEM
         except OSError:
             continue
     return removed
+
+
+def probe_write(path: str | os.PathLike[str]) -> OSError | None:
+    """The OSError behind a failed write of `path` that a library reported without an errno
+    (torch's C++ writer raises a RuntimeError), found by appending up to 1 MiB to the file,
+    which is discarded afterwards: a full disk or a file-size limit shows up as ENOSPC or EFBIG."""
+    try:
+        with open(path, "ab") as f:
+            for _ in range(16):
+                f.write(bytes(65536))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        return exc
+    return None

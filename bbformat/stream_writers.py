@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from .errors import BBFormatError, InputError
+from .fsutil import probe_write
 
 __all__ = ["SafetensorsWriter", "TorchZipWriter"]
 
@@ -274,16 +275,11 @@ def _pickle_state(order: Sequence[str], stubs: dict[str, _Tensor]) -> bytes:
 
 
 def _probe_error(path: str, exc: BaseException) -> OSError:
-    """torch's C++ file writer reports a failed write as a RuntimeError without errno; the
-    OSError is recovered by appending up to 1 MiB to the (already failed) file."""
-    try:
-        with open(path, "ab") as f:
-            for _ in range(16):
-                f.write(bytes(65536))
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as os_exc:
-        return os_exc
+    """torch's C++ file writer reports a failed write as a RuntimeError without errno: the
+    OSError behind it (fsutil.probe_write), else an EIO naming torch's message."""
+    found = probe_write(path)
+    if found is not None:
+        return found
     why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return OSError(errno.EIO, f"torch's zip writer failed: {why}", path)
 

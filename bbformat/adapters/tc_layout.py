@@ -423,20 +423,6 @@ def _write_synced(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _probe_write(path: Path) -> OSError | None:
-    """The OSError behind a failed write of `path`, found by appending up to 1 MiB to it (the
-    file is discarded afterwards): a full disk or a file-size limit shows up as ENOSPC or EFBIG."""
-    try:
-        with open(path, "ab") as f:
-            for _ in range(16):
-                f.write(bytes(65536))
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as exc:
-        return exc
-    return None
-
-
 def _zip_is_whole(path: Path) -> bool:
     """torch's zip ends with an end-of-central-directory record (no comment) and every
     member starts before the central directory."""
@@ -466,11 +452,11 @@ def _torch_save_synced(path: Path, sd: dict[str, torch.Tensor]) -> None:
         torch.save(sd, str(path))
     except RuntimeError as exc:
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise _probe_write(path) or OSError(None, f"torch.save failed: {why}") from None
+        raise fsutil.probe_write(path) or OSError(None, f"torch.save failed: {why}") from None
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
     if not _zip_is_whole(path):
-        raise _probe_write(path) or OSError(None, "torch.save wrote an incomplete file")
+        raise fsutil.probe_write(path) or OSError(None, "torch.save wrote an incomplete file")
 
 
 def _json_bytes(obj: dict[str, Any], one_line: bool) -> bytes:
