@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
 import shlex
 import shutil
@@ -947,7 +948,8 @@ def commands_line(res: Json) -> str:
 def merge_results(parts: list[Json]) -> Json:
     """Several runs (e.g. one model each) as one result: their models and goals in order, each
     run's command kept; the machine must be the same."""
-    machines = {p["machine"] for p in parts}
+    # the same words in any order: threadpoolctl lists the libraries in no fixed order
+    machines = {tuple(sorted(re.findall(r"[\w.+-]+", p["machine"]))) for p in parts}
     if len(machines) != 1:
         raise ValueError(f"runs from different machines cannot be merged: {sorted(machines)}")
     out = dict(parts[0])
@@ -1004,8 +1006,8 @@ def machine() -> str:
     try:
         from threadpoolctl import threadpool_info
 
-        blas = ", ".join(f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture')}, {i.get('num_threads')} threads)"
-                         for i in threadpool_info())
+        blas = ", ".join(sorted(f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture')}, {i.get('num_threads')} threads)"
+                                for i in threadpool_info()))
     except Exception:
         blas = "n/a"
     import torch
