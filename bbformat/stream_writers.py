@@ -34,6 +34,7 @@ import os
 import pickle
 import struct
 import sys
+import zipfile
 from collections.abc import Sequence
 from typing import Any, BinaryIO, SupportsIndex
 
@@ -43,7 +44,7 @@ import torch
 from .errors import BBFormatError, InputError
 from .fsutil import probe_write
 
-__all__ = ["SafetensorsWriter", "TorchZipWriter"]
+__all__ = ["SafetensorsWriter", "TorchZipWriter", "torch_zip_is_whole"]
 
 TORCH_PIN = "2.13."
 _CHUNK = 1 << 30  # bytes per write() call
@@ -284,15 +285,23 @@ def _probe_error(path: str, exc: BaseException) -> OSError:
     return OSError(errno.EIO, f"torch's zip writer failed: {why}", path)
 
 
-def _ends_like_zip(path: str) -> bool:
-    """torch's zip ends with an end-of-central-directory record without a comment."""
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        if f.tell() < 22:
+def torch_zip_is_whole(path: str | os.PathLike[str]) -> bool:
+    """torch's zip ends with an end-of-central-directory record (no comment) and every
+    member starts before the central directory."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() < 22:
+                return False
+            f.seek(-22, os.SEEK_END)
+            tail = f.read(22)
+        if tail[:4] != b"PK\x05\x06" or tail[20:22] != b"\x00\x00":
             return False
-        f.seek(-22, os.SEEK_END)
-        tail = f.read(22)
-    return tail[:4] == b"PK\x05\x06" and tail[20:22] == b"\x00\x00"
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+            return bool(infos) and all(i.header_offset < zf.start_dir for i in infos)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        return False
 
 
 class TorchZipWriter:
@@ -388,7 +397,7 @@ class TorchZipWriter:
             self._stream.close()
         with open(self._path, "rb+") as f:
             os.fsync(f.fileno())
-        if not _ends_like_zip(self._path):  # a final flush that failed without an exception
+        if not torch_zip_is_whole(self._path):  # a final flush that failed without an exception
             raise _probe_error(self._path, RuntimeError("the archive is incomplete"))
 
     def abort(self) -> None:

@@ -73,6 +73,7 @@ import torch
 from .. import fsutil
 from ..errors import InputError, output_error
 from ..fsutil import fsync_dir
+from ..stream_writers import torch_zip_is_whole
 
 WEIGHT_SUFFIXES = (".pt", ".safetensors")
 # Side files travel base64-encoded in the container's metadata, which a reader refuses past
@@ -423,25 +424,6 @@ def _write_synced(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _zip_is_whole(path: Path) -> bool:
-    """torch's zip ends with an end-of-central-directory record (no comment) and every
-    member starts before the central directory."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            if f.tell() < 22:
-                return False
-            f.seek(-22, os.SEEK_END)
-            tail = f.read(22)
-        if tail[:4] != b"PK\x05\x06" or tail[20:22] != b"\x00\x00":
-            return False
-        with zipfile.ZipFile(path) as zf:
-            infos = zf.infolist()
-            return bool(infos) and all(i.header_offset < zf.start_dir for i in infos)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
-        return False
-
-
 def _torch_save_synced(path: Path, sd: dict[str, torch.Tensor]) -> None:
     """torch.save to a path (so the zip's root folder is named after the file, as in TC's files),
     fsync, and check the result. torch's C++ writer reports a failed write as a RuntimeError
@@ -455,7 +437,7 @@ def _torch_save_synced(path: Path, sd: dict[str, torch.Tensor]) -> None:
         raise fsutil.probe_write(path) or OSError(None, f"torch.save failed: {why}") from None
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
-    if not _zip_is_whole(path):
+    if not torch_zip_is_whole(path):
         raise fsutil.probe_write(path) or OSError(None, "torch.save wrote an incomplete file")
 
 
