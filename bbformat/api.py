@@ -21,7 +21,7 @@ from .codec.encoder import EncodedChunk, Moments, SiteReport, canonical_rotation
 from .codec.layout import AxisRef, ModelLayout
 from .codec.program import TensorEntry
 from .errors import FormatError, InputError, VerifyError
-from .reader import DECODE_WORKERS, Reader
+from .reader import DECODE_WORKERS, Reader, decode_workers
 from .tensors import raw_to_torch, torch_to_raw
 from .writer import Writer
 
@@ -234,7 +234,7 @@ class LazyTensors(Mapping[str, RawTensor]):
     holds each only while it rotates or pushes it (a block of a 13B model is 0.5 GB)."""
 
     def __init__(self, get: Callable[[str], RawTensor], names: Sequence[str]) -> None:
-        self._get, self._names = get, list(names)
+        self._get, self._names = get, dict.fromkeys(names)
 
     def __getitem__(self, name: str) -> RawTensor:
         if name not in self._names:
@@ -325,7 +325,7 @@ def verify(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = 
     with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim) as r:
         n = len(r)
         rep = VerifyReport(str(path), f"{r.header.major}.{r.header.minor}", n, 0, 0, 0)
-        for k, block in enumerate(r.iter_blocks("reverse", workers=workers or DECODE_WORKERS)):
+        for k, block in enumerate(r.iter_blocks("reverse", workers=decode_workers(workers))):
             rep.tensors += len(block.tensors)
             rep.values += sum(t.bits.size for t in block.tensors.values())
             rep.decoded_bytes += sum(t.bits.nbytes for t in block.tensors.values())
@@ -405,18 +405,16 @@ def _stream_weights(r: Reader, path: Path, fmt: str, wanted: dict[str, TensorEnt
     from .stream_writers import SafetensorsWriter, TorchZipWriter
     from .tensors import torch_dtype
 
-    specs = [(k, torch_dtype(e.dtype), e.shape) for k, e in wanted.items()]
     if fmt == "pt":
         out = TorchZipWriter(path, list(wanted))
         try:
             _write_blocks(r, wanted, out.write, progress, workers)
-            out.finish()
+            out.finish()  # closes and fsyncs the archive
         except BaseException:
             out.abort()
             raise
-        with open(path, "rb+") as f:
-            os.fsync(f.fileno())
         return
+    specs = [(k, torch_dtype(e.dtype), e.shape) for k, e in wanted.items()]
     with open(path, "xb") as f:
         st = SafetensorsWriter(f, specs, metadata={"format": "pt"})
         _write_blocks(r, wanted, st.write, progress, workers)
@@ -428,7 +426,7 @@ def _stream_weights(r: Reader, path: Path, fmt: str, wanted: dict[str, TensorEnt
 def _write_blocks(r: Reader, wanted: dict[str, TensorEntry], write: Callable[[str, torch.Tensor], None],
                   progress: Progress | None, workers: int | None) -> None:
     n = len(r)
-    for k, block in enumerate(r.iter_blocks("reverse", workers=workers or DECODE_WORKERS)):
+    for k, block in enumerate(r.iter_blocks("reverse", workers=decode_workers(workers))):
         for name, t in block.tensors.items():
             want = wanted.get(name)
             if want is None:

@@ -41,24 +41,19 @@ def _size(text: str) -> int | str | None:
     return n
 
 
-def _site_dim(text: str) -> int:
-    try:
-        d = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if d < 2:
-        raise argparse.ArgumentTypeError("--max-site-dim must be at least 2")
-    return d
+def _int_at_least(low: int, flag: str) -> Callable[[str], int]:
+    """An argparse type: an integer >= low (the message names the flag)."""
 
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"{flag} must be at least {low}")
+        return n
 
-def _workers(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError("--workers must be at least 1")
-    return n
+    return parse
 
 
 def _progress(quiet: bool, verb: str) -> Callable[[int, int, str], None] | None:
@@ -191,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     vf.add_argument("--json", action="store_true")
     vf.add_argument("--quiet", action="store_true")
     for sp in (up, vf):
-        sp.add_argument("--workers", type=_workers, default=None, metavar="N",
+        sp.add_argument("--workers", type=_int_at_least(1, "--workers"), default=None, metavar="N",
                         help="threads decoding blocks ahead (default: up to 4, one per core); memory grows by a block per worker")
     vf.set_defaults(func=_cmd_verify)
 
@@ -202,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--max-memory", type=_size, default="auto", metavar="SIZE",
                         help="refuse a block whose declared working set (SPEC.md 11.5) exceeds SIZE, e.g. 2G "
                              "(default: auto = half the physical memory; none = no budget)")
-        sp.add_argument("--max-site-dim", type=_site_dim, default=None, metavar="D",
+        sp.add_argument("--max-site-dim", type=_int_at_least(2, "--max-site-dim"), default=None, metavar="D",
                         help="refuse a rotation site larger than D (bounds decode time, O(D^3) per site; default: 32768)")
     ins.set_defaults(func=_cmd_inspect)
     dm = sub.add_parser("demo", help="run pack/inspect/unpack end to end on a tiny built-in sliced model")

@@ -13,13 +13,16 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import torch
 from torch import nn
 
 from .codec.dtypes import bits_of
 from .errors import InputError, UnsupportedModelError
+
+if TYPE_CHECKING:
+    from .adapters.tc_layout import Checkpoint
 
 RMSN_EPS = 1e-5
 
@@ -153,7 +156,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
     each block's memory and decode time (Reader, SPEC.md 11.5).
     """
     from .adapters.tc_layout import read_checkpoint
-    from .reader import DECODE_WORKERS, DecodedBlock, Reader
+    from .reader import DecodedBlock, Reader, decode_workers
     from .tensors import raw_to_torch, torch_dtype
 
     p = Path(path)
@@ -168,7 +171,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
             # The model is built on a thread of its own while the first blocks decode.
             with ThreadPoolExecutor(1, thread_name_prefix="bbformat-build") as ex:
                 built = ex.submit(build_sliced_llama, hf, sc, dtype)
-                blocks = r.iter_blocks("reverse", workers=workers or DECODE_WORKERS)
+                blocks = r.iter_blocks("reverse", workers=decode_workers(workers))
                 first = next(blocks, None)
                 model = built.result()
                 expected = {n for n, _ in model.named_parameters()}
@@ -189,12 +192,17 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
                 dtype = _dominant((t.dtype, t.numel() * t.element_size()) for t in sd.values())
             model = build_sliced_llama(ckpt.hf_config, ckpt.slicing_config, dtype)
             expected = {n for n, _ in model.named_parameters()}
-            for name in sd:
-                _fill(model, [(name, sd[name])], expected)
-                ckpt.release(name)
+            _fill(model, _released(ckpt), expected)
     if expected:
         raise InputError(f"checkpoint lacks {len(expected)} model tensors, e.g. {sorted(expected)[:3]}")
     return model
+
+
+def _released(ckpt: Checkpoint) -> Iterator[tuple[str, torch.Tensor]]:
+    """A checkpoint's tensors one at a time, each one's mapped pages released once it is used."""
+    for name, t in ckpt.state_dict.items():
+        yield name, t
+        ckpt.release(name)
 
 
 def _dominant(sizes: Iterable[tuple[Any, int]]) -> Any:

@@ -33,8 +33,14 @@ from .errors import FormatError, IntegrityError, InputError
 
 
 AUTO = "auto"
-# Threads the model-level functions (unpack, read_tensors, load_model) decode with.
+# Threads the model-level functions (unpack, verify, read_tensors, load_model) decode with.
 DECODE_WORKERS = max(1, min(4, os.cpu_count() or 1))
+
+
+def decode_workers(workers: int | None) -> int:
+    """A model-level function's `workers`: None is DECODE_WORKERS; anything else is used as given
+    (iter_blocks refuses a count below 1)."""
+    return DECODE_WORKERS if workers is None else workers
 
 
 def physical_memory() -> int | None:

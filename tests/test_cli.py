@@ -118,3 +118,35 @@ def test_max_site_dim(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFix
     assert err.count("\n") == 1 and "[E_LIMIT_DIM]" in err and "this reader's limit is 2" in err
     assert not (tmp_path / "u").exists()
     assert main(["unpack", str(out), str(tmp_path / "u"), "--quiet", "--max-site-dim", "32768"]) == 0
+
+
+def test_verify(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """verify decodes every block: a summary line or JSON; a damaged file is one line with its code."""
+    out = tmp_path / "m.bb"
+    assert main(["pack", str(model_dir), str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(out), "--workers", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "decoded all 4 chunks" in text and "no digest" in text
+    assert main(["verify", str(out), "--json", "--workers", "2"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["chunks"] == 4 and got["content_digests"] is False and got["format_version"] == "1.0"
+    data = bytearray(out.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    out.write_bytes(bytes(data))
+    _one_line_error(_run("verify", str(out)), 5, "E_CRC")
+    _one_line_error(_run("verify", str(tmp_path / "absent.bb")), 2, "E_INPUT")
+
+
+def test_workers_flag(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "m.bb"
+    assert main(["pack", str(model_dir), str(out), "--quiet"]) == 0
+    for cmd in (["verify", str(out)], ["unpack", str(out), str(tmp_path / "u")]):
+        for bad in ("0", "-1", "two"):
+            with pytest.raises(SystemExit) as info:
+                main([*cmd, "--workers", bad])
+            assert info.value.code == 64
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and err.startswith("bbformat: usage error:") and "--workers" in err
+    assert not (tmp_path / "u").exists()
+    assert main(["unpack", str(out), str(tmp_path / "u"), "--quiet", "--workers", "1"]) == 0
