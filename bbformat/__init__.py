@@ -1,9 +1,10 @@
 """bbformat: bits-back coding of rotation-symmetric transformer weights (SliceGPT)."""
 from __future__ import annotations
 
-from .api import PackReport, open_container, pack, read_tensors, unpack
+from .api import InexactWarning, PackReport, VerifyReport, open_container, pack, read_tensors, unpack, verify
 from .errors import (
     BBFormatError,
+    DigestError,
     FormatError,
     InputError,
     IntegrityError,
@@ -18,12 +19,14 @@ from .loader import load_model
 from .reader import DecodedBlock, Reader, iter_stream
 from .writer import Writer
 
-__version__ = "1.1.0"
+__version__ = "1.2.0"
 
 __all__ = [
     "BBFormatError",
     "DecodedBlock",
+    "DigestError",
     "FormatError",
+    "InexactWarning",
     "InputError",
     "IntegrityError",
     "LimitError",
@@ -41,4 +44,6 @@ __all__ = [
     "pack",
     "read_tensors",
     "unpack",
+    "verify",
+    "VerifyReport",
 ]

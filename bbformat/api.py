@@ -20,10 +20,11 @@ from .codec.entropy import ENTROPY_MODES
 from .codec.encoder import EncodedChunk, Moments, SiteReport, canonical_rotation_of, encode_chunk
 from .codec.layout import AxisRef, ModelLayout
 from .codec.program import TensorEntry
+from .container.digest import content_crc
 from .errors import FormatError, InputError, VerifyError
-from .reader import DECODE_WORKERS, Reader, decode_workers
+from .reader import DECODE_WORKERS, DecodedBlock, Reader, decode_workers
 from .tensors import raw_to_torch, torch_to_raw
-from .writer import Writer
+from .writer import FORMAT_VERSIONS, Writer
 
 if TYPE_CHECKING:
     from .adapters.tc_layout import Checkpoint
@@ -33,7 +34,7 @@ PACK_QUEUE = 1
 # Chunks ahead of the encoder whose canonical directions a second thread computes.
 CANONICAL_AHEAD = 2
 DEFAULT_TOLERANCE = {("paper", "opt"): 0.01, ("paper", "llama"): 0.005}
-FORMAT_VERSION = "1.0"
+FORMAT_VERSION = "1.2"  # what pack writes unless told format_version="1.1"
 
 Progress = Callable[[int, int, str], None]
 
@@ -79,6 +80,7 @@ def pack(
     calibration_samples: int = 16,
     calibration_seqlen: int = 512,
     entropy: str = "none",
+    format_version: str = FORMAT_VERSION,
 ) -> PackReport:
     """Encode a SliceGPT checkpoint directory (TransformerCompression layout) into `dst`.
 
@@ -89,7 +91,14 @@ def pack(
 
     `entropy` codes each chunk's payload after bits-back (SPEC.md 8.6): "none" (raw, a 1.0
     file), "zstd", "planes" (byte planes with per-tensor contexts) or "auto" (the smallest
-    per chunk). "planes" and "auto" write a 1.1 file, which 1.0 readers refuse cleanly.
+    per chunk). "planes" and "auto" need a 1.1 reader at least.
+
+    `format_version` "1.2" (the default) records each chunk's digest of its decoded values,
+    and stores explicitly every regenerated value another correct reader could round
+    differently (the band, SPEC.md 9 and 12.6), so every conforming reader decodes the
+    same bits and can prove it; 1.1 readers refuse such files. "1.1" writes files that 1.0
+    and 1.1 readers read (1.0 unless "planes" or "auto"), exact only on readers whose
+    floating point matches the packing machine's, and unverifiable.
 
     The output is deterministic for a given software and thread
     environment (the moments are rounded to 10 bits, which makes a differing BLAS or
@@ -100,18 +109,26 @@ def pack(
         raise InputError(f"unknown scheme {scheme!r} (choose 'paper' or 'symmetric')")
     if entropy not in ENTROPY_MODES:
         raise InputError(f"unknown entropy mode {entropy!r} (choose {', '.join(ENTROPY_MODES)})")
+    if format_version not in FORMAT_VERSIONS:
+        raise InputError(f"unknown format version {format_version!r} (choose {', '.join(FORMAT_VERSIONS)})")
     _check_paths(Path(src), Path(dst))
     # Every input check (files, pickle, JSON, config vs tensors, NaN/Inf) happens before the
     # Writer creates anything at dst. The weights are mapped, not read: each block's tensors
     # are read when it is encoded and released after (memory: a few blocks, not the model).
     with read_checkpoint(Path(src)) as ckpt:
         return _pack_checkpoint(ckpt, dst, scheme, tolerance, verify, progress, calibration, calibration_samples,
-                                calibration_seqlen, entropy)
+                                calibration_seqlen, entropy, format_version)
+
+
+def _written_version(format_version: str, entropy: str) -> str:
+    if format_version == "1.2":
+        return "1.2"
+    return "1.1" if entropy in ("planes", "auto") else "1.0"
 
 
 def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str, tolerance: float | None, verify: bool,
                      progress: Progress | None, calibration: str | os.PathLike[str] | torch.Tensor | None,
-                     calibration_samples: int, calibration_seqlen: int, entropy: str) -> PackReport:
+                     calibration_samples: int, calibration_seqlen: int, entropy: str, format_version: str = FORMAT_VERSION) -> PackReport:
     from .adapters import plan
 
     layout = plan(ckpt, scheme)
@@ -121,7 +138,7 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
         raise InputError(f"tolerance must be a finite number >= 0, got {tolerance}")
     metadata = {
         "format": "bbformat",
-        "format_version": "1.1" if entropy in ("planes", "auto") else FORMAT_VERSION,
+        "format_version": _written_version(format_version, entropy),
         "architecture": layout.architecture,
         "scheme": scheme,
         "tolerance": tolerance,
@@ -152,16 +169,18 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
     # its own (zstd and numpy release the GIL); one worker writes the chunks in order, and the
     # bytes are those of a sequential pack. A chunk is dropped as soon as it is written: the
     # encoder holds one block, the worker at most PACK_QUEUE more.
-    with Writer(dst, scheme, len(layout.chunks), metadata, entropy=entropy, background_header=True) as w, \
+    with Writer(dst, scheme, len(layout.chunks), metadata, entropy=entropy, background_header=True,
+                format_version=format_version) as w, \
             ThreadPoolExecutor(1, thread_name_prefix="bbformat-compress") as pool, rot.one_blas_thread():
         queued: deque[Future[None]] = deque()
-        for chunk, enc in _encode_all(layout, get, scheme, tolerance, progress, moments):
+        for chunk, enc in _encode_all(layout, get, scheme, tolerance, progress, moments, band=w.mixed_corrections):
             digests.append({n: _digest(t) for n, t in enc.intended.items()})
+            crc = content_crc(enc.program, enc.intended) if w.digests else None
             enc.intended = {}
             report.sites.extend(enc.reports)  # a deferred site's side_bytes are filled in by finish()
             report.plain_bytes += sum(t.numel * bits_of(t.dtype) // 8 for t in enc.program.tensors)
             report.gross_bound_bits += sum(s.dim * (s.dim - 1) // 2 * enc.program.symbol_bits for s in enc.program.sites)
-            queued.append(pool.submit(_write_chunk, w, enc))
+            queued.append(pool.submit(_write_chunk, w, enc, crc))
             del enc
             while len(queued) > PACK_QUEUE or (queued and queued[0].done()):
                 queued.popleft().result()  # a worker's error is raised here
@@ -173,9 +192,9 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
     return report
 
 
-def _write_chunk(w: Writer, enc: EncodedChunk) -> None:
+def _write_chunk(w: Writer, enc: EncodedChunk, crc: int | None) -> None:
     """On the writer's one worker thread: finish the chunk's sections, code its payload, write it."""
-    w.add_chunk(enc.program, w.code_sections(enc.program, enc.finish()), coded=True)
+    w.add_chunk(enc.program, w.code_sections(enc.program, enc.finish()), coded=True, content_crc=crc)
 
 
 def _check_paths(src: Path, dst: Path) -> None:
@@ -194,7 +213,7 @@ def _check_paths(src: Path, dst: Path) -> None:
 
 
 def _encode_all(layout: ModelLayout, get: Callable[[str], RawTensor], scheme: str, tolerance: float, progress: Progress | None,  # type: ignore[no-untyped-def]
-                moments: Moments | None = None):
+                moments: Moments | None = None, band: bool = True):
     """Encode chunks in order, carrying rotations forward (and, in the paper scheme,
     the canonical rotations of later sites backward).
 
@@ -222,7 +241,7 @@ def _encode_all(layout: ModelLayout, get: Callable[[str], RawTensor], scheme: st
                 fut = ahead.pop(s.name, None)  # popped either way: a future left behind would hold its D x D
                 if fut is not None and s.name not in canonical:
                     canonical[s.name] = fut.result()
-            enc = _encode_one(layout, ci, chunk, get, scheme, tolerance, progress, moments, where, canonical, pending)
+            enc = _encode_one(layout, ci, chunk, get, scheme, tolerance, progress, moments, where, canonical, pending, band)
             for s in chunk.sites:  # a site's canonical direction is used up once its own chunk is
                 canonical.pop(s.name, None)
             yield chunk, enc
@@ -259,7 +278,7 @@ def _independent_anchors(layout: ModelLayout) -> set[str]:
     return {s.anchor.tensor for c in layout.chunks for s in c.sites} - followers
 
 
-def _encode_one(layout, ci, chunk, get, scheme, tolerance, progress, moments, where, canonical, pending):  # type: ignore[no-untyped-def]
+def _encode_one(layout, ci, chunk, get, scheme, tolerance, progress, moments, where, canonical, pending, band=True):  # type: ignore[no-untyped-def]
     """One step of _encode_all: encode layout.chunks[ci], updating `canonical` and `pending`."""
     local = set(chunk.tensors)
     for later in layout.chunks[ci + 1 :]:
@@ -276,7 +295,7 @@ def _encode_one(layout, ci, chunk, get, scheme, tolerance, progress, moments, wh
     tensors = LazyTensors(get, chunk.tensors)
     incoming = {k: v for k, v in pending.items() if k[0] in local}
     enc = encode_chunk(chunk, tensors, incoming, scheme, tolerance, canonical,
-                       {n: m for n, m in moments.items() if n in local} if moments else None, defer=True)
+                       {n: m for n, m in moments.items() if n in local} if moments else None, defer=True, band=band)
     for k in incoming:
         pending.pop(k, None)
     for k, r in enc.outgoing.items():
@@ -307,25 +326,42 @@ class VerifyReport:
     tensors: int
     values: int
     decoded_bytes: int
+    digests: bool = False  # the file records a digest of each chunk's decoded values (1.2)
+    inexact: list[str] = field(default_factory=list)  # "index name" of chunks whose digest differed
+
+    @property
+    def exact(self) -> bool | None:
+        """True: every chunk's decoded values matched its digest; False: some did not; None: no digests."""
+        return (not self.inexact) if self.digests else None
 
     def as_dict(self) -> dict[str, object]:
         return {"path": self.path, "format_version": self.format_version, "chunks": self.chunks, "tensors": self.tensors,
-                "values": self.values, "decoded_bytes": self.decoded_bytes, "crc_verified": True, "content_digests": False}
+                "values": self.values, "decoded_bytes": self.decoded_bytes, "crc_verified": True, "content_digests": self.digests,
+                "exact": self.exact, "inexact_chunks": list(self.inexact)}
 
     def summary(self) -> str:
-        return (f"{self.path}: decoded all {self.chunks} chunks ({self.tensors} tensors, {self.values:,} values); every "
-                f"CRC32C and structural check passed. Format {self.format_version} files carry no digest of the decoded "
-                "values, so this is not a proof of exactness on this reader")
+        counts = f"{self.chunks} chunks ({self.tensors} tensors, {self.values:,} values)"
+        if not self.digests:
+            return (f"{self.path}: decoded all {counts}; every CRC32C and structural check passed. Format "
+                    f"{self.format_version} files carry no digest of the decoded values, so this is not a proof of "
+                    "exactness on this reader")
+        if not self.inexact:
+            return f"{self.path}: exact: all {self.chunks} chunks verified ({self.tensors} tensors, {self.values:,} values)"
+        return (f"{self.path}: NOT exact on this reader: {len(self.inexact)} of {self.chunks} chunks decoded to other values "
+                f"than their digests ({', '.join(self.inexact[:5])}{', ...' if len(self.inexact) > 5 else ''})")
 
 
 def verify(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None,
            workers: int | None = None, progress: Progress | None = None) -> VerifyReport:
-    """Decode every block (CRC32C and every MUST-reject check on the way) and drop it: memory
-    about `workers` + 1 blocks. Raises the first error met."""
-    with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim) as r:
+    """Decode every block (CRC32C, every MUST-reject check and, in a 1.2 file, each chunk's
+    content digest) and drop it: memory about `workers` + 1 blocks. Raises the first error met,
+    except a digest mismatch: every chunk is decoded and the report lists those that missed."""
+    with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=True) as r:
         n = len(r)
-        rep = VerifyReport(str(path), f"{r.header.major}.{r.header.minor}", n, 0, 0, 0)
+        rep = VerifyReport(str(path), f"{r.header.major}.{r.header.minor}", n, 0, 0, 0, digests=r.has_digests)
         for k, block in enumerate(r.iter_blocks("reverse", workers=decode_workers(workers))):
+            if block.exact is False:
+                rep.inexact.append(f"{block.index} {block.name}")
             rep.tensors += len(block.tensors)
             rep.values += sum(t.bits.size for t in block.tensors.values())
             rep.decoded_bytes += sum(t.bits.nbytes for t in block.tensors.values())
@@ -335,24 +371,55 @@ def verify(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = 
     return rep
 
 
-def open_container(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None) -> Reader:
+def open_container(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None,
+                   allow_inexact: bool = False) -> Reader:
     """A streaming reader: `iter_blocks()` decodes one block at a time."""
-    return Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim)
+    return Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact)
 
 
-def read_tensors(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None) -> dict[str, "object"]:
-    """Decode a whole container into an ordered dict of torch tensors."""
-    with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim) as r:
-        out = _decode_to_torch(r, None)
+class InexactWarning(UserWarning):
+    """allow_inexact=True decoded chunks whose values differ from their digests."""
+
+
+class InexactBlocks:
+    """Collects the blocks that missed their digests; warns once, at the end, if any did."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = str(path)
+        self.names: list[str] = []
+
+    def see(self, block: DecodedBlock) -> DecodedBlock:
+        if block.exact is False:
+            self.names.append(f"{block.index} {block.name}")
+        return block
+
+    def warn(self) -> None:
+        if self.names:
+            import warnings
+
+            warnings.warn(InexactWarning(f"{self.path}: {len(self.names)} chunks decoded to values other than their digests "
+                                         f"(E_DIGEST, allowed): {', '.join(self.names[:5])}{', ...' if len(self.names) > 5 else ''}"),
+                          stacklevel=3)
+
+
+def read_tensors(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None,
+                 allow_inexact: bool = False) -> dict[str, "object"]:
+    """Decode a whole container into an ordered dict of torch tensors. A chunk that misses its
+    digest raises DigestError, unless allow_inexact (then an InexactWarning names it)."""
+    with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact) as r:
+        inexact = InexactBlocks(path)
+        out = _decode_to_torch(r, None, inexact)
         keys = r.metadata.get("keys") or list(out)
+    inexact.warn()
     return {k: out[k] for k in keys}
 
 
-def _decode_to_torch(r: Reader, progress: Progress | None) -> dict[str, torch.Tensor]:
+def _decode_to_torch(r: Reader, progress: Progress | None, inexact: InexactBlocks) -> dict[str, torch.Tensor]:
     """Every block, decoded in parallel; each becomes torch tensors (sharing its arrays) as it arrives."""
     out: dict[str, torch.Tensor] = {}
     n = len(r)
     for k, block in enumerate(r.iter_blocks("reverse", workers=DECODE_WORKERS)):
+        inexact.see(block)
         out.update((name, raw_to_torch(t, copy=False)) for name, t in block.tensors.items())
         if progress is not None:
             progress(k + 1, n, block.name)
@@ -368,6 +435,7 @@ def unpack(
     max_block_bytes: int | str | None = "auto",
     max_site_dim: int | None = None,
     workers: int | None = None,
+    allow_inexact: bool = False,
 ) -> Path:
     """Write the TransformerCompression layout back: <stem>.pt (or .safetensors) and the JSON files.
 
@@ -377,12 +445,17 @@ def unpack(
     as atomically as POSIX allows (adapters.tc_layout.publish_checkpoint): a new DST appears
     complete in one rename; into an existing DST the files are staged and fsynced, then renamed
     in one burst, weights last. A failed write raises OutputError (NoSpaceError when out of
-    space) and leaves nothing partial."""
+    space) and leaves nothing partial.
+
+    A chunk whose decoded values miss its digest (format 1.2) raises DigestError and nothing
+    is published, unless allow_inexact: then the files are written and an InexactWarning
+    names the chunks."""
     from .adapters.tc_layout import check_side_files, publish_checkpoint
 
     if fmt not in ("pt", "safetensors"):
         raise InputError(f"unknown output format {fmt!r} (choose 'pt' or 'safetensors')")
-    with Reader(src, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim) as r:
+    inexact = InexactBlocks(src)
+    with Reader(src, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact) as r:
         entries = r.tensor_entries()
         keys = r.metadata.get("keys") or list(entries)
         missing = [k for k in keys if k not in entries]
@@ -394,13 +467,15 @@ def unpack(
         wanted = {k: entries[k] for k in keys}
 
         def weights(path: Path) -> None:
-            _stream_weights(r, path, fmt, wanted, progress, workers)
+            _stream_weights(r, path, fmt, wanted, progress, workers, inexact)
 
-        return publish_checkpoint(Path(dst), stem, files, fmt, weights)
+        out = publish_checkpoint(Path(dst), stem, files, fmt, weights)
+    inexact.warn()
+    return out
 
 
 def _stream_weights(r: Reader, path: Path, fmt: str, wanted: dict[str, TensorEntry], progress: Progress | None,
-                    workers: int | None) -> None:
+                    workers: int | None, inexact: InexactBlocks) -> None:
     """Decode every block and write its tensors into the weights file at `path` as they come."""
     from .stream_writers import SafetensorsWriter, TorchZipWriter
     from .tensors import torch_dtype
@@ -408,7 +483,7 @@ def _stream_weights(r: Reader, path: Path, fmt: str, wanted: dict[str, TensorEnt
     if fmt == "pt":
         out = TorchZipWriter(path, list(wanted))
         try:
-            _write_blocks(r, wanted, out.write, progress, workers)
+            _write_blocks(r, wanted, out.write, progress, workers, inexact)
             out.finish()  # closes and fsyncs the archive
         except BaseException:
             out.abort()
@@ -417,16 +492,17 @@ def _stream_weights(r: Reader, path: Path, fmt: str, wanted: dict[str, TensorEnt
     specs = [(k, torch_dtype(e.dtype), e.shape) for k, e in wanted.items()]
     with open(path, "xb") as f:
         st = SafetensorsWriter(f, specs, metadata={"format": "pt"})
-        _write_blocks(r, wanted, st.write, progress, workers)
+        _write_blocks(r, wanted, st.write, progress, workers, inexact)
         st.finish()
         f.flush()
         os.fsync(f.fileno())
 
 
 def _write_blocks(r: Reader, wanted: dict[str, TensorEntry], write: Callable[[str, torch.Tensor], None],
-                  progress: Progress | None, workers: int | None) -> None:
+                  progress: Progress | None, workers: int | None, inexact: InexactBlocks) -> None:
     n = len(r)
     for k, block in enumerate(r.iter_blocks("reverse", workers=decode_workers(workers))):
+        inexact.see(block)
         for name, t in block.tensors.items():
             want = wanted.get(name)
             if want is None:

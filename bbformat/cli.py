@@ -10,7 +10,7 @@ import sys
 from typing import Callable, Sequence
 
 from .codec.entropy import ENTROPY_MODES
-from .errors import BBFormatError
+from .errors import BBFormatError, DigestError
 
 EXIT_USAGE = 64
 EXIT_INTERNAL = 70
@@ -77,7 +77,7 @@ def _cmd_pack(a: argparse.Namespace) -> int:
 
     rep = pack(a.src, a.out, scheme=a.scheme, tolerance=a.tolerance, verify=a.verify, progress=_progress(a.quiet, "pack"),
                calibration=a.calibration, calibration_samples=a.calibration_samples, calibration_seqlen=a.calibration_seqlen,
-               entropy=a.entropy)
+               entropy=a.entropy, format_version=a.format_version)
     info = inspect(a.out)
     if a.json:
         print(json.dumps(info["totals"], indent=2))
@@ -92,10 +92,17 @@ def _cmd_pack(a: argparse.Namespace) -> int:
 
 
 def _cmd_unpack(a: argparse.Namespace) -> int:
-    from .api import unpack
+    import warnings
 
-    out = unpack(a.src, a.dst, fmt=a.format, progress=_progress(a.quiet, "unpack"), max_block_bytes=a.max_memory,
-                 max_site_dim=a.max_site_dim, workers=a.workers)
+    from .api import InexactWarning, unpack
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", InexactWarning)
+        out = unpack(a.src, a.dst, fmt=a.format, progress=_progress(a.quiet, "unpack"), max_block_bytes=a.max_memory,
+                     max_site_dim=a.max_site_dim, workers=a.workers, allow_inexact=a.allow_inexact)
+    for w in caught:
+        if issubclass(w.category, InexactWarning):
+            sys.stderr.write(f"bbformat: warning: {w.message}\n")
     if not a.quiet:
         print(f"wrote {out}")
     return 0
@@ -110,7 +117,7 @@ def _cmd_verify(a: argparse.Namespace) -> int:
         print(json.dumps(rep.as_dict(), indent=2))
     else:
         print(rep.summary())
-    return 0
+    return DigestError.exit_status if rep.exact is False else 0
 
 
 def _cmd_inspect(a: argparse.Namespace) -> int:
@@ -172,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="entropy stage on each payload after bits-back (SPEC.md 8.6): none (default; readable by 1.0 readers), "
                          "zstd, planes (byte planes, exponent byte coded per tensor and context), auto (smallest per chunk; "
                          "planes and auto write a 1.1 file)")
+    pk.add_argument("--format-version", choices=("1.2", "1.1"), default="1.2",
+                    help="1.2 (default): every chunk records a digest of its decoded values and the encoder stores every value "
+                         "another reader's floating point could round differently, so every conforming reader decodes the same "
+                         "bits and checks it; 1.1 readers refuse it. 1.1: readable by 1.0/1.1 readers, exact only on readers "
+                         "whose floating point matches this machine's, with nothing to check it by")
     pk.add_argument("--quiet", action="store_true")
     pk.add_argument("--json", action="store_true", help="print the size totals as JSON")
     pk.set_defaults(func=_cmd_pack)
@@ -179,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("src")
     up.add_argument("dst", help="output directory")
     up.add_argument("--format", choices=("pt", "safetensors"), default="pt")
+    up.add_argument("--allow-inexact", action="store_true",
+                    help="write the files even if some blocks decode to values other than their digests (E_DIGEST), "
+                         "and name those blocks on stderr")
     up.add_argument("--quiet", action="store_true")
     up.set_defaults(func=_cmd_unpack)
     vf = sub.add_parser("verify", help="decode every block of a container and check it")

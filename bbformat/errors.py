@@ -52,6 +52,14 @@ class LimitError(FormatError):
     exit_status = 6
 
 
+class DigestError(FormatError):
+    """A chunk decoded to values whose CRC32C differs from the digest the file records
+    (SPEC.md 5.4): this reader's arithmetic did not reproduce the encoder's decoding."""
+
+    code = "E_DIGEST"
+    exit_status = 9
+
+
 class VerifyError(BBFormatError):
     """pack --verify found the decoded container differs from the encoder's intent."""
 

@@ -10,6 +10,7 @@ from .codec.dtypes import bits_of
 from .codec.sections import count_residual_corrections, KIND_ANCHOR_PATCHES, KIND_NAMES, KIND_SIGNS, KIND_X_PATCHES, KIND_X_RESIDUALS
 from .codec.varint import decode_varints
 from .container.chunks import parse_chunk
+from .container import records as R
 from .container.crc import crc32c
 from .errors import FormatError
 from .reader import Reader, resolve_budget
@@ -88,6 +89,7 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
                     ],
                     "gross_bound_bits": bound,
                     "crc": "ok" if crc_ok else "MISMATCH",
+                    "content_crc": None if ch.content_crc is None else f"{ch.content_crc:08x}",
                 }
             )
             tot_plain += plain
@@ -102,6 +104,7 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
         "architecture": meta.get("architecture"),
         "scheme": r.header.scheme,
         "tolerance": meta.get("tolerance"),
+        "content_digests": bool(r.header.required_flags & R.FLAG_DIGESTS),
         "dtypes": sorted({t["dtype"] for b in blocks for t in b["tensors"]}),
         "blocks": blocks,
         "totals": {
@@ -128,6 +131,8 @@ def format_summary(info: dict[str, Any]) -> str:
     lines = [
         f"bbformat {info['version']}  {info['file']}",
         f"architecture {info['architecture']}  scheme {info['scheme']}  tolerance {info['tolerance']}  dtypes {','.join(info['dtypes'])}",
+        "content digests: " + ("yes (every chunk records a CRC32C of its decoded values; `bbformat verify` checks them)"
+                               if info["content_digests"] else "no (format 1.0/1.1: exactness on another reader cannot be checked)"),
         "",
         f"{'#':>3} {'block':<14} {'tensors':>7} {'rotations (dim)':<22} {'plain B':>11} {'payload B':>11} {'coding':>6} {'sign b':>6} {'corr':>7} {'corr B':>8} {'crc':>5}",
     ]

@@ -146,22 +146,26 @@ def _fill(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], expecte
 
 
 def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *, max_block_bytes: int | str | None = "auto",
-               max_site_dim: int | None = None, workers: int | None = None) -> nn.Module:
+               max_site_dim: int | None = None, workers: int | None = None, allow_inexact: bool = False) -> nn.Module:
     """A runnable torch model from a .bb container or a sliced checkpoint directory.
 
     dtype: the model's parameter dtype; None (the default) takes the checkpoint's own (the
     dtype most of its bytes are in), so a float16 7B model is not doubled to float32.
     Containers are decoded one block at a time straight into the model's parameters (peak
     memory: the model and about `workers` + 1 blocks); max_block_bytes and max_site_dim bound
-    each block's memory and decode time (Reader, SPEC.md 11.5).
+    each block's memory and decode time (Reader, SPEC.md 11.5). A block whose decoded values
+    miss its digest (format 1.2) raises DigestError, unless allow_inexact (then an
+    InexactWarning names the blocks).
     """
+    from .api import InexactBlocks
     from .adapters.tc_layout import read_checkpoint
     from .reader import DecodedBlock, Reader, decode_workers
     from .tensors import raw_to_torch, torch_dtype
 
     p = Path(path)
     if p.is_file() and p.suffix == ".bb":
-        with Reader(p, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim) as r:
+        inexact = InexactBlocks(p)
+        with Reader(p, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact) as r:
             files = {k: base64.b64decode(v) for k, v in r.metadata.get("files", {}).items()}
             stem = r.metadata.get("stem", "model")
             hf = json.loads(files["config.json"])
@@ -177,6 +181,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
                 expected = {n for n, _ in model.named_parameters()}
 
                 def fill(block: DecodedBlock) -> None:
+                    inexact.see(block)
                     _fill(model, ((n, raw_to_torch(t, copy=False)) for n, t in block.tensors.items()), expected)
 
                 if first is not None:
@@ -185,6 +190,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
                 for block in blocks:
                     fill(block)
                     del block
+        inexact.warn()
     else:
         with read_checkpoint(p) as ckpt:
             sd = ckpt.state_dict

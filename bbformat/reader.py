@@ -14,11 +14,12 @@ from typing import BinaryIO, Iterator
 
 from .codec.dtypes import RawTensor
 from .codec.program import BlockProgram, TensorEntry, decode_program
-from .codec.rotation import one_blas_thread
+from .codec.rotation import decoder_blas_threads
 from .codec.sections import StoredCorrector
 from .container import records as R
 from .container.chunks import ParsedChunk, descriptor_extent, parse_chunk, parse_descriptor
 from .container.crc import crc32c
+from .container.digest import content_crc
 from .container.framing import (
     Header,
     IndexEntry,
@@ -29,7 +30,7 @@ from .container.framing import (
     parse_header_fixed,
     parse_index,
 )
-from .errors import FormatError, IntegrityError, InputError
+from .errors import DigestError, FormatError, IntegrityError, InputError
 
 
 AUTO = "auto"
@@ -72,9 +73,13 @@ def check_max_site_dim(max_site_dim: int | None) -> int | None:
 
 @dataclass
 class DecodedBlock:
+    """exact: True when the decoded tensors match the chunk's content digest (SPEC.md 5.4), None
+    when the file records none (1.0, 1.1), False only under allow_inexact."""
+
     index: int
     name: str
     tensors: dict[str, RawTensor]
+    exact: bool | None = None
 
 
 def claim_names(seen: dict[str, int], block: DecodedBlock) -> DecodedBlock:
@@ -87,8 +92,19 @@ def claim_names(seen: dict[str, int], block: DecodedBlock) -> DecodedBlock:
     return block
 
 
-def decode_parsed(chunk: ParsedChunk) -> dict[str, RawTensor]:
-    return decode_program(chunk.program, chunk.payload, StoredCorrector(chunk.program, chunk.side))
+def decode_parsed(chunk: ParsedChunk, allow_inexact: bool = False) -> DecodedBlock:
+    """Decode a parsed chunk and check its content digest where the file records one: a
+    mismatch is DigestError (E_DIGEST), or with allow_inexact a block marked exact=False."""
+    tensors = decode_program(chunk.program, chunk.payload, StoredCorrector(chunk.program, chunk.side))
+    exact = None
+    if chunk.content_crc is not None:
+        got = content_crc(chunk.program, tensors)
+        exact = got == chunk.content_crc
+        if not exact and not allow_inexact:
+            raise DigestError(f"chunk {chunk.index} ({chunk.program.name!r}) decoded to other values than the encoder's: "
+                              f"content CRC32C {got:08x}, recorded {chunk.content_crc:08x} (this reader's floating point "
+                              "differs beyond the file's band)")
+    return DecodedBlock(chunk.index, chunk.program.name, tensors, exact)
 
 
 class Reader:
@@ -96,12 +112,16 @@ class Reader:
 
     max_block_bytes bounds the declared working set of any one chunk (SPEC.md 11.5); a chunk
     over it is refused with E_LIMIT_MEMORY before its sections are decompressed. max_site_dim
-    bounds decode time: a non-PLAIN site with a larger D is refused with E_LIMIT_DIM."""
+    bounds decode time: a non-PLAIN site with a larger D is refused with E_LIMIT_DIM.
+    allow_inexact: a chunk whose decoded values miss its content digest is returned with
+    exact=False instead of raising DigestError."""
 
     def __init__(
-        self, source: str | os.PathLike[str] | BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None
+        self, source: str | os.PathLike[str] | BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,
+        allow_inexact: bool = False,
     ) -> None:
         self._budget = resolve_budget(max_block_bytes)
+        self._allow_inexact = allow_inexact
         self._max_dim = check_max_site_dim(max_site_dim)
         self._lock = threading.Lock()
         if isinstance(source, (str, os.PathLike)):
@@ -189,9 +209,13 @@ class Reader:
                 out[t.name] = t
         return out
 
+    @property
+    def has_digests(self) -> bool:
+        """Whether every chunk records the digest of its decoded tensors (format 1.2, DIGESTS)."""
+        return bool(self.header.required_flags & R.FLAG_DIGESTS)
+
     def decode_block(self, i: int) -> DecodedBlock:
-        chunk = self.read_chunk(i)
-        return DecodedBlock(i, chunk.program.name, decode_parsed(chunk))
+        return decode_parsed(self.read_chunk(i), self._allow_inexact)
 
     def iter_blocks(self, order: str = "forward", workers: int = 1) -> Iterator[DecodedBlock]:
         """Decode blocks in order, one at a time (workers=1: memory about one block), or with
@@ -211,9 +235,9 @@ class Reader:
             for i in idx:
                 yield claim_names(seen, self.decode_block(i))
             return
-        # BLAS held at one thread around the whole pool, so that the workers' own one-thread
-        # sections never restore a larger count while another worker is decoding.
-        with one_blas_thread(), ThreadPoolExecutor(workers, thread_name_prefix="bbformat-decode") as pool:
+        # BLAS held at the decoder's count around the whole pool, so that the workers' own
+        # limits never restore a larger count while another worker is decoding.
+        with decoder_blas_threads(), ThreadPoolExecutor(workers, thread_name_prefix="bbformat-decode") as pool:
             ahead: deque[Future[DecodedBlock]] = deque()
             todo = iter(idx)
             for i in todo:
@@ -253,10 +277,11 @@ def _read_exact(f: BinaryIO, n: int, what: str, prefix: bytes | bytearray = b"")
 
 
 def iter_stream(
-    f: BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None
+    f: BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None, allow_inexact: bool = False
 ) -> Iterator[DecodedBlock | Header]:
     """Read forward from a non-seekable stream: yields the Header, then each block;
-    finally checks the index and footer against what was read. max_block_bytes as for Reader."""
+    finally checks the index and footer against what was read. max_block_bytes and
+    allow_inexact as for Reader: each chunk's digest is checked before its block is yielded."""
     budget = resolve_budget(max_block_bytes)
     max_dim = check_max_site_dim(max_site_dim)
     fixed_bytes = _read_exact(f, R.HEADER_FIXED_SIZE, "header")
@@ -279,7 +304,7 @@ def iter_stream(
         entries.append(IndexEntry(pos, length, chunk.crc))
         pos += length
         del data  # a coded payload is decoded by now; a raw one is still held by the chunk
-        block = claim_names(seen, DecodedBlock(i, chunk.program.name, decode_parsed(chunk)))
+        block = claim_names(seen, decode_parsed(chunk, allow_inexact))
         del chunk  # while the caller holds the block, keep nothing else of it
         yield block
     index = build_index(entries)

@@ -15,9 +15,10 @@ from __future__ import annotations
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import TYPE_CHECKING, BinaryIO, Callable
 
 from .codec.entropy import ENTROPY_MODES, code_payload
+from .container.digest import content_crc
 from .codec.program import BlockProgram
 from .codec.sections import KIND_PAYLOAD, Section
 from .container.chunks import BuiltChunk, build_chunk_parts
@@ -27,23 +28,38 @@ from .errors import BBFormatError, InputError, output_error
 from .fsutil import fsync_dir, remove_stale_temps, temp_name
 
 
+if TYPE_CHECKING:
+    from .codec.encoder import EncodedChunk
+
+
 class WriterStateError(BBFormatError):
     code = "E_WRITER_STATE"
 
 
+FORMAT_VERSIONS = ("1.2", "1.1")
+
+
 class Writer:
     def __init__(self, dest: str | os.PathLike[str] | BinaryIO, scheme: str, chunk_count: int, metadata: dict,
-                 entropy: str = "none", background_header: bool = False) -> None:
+                 entropy: str = "none", background_header: bool = False, format_version: str = "1.2") -> None:
         """entropy: how add_chunk stores each payload (SPEC.md 8.6): "none" raw, "zstd" one
         zstd frame, "planes" codec 2, "auto" the smallest of the three per chunk. "planes" and
-        "auto" make a version 1.1 file (required flag PLANES), which 1.0 readers refuse.
+        "auto" set the required flag PLANES, which 1.0 readers refuse.
+
+        format_version "1.2" (the default) sets DIGESTS and MIXED_CORRECTIONS: every chunk
+        records the digest of its decoded tensors (add_chunk's content_crc, SPEC.md 5.4), which
+        1.1 readers refuse; "1.1" writes neither (a 1.0 file unless PLANES is set).
 
         background_header: compress the metadata (zstd-19; seconds for a tokenizer) on a
         thread of its own; the header is written before the first chunk, as always."""
         if entropy not in ENTROPY_MODES:
             raise InputError(f"unknown entropy mode {entropy!r} (choose {', '.join(ENTROPY_MODES)})")
+        if format_version not in FORMAT_VERSIONS:
+            raise InputError(f"unknown format version {format_version!r} (choose {', '.join(FORMAT_VERSIONS)})")
         self._entropy = entropy
         self._flags = R.FLAG_PLANES if entropy in ("planes", "auto") else 0
+        if format_version == "1.2":
+            self._flags |= R.FLAG_DIGESTS | R.FLAG_MIXED_CORRECTIONS
         fields = check_header(scheme, chunk_count, metadata, self._flags)  # refuses bad input before a temp file exists
         self._header_pool: ThreadPoolExecutor | None = None
         self._header: Future[bytes] | None = None  # a background header not yet written
@@ -123,20 +139,40 @@ class Writer:
             return list(sections)
         return [self._code(program, s) if s.kind == KIND_PAYLOAD else s for s in sections]
 
-    def add_chunk(self, program: BlockProgram, sections: list[Section], coded: bool = False) -> None:
+    @property
+    def digests(self) -> bool:
+        """Whether add_chunk needs each chunk's content_crc (format 1.2)."""
+        return bool(self._flags & R.FLAG_DIGESTS)
+
+    @property
+    def mixed_corrections(self) -> bool:
+        """Whether a site may carry x_residuals and x_patches together (the encoder's band=True)."""
+        return bool(self._flags & R.FLAG_MIXED_CORRECTIONS)
+
+    def add_chunk(self, program: BlockProgram, sections: list[Section], coded: bool = False, content_crc: int | None = None) -> None:
         """Append the next chunk. coded=True: `sections` come from code_sections already.
+        content_crc: the digest of the chunk's decoded tensors (container.digest.content_crc of
+        what the encoder's decoding produced), required by a 1.2 writer, refused by a 1.1 one.
         While a background header is still being compressed, chunks wait in memory."""
         if self._state != "chunks":
             raise WriterStateError(f"add_chunk() called in state {self._state!r}")
+        if (content_crc is None) == self.digests:
+            raise WriterStateError("a 1.2 writer needs each chunk's content_crc" if self.digests
+                                   else "a 1.1 writer records no content_crc")
         if self._added >= self._expected:
             raise WriterStateError(f"more chunks than the {self._expected} declared")
         if not coded:
             sections = self.code_sections(program, sections)
-        self._waiting.append(build_chunk_parts(self._added, program, sections))
+        self._waiting.append(build_chunk_parts(self._added, program, sections, content_crc or 0))
         self._added += 1
         if self._header is not None and not self._header.done():
             return
         self._flush()
+
+    def add_encoded(self, enc: "EncodedChunk") -> None:
+        """add_chunk for an encoder's chunk, with its digest when this writer records them."""
+        sections = enc.finish()
+        self.add_chunk(enc.program, sections, content_crc=content_crc(enc.program, enc.intended) if self.digests else None)
 
     def _flush(self) -> None:
         """Write a background header if it is not yet written, then the chunks waiting for it."""

@@ -10,8 +10,13 @@ read and decoded) with exactly the manifest's code, an accept vector must decode
 --no-check, every vector is also decoded with alternative numerics (other eigensolvers:
 Debian's reference LAPACK dsyevd through ctypes, SciPy's MRRR and QR drivers; other
 summation orders for the Gram matrix and the regenerated block) and must land within its
-stated tolerance (and reject vectors must keep their code): the suite is robust to a reader
-with another LAPACK (SPEC.md section 9, guarantees 2 and 3).
+stated tolerance, bit-exactly in a file with digests (1.2), and reject vectors must keep their
+code: the suite is robust to a reader with another LAPACK (SPEC.md section 9, guarantees 2
+and 3; 5.4 and 12.6 for 1.2's band).
+
+Every vector made before 1.2 keeps its bytes: they are made with the 1.1 encoder
+(encode_chunk(..., band=False), Writer/pack(..., format_version="1.1")); add_v12 makes the
+1.2 ones. Generate with OPENBLAS_CORETYPE=Haswell (manifest generator.blas_kernel).
 """
 from __future__ import annotations
 
@@ -64,12 +69,13 @@ from bbformat.codec.varint import encode_varints, zigzag  # noqa: E402
 from bbformat.container import records as R  # noqa: E402
 from bbformat.container.chunks import _program_to_record, parse_chunk  # noqa: E402
 from bbformat.container.crc import crc32c  # noqa: E402
+from bbformat.container.digest import content_crc  # noqa: E402
 from bbformat.reader import Reader, iter_stream  # noqa: E402
 
 import impl_python  # noqa: E402
 import run as runner  # noqa: E402
 
-SPEC_VERSION = "1.1"  # of the manifest; each vector records the version that introduced it
+SPEC_VERSION = "1.2"  # of the manifest; each vector records the version that introduced it
 U64 = (1 << 64) - 1
 FILE_MAGIC, CHUNK_MAGIC, INDEX_MAGIC, FOOTER_MAGIC = R.FILE_MAGIC, R.CHUNK_MAGIC, R.INDEX_MAGIC, R.FOOTER_MAGIC
 ZSTD = zstandard.ZstdCompressor(level=19, write_content_size=True, write_checksum=False)
@@ -257,10 +263,11 @@ def separated(rng: np.random.Generator, rows: int, d: int, lo: float = 1.0, hi: 
     return (orth(rng, rows)[:, :d] * s) @ orth(rng, d).T
 
 
-def encode(layout: ChunkLayout, tensors: dict, scheme: str, tol: float, force: bool = False):  # type: ignore[no-untyped-def]
-    """encode_chunk; with force, a site is not made PLAIN for side information that does not pay."""
+def encode(layout: ChunkLayout, tensors: dict, scheme: str, tol: float, force: bool = False, band: bool = False):  # type: ignore[no-untyped-def]
+    """encode_chunk; with force, a site is not made PLAIN for side information that does not pay.
+    band=False (the default) is the 1.1 encoder: the bytes of every vector before 1.2."""
     if not force:
-        return encode_chunk(layout, tensors, {}, scheme, tol)
+        return encode_chunk(layout, tensors, {}, scheme, tol, band=band)
     orig = bbenc._encode_once
 
     def once(*a, **k):  # type: ignore[no-untyped-def]
@@ -269,7 +276,7 @@ def encode(layout: ChunkLayout, tensors: dict, scheme: str, tol: float, force: b
 
     bbenc._encode_once = once
     try:
-        return encode_chunk(layout, tensors, {}, scheme, tol)
+        return encode_chunk(layout, tensors, {}, scheme, tol, band=band)
     finally:
         bbenc._encode_once = orig
 
@@ -285,13 +292,13 @@ class Capture(StoredCorrector):
         super().__init__(program, side)
         self.approx: dict[int, np.ndarray] = {}
 
-    def correct_x(self, site, approx):  # type: ignore[no-untyped-def]
+    def correct_x(self, site, approx, regenerated=None):  # type: ignore[no-untyped-def]
         self.approx[site] = approx.copy()
-        return super().correct_x(site, approx)
+        return super().correct_x(site, approx, regenerated)
 
 
-def approx_of(c: Chk, index: int = 0) -> dict[int, np.ndarray]:
-    ch = parse_chunk(c.build(index))
+def approx_of(c: Chk, index: int = 0, required_flags: int = 0) -> dict[int, np.ndarray]:
+    ch = parse_chunk(c.build(index), required_flags=required_flags)
     cap = Capture(ch.program, ch.side)
     decode_program(ch.program, ch.payload, cap)
     return cap.approx
@@ -466,14 +473,30 @@ def numerics_variants() -> list[tuple[str, Callable, Callable, Callable]]:
     return out
 
 
-def decode_with(path: Path, variant) -> dict:  # type: ignore[no-untyped-def]
+def decode_with(path: Path, variant, calls: dict | None = None) -> dict:  # type: ignore[no-untyped-def]
+    """Decode `path` with the reference reader under another eigensolver, Gram and regeneration
+    (the reader's eigensolver is rotation.decoder_eigh; rotation.eigh is the encoder's). Every
+    replacement counts its calls in `calls` (name -> count), so a caller can tell that it took
+    effect: a non-plain site must have called all three."""
     _, eigh, gram, regen = variant
-    saved = rot.eigh, rot.gram, rot.regenerate
-    rot.eigh, rot.gram, rot.regenerate = eigh, gram, regen
+    calls = {} if calls is None else calls
+
+    def counted(name: str, fn: Callable) -> Callable:
+        def wrapper(*a, **k):  # type: ignore[no-untyped-def]
+            calls[name] = calls.get(name, 0) + 1
+            out = fn(*a, **k)
+            if name == "gram" and np.all(np.isfinite(out)):
+                calls["gram_finite"] = calls.get("gram_finite", 0) + 1  # the reader must then call the eigensolver
+            return out
+
+        return wrapper
+
+    saved = rot.decoder_eigh, rot.gram, rot.regenerate
+    rot.decoder_eigh, rot.gram, rot.regenerate = counted("eigh", eigh), counted("gram", gram), counted("regenerate", regen)
     try:
         return impl_python.decode_path(path)
     finally:
-        rot.eigh, rot.gram, rot.regenerate = saved
+        rot.decoder_eigh, rot.gram, rot.regenerate = saved
 
 
 # =============================================================================================
@@ -485,8 +508,8 @@ CODES = {
     "E_MAGIC": ("a magic number is wrong: the file's leading magic (or a file shorter than 8 bytes), a chunk's, the index's (or an index shorter than 8 bytes); the footer's when reading forward", "§4, §5, §10.1, §10.3", 1),
     "E_TRUNCATED": ("the file ends early: shorter than 84 bytes, no footer magic at the end of a seekable file (random access), a read past the end, a stream ending early", "§10.2, §10.3", 2),
     "E_VERSION": ("major version not 1 (header or footer), or header and footer versions differ", "§4, §10.2", 3),
-    "E_REQUIRED_FLAG": ("a required_flags bit is set that the reader does not know (1.1 defines bit 0, PLANES)", "§4", 4),
-    "E_RESERVED": ("a reserved field or bit is not zero, including site flag bits 2-7 and sign bitmap padding", "§1, §4, §5, §5.1, §5.3, §8.3, §10", 5),
+    "E_REQUIRED_FLAG": ("a required_flags bit is set that the reader does not know (1.1 defines bit 0, PLANES; 1.2 bits 1, DIGESTS, and 2, MIXED_CORRECTIONS; a 1.1 reader rejects a 1.2 file with either)", "§4", 4),
+    "E_RESERVED": ("a reserved field or bit is not zero, including chunk offset 4 in a file without DIGESTS, site flag bits 2-7 and sign bitmap padding", "§1, §4, §5, §5.1, §5.3, §8.3, §10", 5),
     "E_SCHEME": ("header scheme byte not 1 (paper) or 2 (symmetric)", "§4", 6),
     "E_CODEC": ("metadata, section, residual-group or planes-group codec not 0 (raw) or 1 (zstd); section codec 2 (planes) except on the payload of a file with PLANES", "§4, §5.3, §8.2, §8.4, §8.6", 7),
     "E_ZSTD": ("a zstd field that is not exactly one valid zstd frame (unparseable header, damaged data, several or skippable frames, bytes after the frame)", "§4.1, §8.2, §8.4", 8),
@@ -503,7 +526,7 @@ CODES = {
     "E_DTYPE": ("unknown symbol or tensor dtype code, or a tensor narrower than the symbols", "§5.1, §6.1", 19),
     "E_SITE": ("a site's anchor does not exist or does not fit (axis, dims[axis] = D, D >= 2), or its PUSH precedes the SITE", "§5.1, §5.2", 20),
     "E_SECTION_KIND": ("unknown section kind, payload naming a site, a section naming a non-existent site, a kind not allowed for its site", "§5.3, §8.1", 21),
-    "E_SECTION_DUPLICATE": ("two sections of one (kind, site), x_residuals and x_patches on one site, two payloads", "§8.1", 22),
+    "E_SECTION_DUPLICATE": ("two sections of one (kind, site), x_residuals and x_patches on one site in a file without MIXED_CORRECTIONS, two payloads", "§8.1", 22),
     "E_SECTION_MISSING": ("no payload section, or a non-plain PAPER site without signs", "§8.1", 23),
     "E_SECTION_SIZE": ("a section's stored/declared/decoded sizes disagree (raw stored != decoded, zstd content size absent or != decoded_length, signs != ceil(D/8)), decompressed metadata size != declared, a planes group not of its size", "§4.1, §8.2, §8.6", 24),
     "E_SECTION_CONTENT": ("malformed correction content: varints (unterminated, > 10 bytes, >= 2^64, wrong number, left-over bytes), residual groups running past or left over, ordinal out of range, patch count/values/gaps/positions; a malformed planes payload (segments, classes, groups)", "§8.4, §8.5, §8.6", 25),
@@ -516,6 +539,7 @@ CODES = {
     "E_LIMIT_SECTION": ("a section or residual group declaring more decoded bytes than its kind allows (decompression bombs)", "§8.2, §8.4, §11.1", 27),
     "E_LIMIT_MEMORY": ("(a reader's own limit, MAY) a chunk whose declared working set exceeds the reader's memory budget", "§11.4, §11.5", None),
     "E_TRAILING": ("bytes after the footer when reading forward from a stream", "§2, §10.3", 28),
+    "E_DIGEST": ("(1.2, DIGESTS) a chunk's decoded tensors' CRC32C differs from its content_crc: the reader did not decode what the encoder's own decoding produced (the one outcome that depends on the reader's arithmetic; a reader within the band of SPEC.md §9 never meets it on a file the reference wrote)", "§5.4, §7.1, §9", 29),
     # not about container validity (bbformat/errors.py)
     "E_INPUT": ("bad input to the tools: paths, options, checkpoint files", "§11.2 (closing note)", None),
     "E_UNSUPPORTED_MODEL": ("an architecture, dtype or state dict the encoder refuses", "§11.2 (closing note)", None),
@@ -528,7 +552,7 @@ CODES = {
     "E_LIMIT": ("class default of LimitError (never raised without a specific code)", "—", None),
     "E_BBFORMAT": ("class default of BBFormatError (never raised without a specific code)", "—", None),
 }
-CLASS_OF = {"E_OUTPUT": bberr.OutputError, "E_NO_SPACE": bberr.NoSpaceError, "E_INPUT": bberr.InputError, "E_UNSUPPORTED_MODEL": bberr.UnsupportedModelError, "E_VERIFY": bberr.VerifyError,
+CLASS_OF = {"E_DIGEST": bberr.DigestError, "E_OUTPUT": bberr.OutputError, "E_NO_SPACE": bberr.NoSpaceError, "E_INPUT": bberr.InputError, "E_UNSUPPORTED_MODEL": bberr.UnsupportedModelError, "E_VERIFY": bberr.VerifyError,
             "E_FORMAT": bberr.FormatError, "E_CRC": bberr.IntegrityError, "E_LIMIT": bberr.LimitError, "E_BBFORMAT": bberr.BBFormatError}
 
 
@@ -573,6 +597,7 @@ class Suite:
         self.vecs: list[Vec] = []
         self.variants = numerics_variants() if check else []
         self.diffs: list[float] = []  # |alternative - reference| in ulps, for every value that differs
+        self.calls: dict[str, int] = {}  # variant -> eigensolver calls made through it (proof the self-check ran)
 
     def _add(self, v: Vec) -> None:
         assert not any(x.id == v.id for x in self.vecs), v.id
@@ -674,12 +699,13 @@ class Suite:
             for i in range(len(r)):
                 regen.update(regenerated(r.read_chunk(i).program))
             meta_tol = r.metadata.get("tolerance")
+            digests = r.has_digests
         tau = v.tol if v.tol is not None else (float(meta_tol) if isinstance(meta_tol, (int, float)) and np.isfinite(meta_tol) and meta_tol >= 0 else 0.0)
         out = {}
         for k, name in enumerate(sorted(res["tensors"])):
             got = res["tensors"][name]
             entry = {"dtype": got["dtype"], "shape": got["shape"], "sha256": got["sha256"], "regenerated": regen.get(name, 0), "tolerance": None}
-            if regen.get(name, 0):
+            if regen.get(name, 0) and not digests:  # with DIGESTS every value is bit-exact (SPEC.md 5.4): tolerance null
                 rel = f"expected/{v.id}/{k}.bin"
                 (self.out / rel).parent.mkdir(parents=True, exist_ok=True)
                 (self.out / rel).write_bytes(got["bytes"])
@@ -690,8 +716,15 @@ class Suite:
 
     def _self_check(self, v: Vec, path: Path, e: dict) -> list[str]:
         problems = []
+        regen = sum(t.get("regenerated", 0) for t in (e.get("tensors") or {}).values()) if e["expected"] == "accept" else 0
         for var in self.variants:
-            res = decode_with(path, var)
+            calls: dict[str, int] = {}
+            res = decode_with(path, var, calls)
+            self.calls[var[0]] = self.calls.get(var[0], 0) + calls.get("eigh", 0)
+            # the variant really decoded: every finite Gram matrix went to its eigensolver, and a
+            # vector with regenerated values used its Gram and regeneration
+            if calls.get("eigh", 0) != calls.get("gram_finite", 0) or (regen and not (calls.get("gram") and calls.get("regenerate"))):
+                problems.append(f"{v.id}: with {var[0]}: the patched numerics did not take effect: {calls}")
             if e["expected"] == "reject":
                 if res["result"] != "reject" or res["code"] not in [e["code"], *e.get("also_allowed", [])]:
                     problems.append(f"{v.id}: with {var[0]}: {res.get('code', 'accept')} instead of {e['code']}")
@@ -705,7 +738,7 @@ class Suite:
                     problems.append(f"{v.id}: with {var[0]}: tensor {name!r} missing")
                 elif got["sha256"] != want["sha256"]:
                     if want["tolerance"] is None:
-                        problems.append(f"{v.id}: with {var[0]}: stored tensor {name!r} differs")
+                        problems.append(f"{v.id}: with {var[0]}: tensor {name!r} differs; it must be bit-exact (stored values, or a file with digests)")
                     else:
                         ref = (self.out / want["file"]).read_bytes()
                         why = runner.within(ref, got["bytes"], want["dtype"], want["tolerance"])
@@ -771,7 +804,8 @@ def errors_md(entries: list[dict], classes: dict[str, set[str]]) -> str:
         "`also_allowed` (a forward/streaming reader's code, or another rule the vector necessarily breaks)",
         "or, for optional vectors, as the code a rejecting reader gives.",
         "",
-        "The conformance decoder protocol itself exits 0 (accept) or 1 (reject) whatever the code.",
+        "The conformance decoder protocol itself exits 0 (accept) or 1 (reject) whatever the code, E_DIGEST included (its",
+        "CLI exit status 9 belongs to the `bbformat` tool, not to the protocol).",
         "",
         "| code | meaning | SPEC | §11.2 item | Python class | CLI exit | vectors (expected) | vectors (also allowed / optional) |",
         "|---|---|---|---|---|---|---|---|",
@@ -832,7 +866,7 @@ def site_chunk(seed: int, scheme: str, tol: float, dtype: str = "float16", D: in
 
 def f32_chunk(seed: int, name: str = "block1") -> Chk:
     rng = np.random.default_rng(seed)
-    enc = encode_chunk(ChunkLayout(name, ("bias",)), {"bias": t(rng, (3, 4), "float32", 1.0)}, {}, "symmetric", 0.0)
+    enc = encode_chunk(ChunkLayout(name, ("bias",)), {"bias": t(rng, (3, 4), "float32", 1.0)}, {}, "symmetric", 0.0, band=False)
     return chk_from(enc)
 
 
@@ -878,7 +912,7 @@ def base_plain() -> BB:
     """A symmetric chunk whose site is PLAIN (too few symbols below it)."""
     rng = np.random.default_rng(303)
     ts = {"a": t(rng, (3,)), "w": t(rng, (4, 5))}
-    enc = encode_chunk(ChunkLayout("plain", ("a", "w"), (SiteSpec("s", 4, AxisRef("w", 0)),)), ts, {}, "symmetric", 0.0)
+    enc = encode_chunk(ChunkLayout("plain", ("a", "w"), (SiteSpec("s", 4, AxisRef("w", 0)),)), ts, {}, "symmetric", 0.0, band=False)
     assert enc.program.sites[0].plain
     return BB([chk_from(enc)], scheme=2, meta=meta("symmetric", 0.0))
 
@@ -896,7 +930,10 @@ def no_correction_chunk(scheme: str, D: int, tol: float) -> "tuple[Chk, object]"
     raise GenError(f"no seed without corrections for {scheme} D={D}")
 
 
-def tiny_model(arch: str, scheme: str, seed: int, tol: float | None, dtype: str = "float16", layers: int = 3) -> bytes:
+def tiny_model(arch: str, scheme: str, seed: int, tol: float | None, dtype: str = "float16", layers: int = 3,
+               format_version: str = "1.1", entropy: str = "none"):  # type: ignore[no-untyped-def]
+    """bbformat.api.pack of a tiny checkpoint: (the file's bytes, pack's report). format_version
+    "1.1" (the default here) is what every vector before 1.2 was written with."""
     from bbformat.adapters.tc_layout import write_checkpoint
     from bbformat.api import pack
     from bbformat.testing import make_tiny_checkpoint
@@ -904,8 +941,8 @@ def tiny_model(arch: str, scheme: str, seed: int, tol: float | None, dtype: str 
     ck = make_tiny_checkpoint(arch, seed=seed, layers=layers, hidden=32, heads=4, kv_heads=2, vocab=32, max_positions=16, dtype=dtype)
     with tempfile.TemporaryDirectory() as d:
         write_checkpoint(ck, Path(d) / "m")
-        pack(Path(d) / "m", Path(d) / "m.bb", scheme=scheme, tolerance=tol, verify=True)
-        return (Path(d) / "m.bb").read_bytes()
+        rep = pack(Path(d) / "m", Path(d) / "m.bb", scheme=scheme, tolerance=tol, verify=True, format_version=format_version, entropy=entropy)
+        return (Path(d) / "m.bb").read_bytes(), rep
 
 
 def largest_d() -> tuple[int, bytes]:
@@ -918,11 +955,27 @@ def largest_d() -> tuple[int, bytes]:
         rng = np.random.default_rng(4242)
         ts = {"src": t(rng, (D * (D + 1) // 2,)), "anchor": RawTensor.from_f64(separated(rng, D, D).T, "float16")}
         lay = ChunkLayout("large", ("src", "anchor"), (SiteSpec("site_large", D, AxisRef("anchor", 0)),))
-        enc = encode_chunk(lay, ts, {}, "symmetric", 0.0)
+        enc = encode_chunk(lay, ts, {}, "symmetric", 0.0, band=False)
         data = single(enc, "symmetric", 0.0).build()
         if len(data) < 1 << 20 and nonplain(enc):
             return D, data
     raise GenError("no D fits")
+
+
+def edge_chunks() -> tuple[Chk, Chk]:
+    """Scalars, zero-size and 8-dimensional tensors, stored infinities, NaNs, signed zeros and
+    subnormals (one chunk); a chunk with no tensors, an empty name and an empty payload."""
+    rng = np.random.default_rng(616)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 6e-8, -6e-8, 65504.0, 1e-5, -2.0], dtype=np.float16)
+    rec = program_rec("edges", 1, [("scalar16", 1, []), ("scalar32", 3, []), ("empty", 1, [0]), ("empty3d", 1, [2, 0, 3]),
+                                   ("empty32", 3, [0]), ("rank8", 1, [1, 2, 1, 2, 1, 2, 1, 3]), ("special", 1, [10]),
+                                   ("special_bf16", 2, [4]), ("nan_f32", 3, [2])],
+                      [], [(OP_PUSH, i) for i in range(9)])
+    payload = (np.array([0.5], np.float16).tobytes() + np.array([-1.25], "<f4").tobytes() + t(rng, (24,)).tobytes() + special.tobytes()
+               + struct.pack("<4H", 0x7F80, 0xFF80, 0x7FC1, 0x0001) + struct.pack("<2I", 0x7FA00001, 0xFFC00000))
+    edges = Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, payload)])
+    empty = Chk(program_rec("", 1, [], [], []), [raw_sec(KIND_PAYLOAD, NO_SITE, b"")])
+    return edges, empty
 
 
 def add_valid(S: Suite) -> None:
@@ -950,17 +1003,17 @@ def add_valid(S: Suite) -> None:
                                                ("model_llama_paper", "llama", "paper", 4, None, "float16"),
                                                ("model_llama_sym_bf16", "llama", "symmetric", 5, 0.0, "bfloat16")):
         extra = "biases, " if arch == "opt" else "GQA (4 heads, 2 key/value heads), "
-        S.valid(vid, tiny_model(arch, scheme, seed, tol, dtype), "§12.1",
+        S.valid(vid, tiny_model(arch, scheme, seed, tol, dtype)[0], "§12.1",
                 f"bbformat.api.pack of a tiny sliced {arch.upper() if arch == 'opt' else 'Llama'} model ({extra}3 layers, per-layer widths differ), "
                 f"{scheme} scheme, tolerance {'default' if tol is None else tol}, {dtype}: 5 chunks")
 
     S.valid("plain_few_symbols", base_plain().build(), "§5.1, §12.3", "a site stored PLAIN (fewer than n(D) symbols below it): no sections, SITE does nothing", eig=False)
     rng = np.random.default_rng(313)
     ts = {"src": t(rng, (6, 4)), "w": t(rng, (4, 6))}
-    enc = encode_chunk(ChunkLayout("plain2", ("src", "w"), (SiteSpec("s", 4, AxisRef("w", 0)),)), ts, {}, "symmetric", 0.0)
+    enc = encode_chunk(ChunkLayout("plain2", ("src", "w"), (SiteSpec("s", 4, AxisRef("w", 0)),)), ts, {}, "symmetric", 0.0, band=False)
     assert enc.program.sites[0].plain and enc.reports[0].plain_reason.startswith("side information"), enc.reports
     S.valid("plain_side_info", single(enc, "symmetric", 0.0).build(), "§12.3", "a site stored PLAIN by fallback: its corrections would cost more than the bits saved")
-    enc = encode_chunk(ChunkLayout("plain3", ("src", "w"), (SiteSpec("s", 4, AxisRef("w", 0)),)), ts, {}, "paper", 0.0)
+    enc = encode_chunk(ChunkLayout("plain3", ("src", "w"), (SiteSpec("s", 4, AxisRef("w", 0)),)), ts, {}, "paper", 0.0, band=False)
     assert site_flags(enc) == [SITE_PLAIN | SITE_PAPER], site_flags(enc)
     S.valid("plain_paper_flags", single(enc, "paper", 0.0).build(), "§5.1", "a site with both PLAIN and PAPER flags (paper scheme fallback): no sections, no sign bitmap")
 
@@ -1021,7 +1074,8 @@ def add_valid(S: Suite) -> None:
     S.valid("metadata_zstd_small", BB([], meta=ZSTD.compress(small), meta_codec=1).build(), "§4.1",
             "zero chunks; metadata_codec 1: a small JSON object in one zstd frame", eig=False)
     buf = io.BytesIO()
-    w = bbformat.Writer(buf, "symmetric", 1, {"format": "bbformat", "tolerance": 0.0, "files": {"tokenizer.json": "tok " * 3000}})
+    w = bbformat.Writer(buf, "symmetric", 1, {"format": "bbformat", "tolerance": 0.0, "files": {"tokenizer.json": "tok " * 3000}},
+                        format_version="1.1")
     w.add_chunk(enc.program, enc.sections)
     w.close()
     assert buf.getvalue()[21] == 1
@@ -1045,16 +1099,7 @@ def add_valid(S: Suite) -> None:
             "three chained sites in one chunk: C regenerates the tail of t2, the anchor of B, which regenerates the tail of t1, the anchor of A")
 
     # shapes and values at the edges, all stored
-    rng = np.random.default_rng(616)
-    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 6e-8, -6e-8, 65504.0, 1e-5, -2.0], dtype=np.float16)
-    rec = program_rec("edges", 1, [("scalar16", 1, []), ("scalar32", 3, []), ("empty", 1, [0]), ("empty3d", 1, [2, 0, 3]),
-                                   ("empty32", 3, [0]), ("rank8", 1, [1, 2, 1, 2, 1, 2, 1, 3]), ("special", 1, [10]),
-                                   ("special_bf16", 2, [4]), ("nan_f32", 3, [2])],
-                      [], [(OP_PUSH, i) for i in range(9)])
-    payload = (np.array([0.5], np.float16).tobytes() + np.array([-1.25], "<f4").tobytes() + t(rng, (24,)).tobytes() + special.tobytes()
-               + struct.pack("<4H", 0x7F80, 0xFF80, 0x7FC1, 0x0001) + struct.pack("<2I", 0x7FA00001, 0xFFC00000))
-    edges = Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, payload)])
-    empty = Chk(program_rec("", 1, [], [], []), [raw_sec(KIND_PAYLOAD, NO_SITE, b"")])
+    edges, empty = edge_chunks()
     S.valid("shapes_edge", BB([edges, empty], meta=meta("symmetric", 0.0)).build(), "§5.1, §6",
             "scalars (ndim 0), zero-size tensors ((0,), (2,0,3), float32 (0,)), an 8-dimensional tensor, stored infinities, NaNs (signalling "
             "and quiet), signed zeros and subnormals; a second chunk with no tensors, an empty name and an empty payload", eig=False)
@@ -1210,7 +1255,7 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
     inv("x_version_minor_footer", mod(bs, ftr={"minor": 3}).build(), "§10.2", "header minor 0, footer minor 3", "E_VERSION", 3)
 
     # ---- 4 E_REQUIRED_FLAG, 6 E_SCHEME ---------------------------------------------------------
-    for bit in (1, 31):  # bit 0 is PLANES since 1.1 (add_planes)
+    for bit in (3, 31):  # bit 0 is PLANES since 1.1 (add_planes), bits 1 and 2 DIGESTS and MIXED_CORRECTIONS since 1.2 (add_v12)
         inv(f"x_required_flag_bit{bit}", mod(bs, hdr={"required_flags": 1 << bit}).build(), "§4", f"required_flags bit {bit} set", "E_REQUIRED_FLAG", 4)
     for sc in (0, 3, 255):
         inv(f"x_scheme_{sc}", mod(bs, scheme=sc).build(), "§4", f"header scheme {sc}", "E_SCHEME", 6)
@@ -1647,7 +1692,7 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
     x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != KIND_X_PATCHES] + [raw_sec(KIND_X_RESIDUALS, 0, b"")]
     inv("x_section_residuals_on_paper", x.build(), "§8.1", "an x_residuals section on a PAPER site", "E_SECTION_KIND", 21)
     pf = BB([chk_from(encode_chunk(ChunkLayout("plain3", ("src", "w"), (SiteSpec("s", 4, AxisRef("w", 0)),)),
-                                   {"src": t(np.random.default_rng(313), (6, 4)), "w": t(np.random.default_rng(314), (4, 6))}, {}, "paper", 0.0))],
+                                   {"src": t(np.random.default_rng(313), (6, 4)), "w": t(np.random.default_rng(314), (4, 6))}, {}, "paper", 0.0, band=False))],
             scheme=1, meta=meta("paper", 0.0))
     assert pf.chunks[0].rec["sites"][0]["flags"] == 3
     pf.chunks[0].secs.append(raw_sec(KIND_SIGNS, 0, b"\x00"))
@@ -2043,7 +2088,7 @@ def add_planes(S: Suite) -> None:  # noqa: C901 - one list of vectors
         ck = make_tiny_checkpoint("llama", seed=5, layers=2, hidden=32, heads=4, kv_heads=2, vocab=32, max_positions=16)
         with tempfile.TemporaryDirectory() as d:
             write_checkpoint(ck, Path(d) / "m")
-            pack(Path(d) / "m", Path(d) / "m.bb", verify=True, entropy=mode)
+            pack(Path(d) / "m", Path(d) / "m.bb", verify=True, entropy=mode, format_version="1.1")
             data = (Path(d) / "m.bb").read_bytes()
         with Reader(io.BytesIO(data)) as r:
             codecs = [r.read_chunk(i).sections[0]["codec"] for i in range(len(r))]
@@ -2065,8 +2110,11 @@ def add_planes(S: Suite) -> None:  # noqa: C901 - one list of vectors
     x = with_planes(bs, 0, good)
     x.chunks[0].sec(KIND_PAYLOAD).codec = 3
     inv("x_planes_section_codec3", x.build(), "section codec 3 with PLANES set", "E_CODEC", 7)
-    inv("x_required_flag_planes_and_bit2", with_planes(bs, 0, good, flags=0x5).build(), "required_flags PLANES and bit 2 set",
+    inv("x_required_flag_planes_and_bit3", with_planes(bs, 0, good, flags=0x9).build(), "required_flags PLANES and bit 3 set",
         "E_REQUIRED_FLAG", 4, "§4")
+    S.valid("v_mixed_flag_planes_minor1", with_planes(bs, 0, good, flags=0x5).build(), "§4, §8.1",
+            "required_flags PLANES and bit 2 (MIXED_CORRECTIONS) set, minor 1, no site with both corrections: rejected by 1.1 readers "
+            "(it was x_required_flag_planes_and_bit2), accepted since 1.2", since="1.2")
 
     def head(records: list[tuple[int, int, int]], count: int | None = None) -> bytes:
         h = varint(len(records) if count is None else count)
@@ -2139,11 +2187,264 @@ def _planes_bad_maps(sym: np.ndarray, w: int, segs: list[tuple], seg_i: int, row
     return body[:hlen] + pgroup(bad) + body[hlen + len(old) :]
 
 
+# =============================================================================================
+# Version 1.2: content digests (SPEC.md 5.4), the encoder's band (9, 12.6), mixed corrections (8.4)
+# =============================================================================================
+
+DIGESTS_FLAG, MIXED_FLAG = R.FLAG_DIGESTS, R.FLAG_MIXED_CORRECTIONS
+V12_FLAGS = DIGESTS_FLAG | MIXED_FLAG
+
+
+def meta12(scheme: str, tol: float) -> bytes:
+    return meta_bytes({"format": "bbformat", "format_version": "1.2", "scheme": scheme, "tolerance": tol})
+
+
+def v12(chunks: list[Chk], scheme: str = "symmetric", tol: float = 0.0, flags: int = V12_FLAGS) -> BB:
+    """A minor-2 container with the given required flags (default DIGESTS and MIXED_CORRECTIONS)."""
+    return BB(chunks, scheme=1 if scheme == "paper" else 2, meta=meta12(scheme, tol), hdr={"required_flags": flags, "minor": 2})
+
+
+def digest_chk(enc) -> Chk:  # type: ignore[no-untyped-def]
+    """An encoder's chunk whose offset 4 holds the CRC32C of the encoder's own decoding (SPEC.md 5.4)."""
+    c = chk_from(enc)
+    c.head["reserved0"] = content_crc(enc.program, enc.intended)
+    return c
+
+
+def sealed(bb: BB) -> BB:
+    """bb with every chunk's content_crc set from the reference reader's decoding (for chunks
+    without non-plain sites, whose values are all stored bits)."""
+    x = bb.copy()
+    plain = mod(x, hdr={}, meta=b"{}")
+    with Reader(io.BytesIO(plain.build())) as r:
+        for i, c in enumerate(x.chunks):
+            ch = r.read_chunk(i)
+            assert all(s.plain for s in ch.program.sites), "sealed() is for chunks of stored values"
+            c.head["reserved0"] = content_crc(ch.program, r.decode_block(i).tensors)
+    return x
+
+
+def written(encs: list, scheme: str, tol: float) -> bytes:  # type: ignore[type-arg]
+    """The reference Writer's 1.2 file of encoded chunks (Writer.add_encoded records each digest)."""
+    buf = io.BytesIO()
+    w = bbformat.Writer(buf, scheme, len(encs), {"format": "bbformat", "format_version": "1.2", "scheme": scheme, "tolerance": tol})
+    assert w.digests and w.mixed_corrections
+    for e in encs:
+        w.add_encoded(e)
+    w.close()
+    return buf.getvalue()
+
+
+def file_chunks(data: bytes) -> list[tuple[int, int]]:
+    """(offset, length) of every chunk, from the index."""
+    io_ = struct.unpack_from("<Q", data, len(data) - 40)[0]
+    n = struct.unpack_from("<I", data, io_ + 4)[0]
+    return [struct.unpack_from("<QQ", data, io_ + 8 + 24 * i) for i in range(n)]
+
+
+def content_crcs(data: bytes) -> list[int]:
+    return [struct.unpack_from("<I", data, off + 4)[0] for off, _ in file_chunks(data)]
+
+
+def with_content_crc(data: bytes, i: int, value: int) -> bytes:
+    """Chunk i's content_crc set to value, its chunk_crc, index entry crc, index_crc and
+    footer_crc resealed: only the digest is wrong."""
+    io_ = struct.unpack_from("<Q", data, len(data) - 40)[0]
+    off, length = file_chunks(data)[i]
+    d = bytearray(data)
+    d[off + 4 : off + 8] = struct.pack("<I", value)
+    crc = crc32c(bytes(d[off : off + length - 4]))
+    d[off + length - 4 : off + length] = struct.pack("<I", crc)
+    d[io_ + 8 + 24 * i + 16 : io_ + 8 + 24 * i + 20] = struct.pack("<I", crc)
+    return reseal_footer(bytes(d))
+
+
+def with_required_flags(data: bytes, flags: int) -> bytes:
+    """The header's required_flags replaced, header_crc resealed."""
+    m = struct.unpack_from("<I", data, 28)[0]
+    d = patch(data, 12, struct.pack("<I", flags))
+    return patch(d, 32 + m, struct.pack("<I", crc32c(d[: 32 + m])))
+
+
+def site_kinds(data: bytes) -> list[dict[int, set[int]]]:
+    """Per chunk: site -> the kinds of its sections."""
+    out = []
+    with Reader(io.BytesIO(data)) as r:
+        for i in range(len(r)):
+            ks: dict[int, set[int]] = {}
+            for e in r.read_chunk(i).sections:
+                if e["site"] != NO_SITE:
+                    ks.setdefault(e["site"], set()).add(e["kind"])
+            out.append(ks)
+    return out
+
+
+def mixed_sites(data: bytes) -> int:
+    return sum(1 for ks in site_kinds(data) for k in ks.values() if {KIND_X_RESIDUALS, KIND_X_PATCHES} <= k)
+
+
+def f32_site(seed: int, scheme: str, tol: float, hi: float, D: int = 16):  # type: ignore[no-untyped-def]
+    """One float32 chunk (W = 32) encoded by the 1.2 encoder (band=True): src (D, D), an anchor
+    (D, 2D) on axis 0 whose Gram eigenvalues are linearly spaced in [1, hi] (times scale^2; hi
+    close to 1 makes them clustered, so that a second eigensolver disagrees more and the band is
+    wider), and in symmetric a follower (3, D) on axis 1."""
+    rng = np.random.default_rng(seed)
+    ts = {"src": t(rng, (D, D), "float32"), "anchor": RawTensor.from_f64(separated(rng, 2 * D, D, 1.0, hi).T, "float32")}
+    fol: tuple = ()
+    if scheme == "symmetric":
+        ts["follower"] = t(rng, (3, D), "float32")
+        fol = (AxisRef("follower", 1),)
+    lay = ChunkLayout(f"band{seed}", tuple(ts), (SiteSpec("site0", D, AxisRef("anchor", 0), fol),))
+    return encode(lay, ts, scheme, tol, force=True, band=True)
+
+
+def find_site(what: str, make: Callable, ok: Callable, seeds: range = range(1, 60)):  # type: ignore[no-untyped-def]
+    for seed in seeds:
+        enc = make(seed)
+        if nonplain(enc) and ok(enc):
+            return enc
+    raise GenError(f"no seed gives {what}")
+
+
+def add_v12(S: Suite) -> None:  # noqa: C901 - one list of vectors
+    V = "1.2"
+
+    # ---- the reference writer: pack (format 1.2 is its default) ---------------------------------
+    packs: dict[tuple[str, str], bytes] = {}
+    short = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
+    for scheme, arch, seed in (("symmetric", "llama", 21), ("paper", "opt", 22)):
+        for dtype in ("float16", "bfloat16", "float32"):
+            data, rep = tiny_model(arch, scheme, seed, None, dtype, layers=2, format_version="1.2")
+            with Reader(io.BytesIO(data)) as r:
+                assert (r.header.required_flags, r.header.minor, r.metadata["format_version"]) == (V12_FLAGS, 2, "1.2"), r.header
+            assert all(content_crcs(data)), "a chunk of a tiny model with a zero content_crc"
+            banded = sum(s.banded for s in rep.sites)
+            nonplain_sites = sum(1 for s in rep.sites if s.plain_reason is None)
+            assert nonplain_sites, (scheme, dtype)
+            if (scheme, dtype) == ("symmetric", "float32"):  # W = 32: residuals pay, and the band puts a few values in x_patches
+                assert mixed_sites(data) > 0, "pack's float32 symmetric model has no site with both x_residuals and x_patches"
+            packs[(scheme, dtype)] = data
+            S.valid(f"v_digest_pack_{'sym' if scheme == 'symmetric' else 'paper'}_{short[dtype]}", data, "§5.4, §9, §12.6",
+                    f"bbformat.api.pack (format 1.2, its default) of a tiny sliced {'Llama' if arch == 'llama' else 'OPT'} model (2 layers), "
+                    f"{scheme} scheme, default tolerance, {dtype}: DIGESTS and MIXED_CORRECTIONS set, every chunk's content_crc recorded; "
+                    f"{nonplain_sites} non-plain sites, {banded} values stored only because they lie in the encoder's band, "
+                    f"{mixed_sites(data)} sites with both x_residuals and x_patches. Any conforming reader decodes it bit-exactly", since=V)
+    data, _ = tiny_model("llama", "symmetric", 5, 0.0, "float16", layers=2, format_version="1.2", entropy="planes")
+    with Reader(io.BytesIO(data)) as r:
+        codecs = [r.read_chunk(i).sections[0]["codec"] for i in range(len(r))]
+        flags = r.header.required_flags
+    assert 2 in codecs and flags == V12_FLAGS | PLANES_FLAG, (codecs, flags)
+    S.valid("v_digest_pack_planes", data, "§4, §5.4, §8.6",
+            f"pack --entropy planes in format 1.2 (Llama, 2 layers, float16): all three required flags set (PLANES, DIGESTS, "
+            f"MIXED_CORRECTIONS); payload codecs {codecs}", since=V)
+
+    # ---- sites near rounding boundaries: the encoder's band ---------------------------------
+    # float32 anchors with clustered Gram spectra; tolerance > 0 leaves the values that the
+    # reference rounds right, and those within the band of a rounding boundary are stored.
+    enc_band = find_site("a symmetric site whose only stored values are band values",
+                         lambda seed: f32_site(seed, "symmetric", 1e-4, 1.001),
+                         lambda e: e.reports[0].banded > 0 and e.reports[0].banded == e.reports[0].corrected
+                         and [s.kind for s in e.sections] == [KIND_PAYLOAD, KIND_X_PATCHES])
+    r0 = enc_band.reports[0]
+    S.valid("v_band_sym_f32", written([enc_band], "symmetric", 1e-4), "§9, §12.6",
+            f"a float32 symmetric site (D = 16, clustered anchor spectrum, tolerance 1e-4) whose reference results are all within "
+            f"tolerance, {r0.banded} of them within the encoder's band of a float32 rounding boundary: its x_patches section holds "
+            f"exactly those {r0.banded} values, which another correct reader could round the other way", since=V)
+    enc_bp = find_site("a paper site with band values", lambda seed: f32_site(seed, "paper", 1e-4, 1.01),
+                       lambda e: e.reports[0].banded > 0 and e.reports[0].banded == e.reports[0].corrected)
+    S.valid("v_band_paper_f32", written([enc_bp], "paper", 1e-4), "§9, §12.6",
+            f"a float32 PAPER site (D = 16, tolerance 1e-4): {enc_bp.reports[0].banded} regenerated block values and un-rotated anchor "
+            f"elements lie within the band and are stored (x_patches, anchor_patches); nothing else needed a correction", since=V)
+
+    # ---- MIXED_CORRECTIONS: x_residuals and x_patches on one site ---------------------------
+    enc_mix = find_site("a site with x_residuals and x_patches", lambda seed: f32_site(seed, "symmetric", 1e-6, 1.001),
+                        lambda e: [s.kind for s in e.sections] == [KIND_PAYLOAD, KIND_X_PATCHES, KIND_X_RESIDUALS] and e.reports[0].banded > 0)
+    rng = np.random.default_rng(1212)
+    enc_bias = encode_chunk(ChunkLayout("bias12", ("bias",)), {"bias": t(rng, (3, 4), "float32", 1.0)}, {}, "symmetric", 0.0)
+    mixed_data = written([enc_mix, enc_bias], "symmetric", 1e-6)
+    mbb = v12([digest_chk(enc_mix), digest_chk(enc_bias)], tol=1e-6)
+    assert mbb.build() == mixed_data, "this script's byte model differs from the reference writer"
+    assert mixed_sites(mixed_data) == 1
+    rm = enc_mix.reports[0]
+    S.valid("v_mixed_sym_f32", mixed_data, "§8.1, §8.4, §8.5",
+            f"a float32 symmetric site (D = 16, clustered anchor spectrum, tolerance 1e-6, written by the reference Writer) with "
+            f"x_patches holding its {rm.banded} band values and x_residuals the {rm.corrected - rm.banded} corrections beyond "
+            f"tolerance, grouped over the residual positions (every position not patched); a second chunk without sites", since=V)
+    x = mbb.copy()
+    x.chunks[0].secs = x.chunks[0].secs[::-1]
+    S.valid("v_mixed_sections_reordered", x.build(), "§8.1, §8.4",
+            "the mixed site of v_mixed_sym_f32 with its section table reversed (x_residuals before x_patches, payload last): "
+            "a reader applies x_patches first whatever the table order", since=V)
+    S.valid("v_digest_only_flag", v12([digest_chk(enc_band)], tol=1e-4, flags=DIGESTS_FLAG).build(), "§4, §5.4",
+            "v_band_sym_f32's chunk in a file with DIGESTS but not MIXED_CORRECTIONS (the site has x_patches only): valid", since=V)
+    edges, empty = edge_chunks()
+    S.valid("v_digest_edges", sealed(v12([edges, empty])).build(), "§5.4",
+            "the chunks of shapes_edge with DIGESTS: scalars, zero-size tensors (which add no bytes to the digest), stored NaN "
+            "payloads and signed zeros (digested as stored), and a chunk with no tensors, whose content_crc is 0", eig=False, since=V)
+
+    # ---- 29 E_DIGEST ----------------------------------------------------------------------------
+    bs = base_sym()
+    S.invalid("x_digest_flag_set_crc_zero", mod(bs, hdr={"required_flags": DIGESTS_FLAG}).build(), "§4, §5.4",
+              "required_flags bit 1 (DIGESTS) set, minor 0, in a file written without digests (every content_crc 0): chunk 0 "
+              "decodes to tensors whose CRC32C is not 0. Rejected by 1.1 readers as E_REQUIRED_FLAG (it was x_required_flag_bit1)",
+              "E_DIGEST", 29, since=V)
+    x = mbb.copy()
+    x.chunks[1].head["reserved0"] ^= 0x00000100
+    S.invalid("x_digest_chunk1_stored_values", x.build(), "§5.4",
+              "v_mixed_sym_f32 with chunk 1's content_crc (a chunk of stored values only) changed in one bit, every CRC resealed: "
+              "chunk 0 verifies, chunk 1 does not, whatever the reader's arithmetic", "E_DIGEST", 29, since=V)
+    x = mbb.copy()
+    pay = bytearray(x.chunks[1].secs[0].stored)
+    pay[0] ^= 0x01
+    x.chunks[1].secs[0] = raw_sec(KIND_PAYLOAD, NO_SITE, bytes(pay))
+    S.invalid("x_digest_payload_changed", x.build(), "§5.4",
+              "v_mixed_sym_f32 with the lowest bit of chunk 1's first float32 value flipped and chunk_crc (and the index) resealed: "
+              "the CRCs hold, the decoded values miss the recorded digest", "E_DIGEST", 29, since=V)
+    data = packs[("symmetric", "float16")]
+    with Reader(io.BytesIO(data)) as r:
+        target = next(i for i in range(len(r)) if any(not s.plain for s in r.read_chunk(i).program.sites))
+    S.invalid("x_digest_pack_site_chunk", with_content_crc(data, target, content_crcs(data)[target] ^ 0x80000000), "§5.4",
+              f"v_digest_pack_sym_f16 with the content_crc of chunk {target} (the first with a non-plain site) changed in its top "
+              "bit; chunk_crc, the index entry, index_crc and footer_crc resealed", "E_DIGEST", 29, since=V)
+    S.invalid("x_digest_empty_chunk_nonzero", v12([Chk(program_rec("", 1, [], [], []), [raw_sec(KIND_PAYLOAD, NO_SITE, b"")],
+                                                      head={"reserved0": 1})]).build(), "§5.4",
+              "a chunk with no tensors whose content_crc is 1 (the digest of nothing is 0)", "E_DIGEST", 29, eig=False, since=V)
+
+    # ---- DIGESTS and MIXED_CORRECTIONS cleared --------------------------------------------------
+    assert v12([digest_chk(enc_mix), digest_chk(enc_bias)], tol=1e-6, flags=DIGESTS_FLAG).build() == with_required_flags(mixed_data, DIGESTS_FLAG)
+    S.invalid("x_mixed_without_flag", with_required_flags(mixed_data, DIGESTS_FLAG), "§8.1",
+              "v_mixed_sym_f32 with required_flags bit 2 (MIXED_CORRECTIONS) cleared (header_crc resealed): x_residuals and "
+              "x_patches on one site", "E_SECTION_DUPLICATE", 22, since=V)
+    data = packs[("symmetric", "float16")]
+    S.invalid("x_digests_flag_cleared", with_required_flags(data, MIXED_FLAG), "§4, §5",
+              "v_digest_pack_sym_f16 with required_flags bit 1 (DIGESTS) cleared (header_crc resealed): each chunk's offset 4 is "
+              "reserved again and holds a non-zero content_crc", "E_RESERVED", 5, since=V)
+
+    # ---- the residual positions of a mixed site -------------------------------------------------
+    c = digest_chk(enc_mix)
+    ap = approx_of(c, 0, V12_FLAGS)[0]
+    from bbformat.codec.sections import decode_patches, decode_residuals
+
+    xp, xr = c.sec(KIND_X_PATCHES), c.sec(KIND_X_RESIDUALS)
+    unz = lambda sec: sec.stored if sec.codec == 0 else zstandard.ZstdDecompressor().decompress(sec.stored)  # noqa: E731
+    pos, _ = decode_patches(unz(xp), ap.size, 32)
+    keep = np.ones(ap.size, bool)
+    keep[pos] = False
+    r = decode_residuals(unz(xr), ap, "float32", keep)
+    assert pos.size and np.all(r[~keep] == 0)
+    x = v12([c.copy(), digest_chk(enc_bias)], tol=1e-6)
+    x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != KIND_X_RESIDUALS] + [raw_sec(KIND_X_RESIDUALS, 0, residual_section(ap, "float32", r))]
+    S.invalid("x_mixed_residuals_over_patched", x.build(), "§8.4",
+              f"v_mixed_sym_f32 with its x_residuals rebuilt over every block position, the {pos.size} patched ones included (with "
+              "residual 0): groups hold more varints than their residual positions", "E_SECTION_CONTENT", 25, since=V)
+
+
 def add_all(S: Suite) -> None:
     add_valid(S)
     add_invalid(S)
     add_optional(S)
     add_planes(S)
+    add_v12(S)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -2162,6 +2463,9 @@ def main(argv: list[str] | None = None) -> int:
     if suite.variants:
         d = suite.diffs
         print(f"values differing from the reference under alternative numerics: {len(d)}" + (f", at most {max(d):g} ulp" if d else ""))
+        print("eigensolver calls through each variant: " + "; ".join(f"{k}: {n}" for k, n in suite.calls.items()))
+        if not all(suite.calls.get(x[0]) for x in suite.variants):
+            raise GenError(f"an alternative eigensolver was never called: {suite.calls}")
     return 0
 
 

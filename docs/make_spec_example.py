@@ -17,9 +17,9 @@ tensors = {
     "w": RawTensor.from_f64(rng.normal(0, 0.05, (8, 10)), "float16"),
 }
 layout = ChunkLayout("blk", ("src", "w"), (SiteSpec("s", 8, AxisRef("w", 0)),))
-enc = encode_chunk(layout, tensors, {}, "symmetric", 0.01)
+enc = encode_chunk(layout, tensors, {}, "symmetric", 0.01, band=False)  # a 1.0 file: no band, no digests
 buf = io.BytesIO()
-w = Writer(buf, "symmetric", 1, {"tolerance": 0.01})
+w = Writer(buf, "symmetric", 1, {"tolerance": 0.01}, format_version="1.1")
 w.add_chunk(enc.program, enc.sections)
 w.close()
 data = buf.getvalue()

@@ -24,8 +24,11 @@ set_hypothesis_home_dir(_HYPOTHESIS_HOME)
 atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, True)
 
 
-def sample_container(scheme: str = "symmetric", tolerance: float = 0.0, seed: int = 7, dim: int = 24, entropy: str = "none") -> bytes:
-    """Two chunks: a float16 chunk with one rotation site, and a float32 chunk without."""
+def sample_container(scheme: str = "symmetric", tolerance: float = 0.0, seed: int = 7, dim: int = 24, entropy: str = "none",
+                     format_version: str = "1.1") -> bytes:
+    """Two chunks: a float16 chunk with one rotation site, and a float32 chunk without.
+    format_version "1.1" (the default here: the container-rule tests edit its bytes, and the
+    golden fixtures pin them) is the 1.1 encoder's file; "1.2" adds the band and digests."""
     rng = np.random.default_rng(seed)
     t0 = {
         "src": RawTensor.from_f64(rng.normal(0, 0.05, (30, dim)), "float16"),
@@ -36,10 +39,11 @@ def sample_container(scheme: str = "symmetric", tolerance: float = 0.0, seed: in
     t1 = {"bias": RawTensor.from_f64(rng.normal(0, 1, (3, 4)), "float32")}
     l1 = ChunkLayout("block1", ("bias",), ())
     buf = io.BytesIO()
-    w = Writer(buf, scheme, 2, {"format": "bbformat", "scheme": scheme, "tolerance": tolerance}, entropy=entropy)
+    w = Writer(buf, scheme, 2, {"format": "bbformat", "scheme": scheme, "tolerance": tolerance}, entropy=entropy,
+               format_version=format_version)
     for lay, ts in ((l0, t0), (l1, t1)):
-        enc = encode_chunk(lay, ts, {}, scheme, tolerance)
-        w.add_chunk(enc.program, enc.sections)
+        enc = encode_chunk(lay, ts, {}, scheme, tolerance, band=format_version == "1.2")
+        w.add_encoded(enc)
     w.close()
     return buf.getvalue()
 

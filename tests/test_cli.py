@@ -127,10 +127,19 @@ def test_verify(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[s
     capsys.readouterr()
     assert main(["verify", str(out), "--workers", "1"]) == 0
     text = capsys.readouterr().out
-    assert "decoded all 4 chunks" in text and "no digest" in text
+    assert "exact: all 4 chunks verified" in text
     assert main(["verify", str(out), "--json", "--workers", "2"]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert got["chunks"] == 4 and got["content_digests"] is False and got["format_version"] == "1.0"
+    assert got["chunks"] == 4 and got["content_digests"] is True and got["exact"] is True and got["format_version"] == "1.2"
+    old = tmp_path / "old.bb"
+    assert main(["pack", str(model_dir), str(old), "--quiet", "--format-version", "1.1"]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(old)]) == 0
+    text = capsys.readouterr().out
+    assert "decoded all 4 chunks" in text and "no digest" in text
+    assert main(["verify", str(old), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["content_digests"] is False and got["exact"] is None and got["format_version"] == "1.0"
     data = bytearray(out.read_bytes())
     data[len(data) // 2] ^= 0xFF
     out.write_bytes(bytes(data))

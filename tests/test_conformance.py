@@ -176,14 +176,14 @@ def test_runner_crash_detection(tmp_path: Path) -> None:
 def _must_reject_items() -> dict[int, list[str]]:
     part = SPEC.split("### 11.2 A reader MUST reject", 1)[1].split("\n### ", 1)[0]
     items = {}
-    for m in re.finditer(r"^(\d+)\. ((?:`E_[A-Z_]+`(?:,\s*)?)+) —", part, flags=re.M):
+    for m in re.finditer(r"^(\d+)\. ((?:`E_[A-Z_]+`(?:,\s*)?)+)(?: \([^)]*\))? —", part, flags=re.M):  # "29. `E_DIGEST` (1.2) —"
         items[int(m.group(1))] = re.findall(r"`(E_[A-Z_]+)`", m.group(2))
     return items
 
 
 def test_every_must_reject_rule_has_an_invalid_vector() -> None:
     items = _must_reject_items()
-    assert sorted(items) == list(range(1, 29)), sorted(items)
+    assert sorted(items) == list(range(1, 30)), sorted(items)
     missing = []
     for item, codes in items.items():
         for code in codes:
@@ -207,7 +207,7 @@ def test_every_spec_error_code_is_in_errors_md() -> None:
 def test_manifest_shape() -> None:
     version = re.search(r"^# bbformat container format, version (\d+\.\d+)$", SPEC, re.M)
     assert version and MANIFEST["spec_version"] == version.group(1)
-    assert {v["spec_version"] for v in VECTORS} <= {"1.0", "1.1"}  # each vector: the version that gave it its outcome
+    assert {v["spec_version"] for v in VECTORS} <= {"1.0", "1.1", "1.2"}  # each vector: the version that gave it its outcome
     ids = [v["id"] for v in VECTORS]
     assert len(ids) == len(set(ids))
     for v in VECTORS:
@@ -226,17 +226,19 @@ def test_manifest_shape() -> None:
 
 def test_alternative_lapack_within_tolerance(tmp_path: Path) -> None:
     """Accept vectors decoded with Debian's reference LAPACK dsyevd (what the C reader links)
-    and a row-by-row Gram land within their tolerance (generate.py checks more variants)."""
+    and a row-by-row Gram land within their tolerance, and 1.2 files (digests) bit-exactly
+    (generate.py checks more variants). The replacement must really be what the reader calls."""
     import generate
 
     variants = [x for x in generate.numerics_variants() if x[0].startswith("reference-LAPACK")]
     if not variants:
         pytest.skip("no reference LAPACK (liblapack.so.3) to load")
     bad = []
+    calls: dict[str, int] = {}
     for v in VECTORS:
         if v["expected"] != "accept" or v["id"] == "large_d":
             continue
-        res = generate.decode_with(CONF / v["path"], variants[0])
+        res = generate.decode_with(CONF / v["path"], variants[0], calls)
         if res["result"] != "accept":
             bad.append(f"{v['id']}: {res['code']}")
             continue
@@ -248,6 +250,16 @@ def test_alternative_lapack_within_tolerance(tmp_path: Path) -> None:
                 if why:
                     bad.append(f"{v['id']} {name}: {why}")
     assert not bad, bad
+    assert calls.get("eigh", 0) > 100 and calls["eigh"] == calls.get("gram_finite"), calls
+
+
+def test_digest_vectors_are_bit_exact() -> None:
+    """In a file with DIGESTS every tensor is bit-exact (tolerance null): a reader that decodes
+    other values must reject with E_DIGEST, which fails a valid vector."""
+    with_digests = [v for v in VECTORS if v["expected"] == "accept" and (CONF / v["path"]).read_bytes()[12] & 0x2]
+    assert len(with_digests) >= 10
+    assert all(t["tolerance"] is None for v in with_digests for t in v["tensors"].values())
+    assert any(t["regenerated"] for v in with_digests for t in v["tensors"].values())
 
 
 # ---- the C reader ------------------------------------------------------------------------------------

@@ -112,7 +112,7 @@ def test_background_header_writes_the_same_bytes(tmp_path: Path, chunks: int, mo
     plain = io.BytesIO()
     w = Writer(plain, "symmetric", chunks, meta)
     for e in encs:
-        w.add_chunk(e.program, e.sections)
+        w.add_encoded(e)
     w.close()
     gate = threading.Event()
     real = framing.seal_header
@@ -124,7 +124,7 @@ def test_background_header_writes_the_same_bytes(tmp_path: Path, chunks: int, mo
     monkeypatch.setattr("bbformat.writer.seal_header", slow_seal)
     with Writer(tmp_path / "m.bb", "symmetric", chunks, meta, background_header=True) as bg:
         for e in encs:
-            bg.add_chunk(e.program, e.sections)
+            bg.add_encoded(e)
         assert bg.bytes_written == 0  # nothing written ahead of the header
         gate.set()
     assert (tmp_path / "m.bb").read_bytes() == plain.getvalue()
@@ -205,9 +205,10 @@ def test_accept_newer_minor_version(sample_bytes: bytes, tmp_path: Path) -> None
     assert len(_read(reseal_footer(bytes(data)), tmp_path)) == 2
 
 
-@pytest.mark.parametrize("flags", [0x2, 0x3, 0x80000000])
+@pytest.mark.parametrize("flags", [0x8, 0x9, 0x80000000])
 def test_reject_unknown_required_flag(sample_bytes: bytes, tmp_path: Path, flags: int) -> None:
-    """Bit 0 (PLANES) is known since 1.1 (tests/test_entropy.py); any other bit is refused."""
+    """Bit 0 (PLANES) is known since 1.1 (tests/test_entropy.py), bits 1 and 2 since 1.2
+    (tests/test_digests.py); any other bit is refused."""
     assert _code(_with_header(sample_bytes, 12, struct.pack("<I", flags)), tmp_path) == "E_REQUIRED_FLAG"
 
 

@@ -573,7 +573,7 @@ def test_writer_out_of_space(tmp_path: Path) -> None:
             (d / "m.bb").write_bytes(b"an earlier container")
         before = _listing(d)
         with _file_size_limit(4096), pytest.raises(NoSpaceError, match="m.bb"):
-            with Writer(d / "m.bb", "symmetric", 2, {"a": 1}) as w:
+            with Writer(d / "m.bb", "symmetric", 2, {"a": 1}, format_version="1.1") as w:
                 w.add_chunk(program, sections)
                 w.add_chunk(program, sections)
         assert _listing(d) == before
@@ -596,7 +596,7 @@ def test_writer_stream_errors_are_output_errors(err: int, cls: type, code: str) 
     with pytest.raises(cls) as ei:
         Writer(_FailingStream(err), "symmetric", 1, {})
     assert type(ei.value) is cls and ei.value.code == code and ei.value.exit_status == 8
-    w = Writer(io.BytesIO(), "symmetric", 1, {})
+    w = Writer(io.BytesIO(), "symmetric", 1, {}, format_version="1.1")
     w._out = _FailingStream(err)  # type: ignore[assignment]  # fails at the chunk now
     with pytest.raises(cls):
         w.add_chunk(program, sections)

@@ -227,11 +227,15 @@ def test_pack_cli_entropy_auto(tmp_path: Path) -> None:
 
     ck = make_tiny_checkpoint("llama", seed=3, layers=2, hidden=32, heads=4, kv_heads=2, vocab=64, max_positions=16)
     write_checkpoint(ck, tmp_path / "m")
-    assert main(["pack", str(tmp_path / "m"), str(tmp_path / "a.bb"), "--entropy", "auto", "--verify", "--quiet"]) == 0
-    assert main(["pack", str(tmp_path / "m"), str(tmp_path / "n.bb"), "--quiet"]) == 0
+    for fmt in ("1.1", "1.2"):
+        assert main(["pack", str(tmp_path / "m"), str(tmp_path / f"a{fmt}.bb"), "--entropy", "auto", "--verify", "--quiet",
+                     "--format-version", fmt]) == 0
+    (tmp_path / "a1.1.bb").rename(tmp_path / "a.bb")
+    assert main(["pack", str(tmp_path / "m"), str(tmp_path / "n.bb"), "--quiet", "--format-version", "1.1"]) == 0
     assert (tmp_path / "a.bb").stat().st_size < (tmp_path / "n.bb").stat().st_size
     from bbformat.inspect import inspect
 
+    assert inspect(tmp_path / "a1.2.bb")["version"] == "1.2"
     info = inspect(tmp_path / "a.bb")
     assert info["version"] == "1.1" and {b["payload_codec"] for b in info["blocks"]} <= {"raw", "zstd", "planes"}
     assert "planes" in {b["payload_codec"] for b in info["blocks"]}

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bbformat.codec import program as P  # noqa: E402
 from bbformat.codec import rotation as rot  # noqa: E402
 from bbformat.codec.dtypes import bits_to_f64  # noqa: E402
-from bbformat.codec.sections import KIND_X_RESIDUALS, StoredCorrector, decode_residuals, residual_contexts  # noqa: E402
+from bbformat.codec.sections import KIND_X_PATCHES, KIND_X_RESIDUALS, StoredCorrector, decode_patches, decode_residuals, residual_contexts  # noqa: E402
 from bbformat.codec.varint import encode_varints, zigzag  # noqa: E402
 from bbformat.errors import BBFormatError  # noqa: E402
 from bbformat.reader import Reader  # noqa: E402
@@ -67,7 +67,7 @@ def capture(path: Path) -> list[tuple]:
     """(approx, residuals, E, lambda, mu, stored bytes) of every site with x_residuals."""
     sites: list[tuple] = []
     last: dict = {}
-    eigh, regenerate = rot.eigh, rot.regenerate
+    eigh, regenerate = rot.decoder_eigh, rot.regenerate
 
     def eigh_spy(a: np.ndarray):  # type: ignore[no-untyped-def]
         w, v = eigh(a)
@@ -79,21 +79,26 @@ def capture(path: Path) -> list[tuple]:
         return regenerate(e, mu, paper)
 
     class Capture(StoredCorrector):
-        def correct_x(self, site: int, approx: np.ndarray) -> np.ndarray:
+        def correct_x(self, site: int, approx: np.ndarray, regenerated: np.ndarray | None = None) -> np.ndarray:
             res = self.sections.get((KIND_X_RESIDUALS, site))
             if res is not None:
-                r = decode_residuals(res, approx, self.program.symbol_dtype)
+                keep = None
+                pat = self.sections.get((KIND_X_PATCHES, site))
+                if pat is not None:  # 1.2 MIXED_CORRECTIONS: patched positions take no residual
+                    keep = np.ones(approx.size, bool)
+                    keep[decode_patches(pat, approx.size, self.program.symbol_bits)[0]] = False
+                r = decode_residuals(res, approx, self.program.symbol_dtype, keep)
                 sites.append((approx.copy(), r, last["e"], last["lam"], last["mu"], len(res), self.program.symbol_dtype))
-            return super().correct_x(site, approx)
+            return super().correct_x(site, approx, regenerated)
 
-    rot.eigh, rot.regenerate = eigh_spy, regen_spy
+    rot.decoder_eigh, rot.regenerate = eigh_spy, regen_spy
     try:
         with Reader(path) as rd:
             for i in range(len(rd)):
                 c = rd.read_chunk(i)
                 P.decode_program(c.program, c.payload, Capture(c.program, c.side))
     finally:
-        rot.eigh, rot.regenerate = eigh, regenerate
+        rot.decoder_eigh, rot.regenerate = eigh, regenerate
     return sites
 
 

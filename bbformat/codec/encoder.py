@@ -78,6 +78,7 @@ class SiteReport:
     side_bytes: int
     corrected: int
     sign_bits: int
+    banded: int = 0  # values in the band: stored because another reader could round them differently
 
 
 @dataclass
@@ -181,6 +182,7 @@ def encode_chunk(
     canonical: dict[str, np.ndarray] | None = None,
     moments: Moments | None = None,
     defer: bool = False,
+    band: bool = True,
 ) -> EncodedChunk:
     """Encode one chunk. `tensors` may be a lazy mapping that reads a tensor on every access
     (pack's, so a block's inputs are not all held at once): each is read a few times and
@@ -193,9 +195,14 @@ def encode_chunk(
     thread settings (tests/test_determinism.py).
 
     defer=True leaves the zstd work of the side sections to EncodedChunk.finish() wherever
-    a bound on their raw size already shows that the site pays for itself."""
+    a bound on their raw size already shows that the site pays for itself.
+
+    band=True (format 1.2, the default) stores every regenerated value that another correct
+    reader could round differently (codec/band.py), and may put x_residuals and x_patches on
+    one site (the file must set FLAG_MIXED_CORRECTIONS); band=False writes what 1.1 readers
+    read, exact only under the reference numerics."""
     with rot.one_blas_thread():
-        return _encode_chunk(layout, tensors, incoming, scheme, tolerance, canonical, moments, defer)
+        return _encode_chunk(layout, tensors, incoming, scheme, tolerance, canonical, moments, defer, band)
 
 
 def _encode_chunk(
@@ -207,6 +214,7 @@ def _encode_chunk(
     canonical: dict[str, np.ndarray] | None,
     moments: Moments | None,
     defer: bool,
+    band: bool,
 ) -> EncodedChunk:
     if scheme not in SCHEMES:
         raise InputError(f"unknown scheme {scheme!r}")
@@ -248,7 +256,7 @@ def _encode_chunk(
     plain: dict[int, str] = {}
     for _ in range(len(layout.sites) + 1):
         result = _encode_once(layout, tensors, base, incoming_of, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain,
-                              base_h, feedback_cache, defer)
+                              base_h, feedback_cache, defer, band)
         newly = {k: v for k, v in result[1].items() if k not in plain}
         if not newly:
             enc = result[0]
@@ -287,7 +295,7 @@ def _eigen_of_top(stack: SymbolStack, n_pop: int, dim: int, sym_dtype: str, w: i
     return None, mu_w, v
 
 
-def _encode_once(layout, tensors, base, incoming_of, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain, base_h, cache, defer):  # type: ignore[no-untyped-def]
+def _encode_once(layout, tensors, base, incoming_of, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain, base_h, cache, defer, band):  # type: ignore[no-untyped-def]
     paper = scheme == "paper"
     # room for every push up front: a doubling stack would hold up to 3x the block at a regrowth
     stack = SymbolStack(w, capacity=sum(e.numel * bits_of(e.dtype) // w for e in entries) + sum(4 * s.dim for s in layout.sites))
@@ -389,8 +397,8 @@ def _encode_once(layout, tensors, base, incoming_of, ops, index, entries, sym_dt
     # the payload's bytes once, and the symbols as a read-only view of them (not a second copy)
     payload_bytes = little_endian_bytes(stack.take())
     payload = np.frombuffer(payload_bytes, dtype=np.dtype(uint_dtype(w)).newbyteorder("<")).astype(uint_dtype(w), copy=False)
-    sim = SimulatingCorrector(sym_dtype, tolerance, true_x, true_signs, true_anchor)
-    intended = decode_program(program, payload, sim)
+    sim = SimulatingCorrector(sym_dtype, tolerance, true_x, true_signs, true_anchor, band=band)
+    intended = decode_program(program, payload, sim, reference=True)
     sections = [Section(KIND_PAYLOAD, NO_SITE, payload_bytes)]
     reports: list[SiteReport] = []
     newly: dict[int, str] = {}
@@ -400,6 +408,8 @@ def _encode_once(layout, tensors, base, incoming_of, ops, index, entries, sym_dt
         if s_idx in new_plain:
             reports.append(SiteReport(s.name, s.dim, new_plain[s_idx], 0, 0, 0, 0))
             continue
+        if s_idx in sim.unsafe:
+            newly[s_idx] = sim.unsafe[s_idx]
         fix = sim.fixes.get(s_idx)
         if defer and fix is not None and side_cost_bound(program, s_idx, fix) * 8 < gain:
             deferred[s_idx] = fix  # pays even stored raw: sections built in finish()
@@ -411,8 +421,8 @@ def _encode_once(layout, tensors, base, incoming_of, ops, index, entries, sym_dt
         if fix is not None and fix.anchor_mask is not None:
             corrected += int(fix.anchor_mask.sum())
         if side * 8 >= gain:
-            newly[s_idx] = f"side information ({side} B) would not pay for the {gain // 8} B saved"
-        reports.append(SiteReport(s.name, s.dim, None, gain, side, corrected, s.dim if paper else 0))
+            newly.setdefault(s_idx, f"side information ({side} B) would not pay for the {gain // 8} B saved")
+        reports.append(SiteReport(s.name, s.dim, None, gain, side, corrected, s.dim if paper else 0, fix.banded if fix is not None else 0))
         sections.extend(secs)
     outgoing: Rotations = {}
     local = set(layout.tensors)

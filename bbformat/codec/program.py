@@ -16,6 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import FormatError
+from . import band
 from . import rotation as rot
 from .dtypes import (
     RawTensor,
@@ -168,48 +169,66 @@ class BlockProgram:
 
 
 class Corrector(Protocol):
-    """Supplies what the decoder cannot compute: sign bits and corrections."""
+    """Supplies what the decoder cannot compute: sign bits and corrections. `regenerated` and
+    `unrotated` are the float64 values before rounding (the encoder's band needs them)."""
 
     def signs(self, site: int) -> np.ndarray: ...
 
-    def correct_x(self, site: int, approx: np.ndarray) -> np.ndarray: ...
+    def correct_x(self, site: int, approx: np.ndarray, regenerated: np.ndarray | None = None) -> np.ndarray: ...
 
-    def correct_anchor(self, site: int, approx: RawTensor) -> RawTensor: ...
+    def correct_anchor(self, site: int, approx: RawTensor, unrotated: np.ndarray | None = None) -> RawTensor: ...
 
 
-def recover_basis(anchor: RawTensor, site: SiteEntry, signs: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray]:
+class BasisObserver(Protocol):
+    """A corrector that also sees each site's Gram matrix and eigenvectors (the encoder's)."""
+
+    def note_basis(self, site: int, g: np.ndarray, e: np.ndarray, mu: np.ndarray, m: np.ndarray | None) -> None: ...
+
+
+def _solve(g: np.ndarray, solver: "rot.Eigensolver") -> np.ndarray | None:
+    if not np.all(np.isfinite(g)):
+        return None
+    try:
+        return solver(g)[1]
+    except np.linalg.LinAlgError:
+        return None
+
+
+def recover_basis(anchor: RawTensor, site: SiteEntry, signs: np.ndarray | None, solver: "rot.Eigensolver | None" = None,
+                  keep_gram: bool = False) -> tuple[np.ndarray | None, np.ndarray, np.ndarray | None]:
     """(the anchor's float64 axis matrix in paper mode, else None; the eigenvectors of its Gram
-    matrix, ascending, sign-fixed in paper mode). Outside paper mode the matrix is dropped
-    before the eigensolver runs: for a 5,120 x 20,480 anchor that is 840 MB."""
+    matrix, ascending, sign-fixed in paper mode; the Gram matrix if keep_gram, else None).
+    Outside paper mode the matrix is dropped before the eigensolver runs: for a
+    5,120 x 20,480 anchor that is 840 MB. solver: the reader's eigensolver (default: the
+    one rotation.decoder_eigh picks)."""
     mat = rot.axis_matrix(anchor.to_f64(), site.anchor_axis)
     g = rot.gram(mat)
     m = mat if site.paper else None
     del mat
-    e = None
-    if np.all(np.isfinite(g)):
-        try:
-            _, e = rot.eigh(g)
-        except np.linalg.LinAlgError:
-            e = None
+    e = _solve(g, solver or rot.decoder_eigh)
     if e is None:
         # SPEC.md 7.5: a non-finite Gram matrix or a failed eigensolver makes every entry of E NaN
         e = np.full((site.dim, site.dim), np.nan)
     if site.paper:
         assert signs is not None
         e = rot.apply_paper_signs(e, signs)
-    return m, e
+    return m, e, (g if keep_gram else None)
 
 
-def decode_program(program: BlockProgram, payload: np.ndarray, corrector: Corrector) -> dict[str, RawTensor]:
-    """Run the program backwards from the final stack; return the decoded tensors."""
-    # One BLAS thread, as in the encoder's simulation of this decoder (codec/encoder.py): the
-    # eigenvectors of a degenerate Gram matrix depend on how LAPACK splits its work.
-    # Non-finite anchors decode to NaN (SPEC.md 7.5), quietly.
-    with rot.one_blas_thread(), np.errstate(invalid="ignore", over="ignore"):
-        return _decode_program(program, payload, corrector)
+def decode_program(program: BlockProgram, payload: np.ndarray, corrector: Corrector, reference: bool = False) -> dict[str, RawTensor]:
+    """Run the program backwards from the final stack; return the decoded tensors.
+
+    reference=True: the reference numerics whatever the environment (numpy's eigh, one BLAS
+    thread), as the encoder's simulation needs. Otherwise the reader's: one BLAS thread and
+    numpy unless rotation.decoder_eigensolver / the BBFORMAT_* test variables say otherwise.
+    Non-finite anchors decode to NaN (SPEC.md 7.5), quietly."""
+    threads = rot.one_blas_thread() if reference else rot.decoder_blas_threads()
+    solver = rot.eigh if reference else rot.decoder_eigh
+    with threads, np.errstate(invalid="ignore", over="ignore"):
+        return _decode_program(program, payload, corrector, solver)
 
 
-def _decode_program(program: BlockProgram, payload: np.ndarray, corrector: Corrector) -> dict[str, RawTensor]:
+def _decode_program(program: BlockProgram, payload: np.ndarray, corrector: Corrector, solver: "rot.Eigensolver") -> dict[str, RawTensor]:
     w = program.symbol_bits
     stack = SymbolStack(w, payload, capacity=program.stack_peak_symbols())
     out: dict[str, RawTensor] = {}
@@ -221,13 +240,14 @@ def _decode_program(program: BlockProgram, payload: np.ndarray, corrector: Corre
         s = program.sites[op.index]
         if s.plain:
             continue
-        _undo_site(program, op.index, stack, out, corrector)
+        _undo_site(program, op.index, stack, out, corrector, solver)
     if len(stack):
         raise FormatError(f"{len(stack)} payload symbols left over after decoding", "E_SYMBOL_COUNT")
     return out
 
 
-def _undo_site(program: BlockProgram, site: int, stack: SymbolStack, out: dict[str, RawTensor], corrector: Corrector) -> None:
+def _undo_site(program: BlockProgram, site: int, stack: SymbolStack, out: dict[str, RawTensor], corrector: Corrector,
+               solver: "rot.Eigensolver") -> None:
     """One site, backwards: push the regenerated block back (corrected), and in the paper
     scheme un-rotate the anchor. Its float64 temporaries (the anchor's matrix, X~) die here."""
     s = program.sites[site]
@@ -236,12 +256,19 @@ def _undo_site(program: BlockProgram, site: int, stack: SymbolStack, out: dict[s
     anchor_name = program.tensors[s.anchor].name
     anchor = out[anchor_name]
     signs = corrector.signs(site) if s.paper else None
-    m, e = recover_basis(anchor, s, signs)
-    approx = f64_to_bits(rot.matrix_to_block(rot.regenerate(e, mu, s.paper)), program.symbol_dtype)
-    stack.push(corrector.correct_x(site, approx))
+    observer = corrector if hasattr(corrector, "note_basis") else None
+    m, e, g = recover_basis(anchor, s, signs, solver, keep_gram=observer is not None)
+    if observer is not None and g is not None:
+        observer.note_basis(site, g, e, mu, m)
+    del g
+    xf = rot.matrix_to_block(rot.regenerate(e, mu, s.paper))
+    approx = f64_to_bits(xf, program.symbol_dtype)
+    stack.push(corrector.correct_x(site, approx, xf))
+    del xf
     if m is not None:  # paper
-        canon = RawTensor.from_f64(rot.from_axis_matrix(m @ e, anchor.shape, s.anchor_axis), anchor.dtype)
-        out[anchor_name] = corrector.correct_anchor(site, canon)
+        cf = rot.from_axis_matrix(m @ e, anchor.shape, s.anchor_axis)
+        canon = RawTensor.from_f64(cf, anchor.dtype)
+        out[anchor_name] = corrector.correct_anchor(site, canon, cf)
 
 
 def needs_fix(approx: np.ndarray, true: np.ndarray, dtype: str, tolerance: float) -> np.ndarray:
@@ -257,26 +284,44 @@ def needs_fix(approx: np.ndarray, true: np.ndarray, dtype: str, tolerance: float
 
 @dataclass
 class SiteFix:
-    """What the encoder found the decoder needs for one site."""
+    """What the encoder found the decoder needs for one site. x_mask / anchor_mask: every value
+    stored explicitly or corrected; x_band: the values in the band (SPEC.md 12.6), a subset of
+    x_mask that must be patched, never given a residual."""
 
     signs: np.ndarray | None = None
     x_mask: np.ndarray | None = None
     x_true: np.ndarray | None = None
     x_approx: np.ndarray | None = None
+    x_band: np.ndarray | None = None
     anchor_mask: np.ndarray | None = None
     anchor_true: np.ndarray | None = None
+    banded: int = 0  # values in the band (stored explicitly whether or not they also needed a correction)
+
+
+@dataclass
+class _Alternative:
+    """A second eigensolver's view of one site, for the band."""
+
+    x: np.ndarray  # its regenerated block, float64
+    x_floor: float
+    anchor_delta: float = 0.0
 
 
 @dataclass
 class SimulatingCorrector:
-    """The encoder's stand-in for stored side information: it knows the truth."""
+    """The encoder's stand-in for stored side information: it knows the truth. With band=True
+    it also stores every value another correct reader could round differently (codec/band.py),
+    and names in `unsafe` the PAPER sites whose sign decisions another reader could flip."""
 
     dtype: str
     tolerance: float
     true_x: dict[int, np.ndarray]
     true_signs: dict[int, np.ndarray]
     true_anchor: dict[int, RawTensor]
+    band: bool = False
     fixes: dict[int, SiteFix] = field(default_factory=dict)
+    unsafe: dict[int, str] = field(default_factory=dict)
+    _alt: dict[int, _Alternative] = field(default_factory=dict)
 
     def _fix(self, site: int) -> SiteFix:
         return self.fixes.setdefault(site, SiteFix())
@@ -285,17 +330,51 @@ class SimulatingCorrector:
         self._fix(site).signs = self.true_signs[site]
         return self.true_signs[site]
 
-    def correct_x(self, site: int, approx: np.ndarray) -> np.ndarray:
+    def note_basis(self, site: int, g: np.ndarray, e: np.ndarray, mu: np.ndarray, m: np.ndarray | None) -> None:
+        """A second eigensolver on the same Gram matrix: how far another reader may land."""
+        if not self.band:
+            return
+        d = g.shape[0]
+        e2 = _solve(g, rot.eigh_upper)
+        if e2 is None or not np.all(np.isfinite(e)):
+            self.unsafe[site] = "no second eigendecomposition to bound the band"
+            return
+        paper = m is not None
+        if paper:
+            e2 = rot.apply_paper_signs(e2, self.true_signs[site])
+            sums, sums2 = e.sum(axis=0), e2.sum(axis=0)
+            delta = band.width(float(np.max(np.abs(sums - sums2))), band.product_floor(d, float(np.sqrt(d))))
+            if float(np.min(np.abs(sums))) <= delta:
+                self.unsafe[site] = "a sign decision lies within the band of 0"
+        alt = _Alternative(rot.matrix_to_block(rot.regenerate(e2, mu, paper)), band.product_floor(d, float(np.max(np.abs(mu)))))
+        if m is not None:
+            row_norm = float(np.sqrt(np.max(np.einsum("ij,ij->i", m, m), initial=0.0)))
+            alt.anchor_delta = band.width(band.max_abs_diff_of_product(m, e, e2), band.product_floor(d, row_norm))
+        self._alt[site] = alt
+
+    def correct_x(self, site: int, approx: np.ndarray, regenerated: np.ndarray | None = None) -> np.ndarray:
         true = self.true_x[site]
         mask = needs_fix(approx, true, self.dtype, self.tolerance)
         f = self._fix(site)
+        alt = self._alt.get(site)
+        if alt is not None and regenerated is not None:
+            delta = band.width(float(np.max(np.abs(regenerated - alt.x), initial=0.0)), alt.x_floor)
+            f.x_band = band.in_band(regenerated, self.dtype, delta)
+            f.banded += int(np.count_nonzero(f.x_band))
+            mask = mask | f.x_band
+            alt.x = np.empty(0)  # done with it
         f.x_mask, f.x_true, f.x_approx = mask, true, approx
         return np.where(mask, true, approx).astype(approx.dtype)
 
-    def correct_anchor(self, site: int, approx: RawTensor) -> RawTensor:
+    def correct_anchor(self, site: int, approx: RawTensor, unrotated: np.ndarray | None = None) -> RawTensor:
         true = self.true_anchor[site]
         mask = needs_fix(approx.bits, true.bits, approx.dtype, self.tolerance)
         f = self._fix(site)
+        alt = self._alt.pop(site, None)
+        if alt is not None and unrotated is not None:
+            near = band.in_band(unrotated, approx.dtype, alt.anchor_delta)
+            f.banded += int(np.count_nonzero(near))
+            mask = mask | near
         f.anchor_mask, f.anchor_true = mask, true.bits
         return RawTensor(approx.dtype, np.where(mask, true.bits, approx.bits).astype(approx.bits.dtype))
 

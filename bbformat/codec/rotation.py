@@ -5,7 +5,10 @@ orthonormal eigenvectors as columns.
 """
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+import os
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
 from functools import lru_cache
 
 import numpy as np
@@ -32,9 +35,75 @@ def gram(m: np.ndarray) -> np.ndarray:
     return m.T @ m
 
 
+Eigensolver = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
 def eigh(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The reference eigensolver (SPEC.md 7.5): numpy.linalg.eigh, LAPACK dsyevd on the lower triangle."""
     w, v = np.linalg.eigh(a)
     return w, v
+
+
+def eigh_upper(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The same driver on the upper triangle: a different reduction (from the last column),
+    so different rounding. The encoder's second opinion for its band (codec/band.py)."""
+    w, v = np.linalg.eigh(a, UPLO="U")
+    return w, v
+
+
+def _scipy(driver: str) -> Eigensolver:
+    def solve(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        import scipy.linalg  # type: ignore[import-untyped]  # testing only: not a dependency
+
+        w, v = scipy.linalg.eigh(a, driver=driver, check_finite=False)
+        return w, v
+
+    return solve
+
+
+def _torch_eigh(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    import torch
+
+    w, v = torch.linalg.eigh(torch.from_numpy(np.ascontiguousarray(a)))
+    return w.numpy(), v.numpy()
+
+
+# Eigensolvers a reader may decode with (SPEC.md 7.5 allows any); for cross-reader tests.
+EIGENSOLVERS: dict[str, Eigensolver] = {
+    "numpy": eigh,
+    "numpy-upper": eigh_upper,
+    "scipy-evd": _scipy("evd"),
+    "scipy-evr": _scipy("evr"),
+    "scipy-ev": _scipy("ev"),
+    "torch": _torch_eigh,
+}
+EIGENSOLVER_ENV = "BBFORMAT_EIGENSOLVER"
+_decoder_solver: ContextVar[str | None] = ContextVar("bbformat_decoder_eigensolver", default=None)
+
+
+def decoder_eigensolver_name() -> str:
+    """The decoder's eigensolver: set by decoder_eigensolver(), else $BBFORMAT_EIGENSOLVER, else numpy."""
+    name = _decoder_solver.get() or os.environ.get(EIGENSOLVER_ENV) or "numpy"
+    if name not in EIGENSOLVERS:
+        raise ValueError(f"unknown eigensolver {name!r} (choose {', '.join(EIGENSOLVERS)})")
+    return name
+
+
+def decoder_eigh(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return EIGENSOLVERS[decoder_eigensolver_name()](a)
+
+
+@contextmanager
+def decoder_eigensolver(name: str) -> Iterator[None]:
+    """Decode with another eigensolver in this thread (testing; the encoder's own simulation
+    of the decoder always uses the reference)."""
+    if name not in EIGENSOLVERS:
+        raise ValueError(f"unknown eigensolver {name!r} (choose {', '.join(EIGENSOLVERS)})")
+    token = _decoder_solver.set(name)
+    try:
+        yield
+    finally:
+        _decoder_solver.reset(token)
 
 
 def block_to_matrix(values: np.ndarray, d: int) -> np.ndarray:
@@ -92,3 +161,15 @@ def one_blas_thread() -> AbstractContextManager[object]:
     nearly degenerate matrix depend on how LAPACK splits its work, so the bytes and the
     decoder's approximations would otherwise depend on the machine's thread settings."""
     return _controller().limit(limits=1, user_api="blas")
+
+
+DECODE_BLAS_ENV = "BBFORMAT_DECODE_BLAS_THREADS"
+
+
+def decoder_blas_threads() -> AbstractContextManager[object]:
+    """The reader's BLAS threads: one (the default), or for cross-reader tests
+    $BBFORMAT_DECODE_BLAS_THREADS = N, or "unpinned" (whatever the process has)."""
+    value = os.environ.get(DECODE_BLAS_ENV, "1")
+    if value == "unpinned":
+        return nullcontext()
+    return _controller().limit(limits=int(value), user_api="blas")

@@ -93,9 +93,13 @@ def residual_contexts(approx_bits: np.ndarray, dtype: str) -> np.ndarray:
     return ((approx_bits.astype(np.int64) >> shift) & ((1 << nbits) - 1)).astype(np.int64)
 
 
-def context_groups(approx_bits: np.ndarray, dtype: str) -> list[tuple[int, np.ndarray]]:
+def context_groups(approx_bits: np.ndarray, dtype: str, keep: np.ndarray | None = None) -> list[tuple[int, np.ndarray]]:
     """(context, positions in increasing order) for every context that occurs, ascending:
-    one stable sort instead of a pass per context."""
+    one stable sort instead of a pass per context. keep: the residual positions (SPEC.md 8.4;
+    a site's patched positions are not), default all."""
+    if keep is not None:
+        where = np.flatnonzero(keep)
+        return [(c, where[pos]) for c, pos in context_groups(approx_bits.reshape(-1)[where], dtype)]
     ctx = residual_contexts(approx_bits, dtype)
     counts = np.bincount(ctx, minlength=1 << EXPONENT_FIELD[dtype][1])
     order = np.argsort(ctx.astype(np.uint8), kind="stable")  # contexts < 256: a radix sort
@@ -164,20 +168,22 @@ def _residuals(mask: np.ndarray, true_bits: np.ndarray, approx_bits: np.ndarray,
     return np.where(mask, bits_to_ordinal(true_bits, width) - bits_to_ordinal(approx_bits, width), 0)
 
 
-def encode_residuals(mask: np.ndarray, true_bits: np.ndarray, approx_bits: np.ndarray, dtype: str) -> bytes:
+def encode_residuals(mask: np.ndarray, true_bits: np.ndarray, approx_bits: np.ndarray, dtype: str,
+                     keep: np.ndarray | None = None) -> bytes:
     r = _residuals(mask, true_bits, approx_bits, dtype)
     out = []
     z = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, write_checksum=False)
-    for _, where in context_groups(approx_bits, dtype):
+    for _, where in context_groups(approx_bits, dtype, keep):
         out.append(encode_group(encode_varints(zigzag(r[where])), z))
     return b"".join(out)
 
 
-def decode_residuals(data: bytes, approx_bits: np.ndarray, dtype: str) -> np.ndarray:
+def decode_residuals(data: bytes, approx_bits: np.ndarray, dtype: str, keep: np.ndarray | None = None) -> np.ndarray:
+    """The residual of every block position (0 where keep is False: a patched position)."""
     width = bits_of(dtype)
     out = np.zeros(approx_bits.size, dtype=np.int64)
     cur = ByteCursor(data, "x_residuals")
-    for _, where in context_groups(approx_bits, dtype):
+    for _, where in context_groups(approx_bits, dtype, keep):
         codec, stored = cur.group("residual group")
         limit = where.size * (3 if width == 16 else 5)
         raw: Buffer
@@ -219,16 +225,28 @@ def build_site_sections(program: BlockProgram, site: int, fix: SiteFix) -> list[
         out.append(Section(KIND_SIGNS, site, np.packbits(fix.signs, bitorder="little").tobytes()).finish(False))
     if fix.x_mask is not None and fix.x_mask.any():
         assert fix.x_true is not None and fix.x_approx is not None
-        cands = [Section(KIND_X_PATCHES, site, encode_patches(fix.x_mask, fix.x_true, w)).finish()]
+        cands: list[list[Section]] = [[Section(KIND_X_PATCHES, site, encode_patches(fix.x_mask, fix.x_true, w)).finish()]]
         if not s.paper:
-            res = encode_residuals(fix.x_mask, fix.x_true, fix.x_approx, program.symbol_dtype)
-            cands.append(Section(KIND_X_RESIDUALS, site, res).finish(False))
-        out.append(min(cands, key=lambda c: (c.cost, c.kind)))
+            cands.append(_residual_sections(program, site, fix))
+        out.extend(min(cands, key=lambda secs: (sum(c.cost for c in secs), secs[-1].kind)))
     if s.paper and fix.anchor_mask is not None and fix.anchor_mask.any():
         assert fix.anchor_true is not None
         vb = bits_of(program.tensors[s.anchor].dtype)
         out.append(Section(KIND_ANCHOR_PATCHES, site, encode_patches(fix.anchor_mask, fix.anchor_true, vb)).finish())
     return out
+
+
+def _residual_sections(program: BlockProgram, site: int, fix: SiteFix) -> list[Section]:
+    """x_residuals, preceded by x_patches of the band's values if there are any (SPEC.md 8.4,
+    MIXED_CORRECTIONS): a value in the band is stored, never given a residual."""
+    assert fix.x_mask is not None and fix.x_true is not None and fix.x_approx is not None
+    band = fix.x_band if fix.x_band is not None and fix.x_band.any() else None
+    out = []
+    if band is not None:
+        out.append(Section(KIND_X_PATCHES, site, encode_patches(band, fix.x_true, program.symbol_bits)).finish())
+    keep = None if band is None else ~band
+    res = encode_residuals(fix.x_mask, fix.x_true, fix.x_approx, program.symbol_dtype, keep)
+    return [*out, Section(KIND_X_RESIDUALS, site, res).finish(False)]
 
 
 def side_cost_bound(program: BlockProgram, site: int, fix: SiteFix) -> int:
@@ -245,8 +263,9 @@ def side_cost_bound(program: BlockProgram, site: int, fix: SiteFix) -> int:
         cands = [_patches_bytes(fix.x_mask, w)]
         if not s.paper:
             r = _residuals(fix.x_mask, fix.x_true, fix.x_approx, program.symbol_dtype)
-            raw = 0
-            for _, where in context_groups(fix.x_approx, program.symbol_dtype):
+            band = fix.x_band if fix.x_band is not None and fix.x_band.any() else None
+            raw = 0 if band is None else _patches_bytes(band, w) + SECTION_ENTRY_BYTES
+            for _, where in context_groups(fix.x_approx, program.symbol_dtype, None if band is None else ~band):
                 n = varint_bytes(zigzag(r[where]))
                 raw += varint_bytes(np.array([n], np.uint64)) + 1 + n
             cands.append(raw)
@@ -334,26 +353,31 @@ class StoredCorrector:
             raise FormatError("sign bitmap padding bits must be zero", "E_RESERVED")
         return bits[:d].astype(bool)
 
-    def correct_x(self, site: int, approx: np.ndarray) -> np.ndarray:
+    def correct_x(self, site: int, approx: np.ndarray, regenerated: np.ndarray | None = None) -> np.ndarray:
         w = self.program.symbol_bits
         n = approx.size
         res = self.sections.get((KIND_X_RESIDUALS, site))
+        pat = self.sections.get((KIND_X_PATCHES, site))
+        out = approx
+        keep = None
+        if pat is not None:  # first: with residuals too (MIXED_CORRECTIONS), patched positions take none
+            pos, vals = decode_patches(pat, n, w)
+            out = approx.copy()
+            out[pos] = vals
+            if res is not None:
+                keep = np.ones(n, dtype=bool)
+                keep[pos] = False
         if res is not None:
-            r = decode_residuals(res, approx, self.program.symbol_dtype)
+            r = decode_residuals(res, approx, self.program.symbol_dtype, keep)
             o = bits_to_ordinal(approx, w) + r
             lim = 1 << (w - 1)
             if np.any(o < -lim) or np.any(o >= lim):
                 raise FormatError("residual moves a value out of range", "E_SECTION_CONTENT")
-            return ordinal_to_bits(o, w)
-        pat = self.sections.get((KIND_X_PATCHES, site))
-        if pat is not None:
-            pos, vals = decode_patches(pat, n, w)
-            out = approx.copy()
-            out[pos] = vals
-            return out
-        return approx
+            corrected = ordinal_to_bits(o, w)
+            out = corrected if keep is None else np.where(keep, corrected, out).astype(out.dtype)
+        return out
 
-    def correct_anchor(self, site: int, approx: RawTensor) -> RawTensor:
+    def correct_anchor(self, site: int, approx: RawTensor, unrotated: np.ndarray | None = None) -> RawTensor:
         pat = self.sections.get((KIND_ANCHOR_PATCHES, site))
         if pat is None:
             return approx

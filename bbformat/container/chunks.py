@@ -61,7 +61,8 @@ class BuiltChunk(NamedTuple):
     crc: int
 
 
-def build_chunk_parts(index: int, program: BlockProgram, sections: list[Section]) -> BuiltChunk:
+def build_chunk_parts(index: int, program: BlockProgram, sections: list[Section], content_crc: int = 0) -> BuiltChunk:
+    """content_crc: the decoded tensors' digest (SPEC.md 5.4) in a file with FLAG_DIGESTS, else 0."""
     desc = R.DESCRIPTOR.build(_program_to_record(program))
     table_end = R.CHUNK_FIXED_SIZE + len(desc) + R.SECTION_ENTRY_SIZE * len(sections)
     entries = []
@@ -75,7 +76,7 @@ def build_chunk_parts(index: int, program: BlockProgram, sections: list[Section]
         off += len(s.stored)
     length = off + 4
     head = R.CHUNK_FIXED.build(
-        dict(reserved0=0, chunk_length=length, chunk_index=index, descriptor_length=len(desc), section_count=len(sections), reserved1=0)
+        dict(content_crc=content_crc, chunk_length=length, chunk_index=index, descriptor_length=len(desc), section_count=len(sections), reserved1=0)
     )
     parts: list[Buffer] = [head + desc + b"".join(entries), *(s.stored for s in sections)]
     crc = 0
@@ -84,9 +85,9 @@ def build_chunk_parts(index: int, program: BlockProgram, sections: list[Section]
     return BuiltChunk([*parts, crc.to_bytes(4, "little")], length, crc)
 
 
-def build_chunk(index: int, program: BlockProgram, sections: list[Section]) -> bytes:
+def build_chunk(index: int, program: BlockProgram, sections: list[Section], content_crc: int = 0) -> bytes:
     """The chunk's bytes, CRC included."""
-    return b"".join(build_chunk_parts(index, program, sections).parts)
+    return b"".join(build_chunk_parts(index, program, sections, content_crc).parts)
 
 
 @dataclass
@@ -97,6 +98,7 @@ class ParsedChunk:
     side: dict[tuple[int, int], bytes]
     sections: list[dict]  # table entries, for inspection
     crc: int
+    content_crc: int | None = None  # the recorded digest of the decoded tensors (FLAG_DIGESTS), else None
 
 
 def _check_reserved(value: int, what: str) -> None:
@@ -284,7 +286,7 @@ def descriptor_extent(head: bytes, chunk_length: int) -> tuple[int, int]:
     return R.CHUNK_FIXED_SIZE, int(fixed.descriptor_length)
 
 
-def working_set_bytes(program: BlockProgram, chunk_length: int, planes: bool = False) -> int:
+def working_set_bytes(program: BlockProgram, chunk_length: int, planes: bool = False, mixed: bool = False) -> int:
     """The declared working set of decoding one chunk (SPEC.md 11.5): what a decoder needs at
     most, computed from the descriptor (and, for `planes`, the payload's codec 2) before any
     section is decompressed."""
@@ -295,8 +297,9 @@ def working_set_bytes(program: BlockProgram, chunk_length: int, planes: bool = F
             continue
         if s.paper:  # signs, x_patches and anchor_patches may all be present
             side += sum(decoded_limit(program, k, i) for k in (KIND_SIGNS, KIND_X_PATCHES, KIND_ANCHOR_PATCHES))
-        else:  # x_residuals or x_patches, never both
-            side += max(decoded_limit(program, k, i) for k in (KIND_X_RESIDUALS, KIND_X_PATCHES))
+        else:  # x_residuals or x_patches; both only with FLAG_MIXED_CORRECTIONS
+            limits = [decoded_limit(program, k, i) for k in (KIND_X_RESIDUALS, KIND_X_PATCHES)]
+            side += sum(limits) if mixed else max(limits)
         a = program.tensors[s.anchor].numel
         site_work = max(site_work, 8 * (3 * a + 6 * s.dim * s.dim))
     tensors = sum(t.numel * bits_of(t.dtype) // 8 for t in program.tensors)
@@ -317,14 +320,17 @@ def parse_chunk(
     """Parse and validate one chunk's bytes (the whole chunk, CRC included). With
     max_block_bytes, a chunk whose declared working set is larger is refused (E_LIMIT_MEMORY)
     before any section is decompressed. required_flags: the header's; FLAG_PLANES allows
-    payload codec 2."""
+    payload codec 2, FLAG_DIGESTS makes offset 4 the content digest, FLAG_MIXED_CORRECTIONS
+    lets x_residuals and x_patches share a site."""
+    mixed = bool(required_flags & R.FLAG_MIXED_CORRECTIONS)
     codecs = (CODEC_RAW, CODEC_ZSTD, CODEC_PLANES) if required_flags & R.FLAG_PLANES else (CODEC_RAW, CODEC_ZSTD)
     if len(data) < R.CHUNK_FIXED_SIZE + 4:
         raise FormatError("chunk is truncated", "E_TRUNCATED")
     if data[:4] != R.CHUNK_MAGIC:
         raise FormatError("bad chunk magic", "E_MAGIC")
     head = R.CHUNK_FIXED.parse(data[: R.CHUNK_FIXED_SIZE])
-    _check_reserved(head.reserved0 | head.reserved1, "chunk header")
+    digests = bool(required_flags & R.FLAG_DIGESTS)
+    _check_reserved(head.reserved1 | (0 if digests else head.content_crc), "chunk header")
     if head.chunk_length != len(data):
         raise FormatError("chunk length field disagrees with its extent", "E_BOUNDS")
     stored_crc = int.from_bytes(data[-4:], "little")
@@ -374,7 +380,8 @@ def parse_chunk(
             if site.plain or e.kind not in allowed:
                 raise FormatError(f"section kind {KIND_NAMES[e.kind]} not allowed for site {site.name!r}", "E_SECTION_KIND")
         key = (e.kind, e.site)
-        if key in seen or (e.kind in (KIND_X_RESIDUALS, KIND_X_PATCHES) and ({(KIND_X_RESIDUALS, e.site), (KIND_X_PATCHES, e.site)} & seen)):
+        if key in seen or (not mixed and e.kind in (KIND_X_RESIDUALS, KIND_X_PATCHES)
+                           and ({(KIND_X_RESIDUALS, e.site), (KIND_X_PATCHES, e.site)} & seen)):
             raise FormatError("duplicate section", "E_SECTION_DUPLICATE")
         seen.add(key)
         limit = decoded_limit(program, e.kind, e.site)
@@ -382,7 +389,7 @@ def parse_chunk(
             raise FormatError(f"payload holds {e.decoded_length} bytes; the program needs {limit}", "E_SYMBOL_COUNT")
         if max_block_bytes is not None:  # once, after the first entry's size checks, before anything is decompressed
             planes = any(x.kind == KIND_PAYLOAD and x.codec == CODEC_PLANES for x in entries)
-            need = working_set_bytes(program, len(data), planes)
+            need = working_set_bytes(program, len(data), planes, mixed)
             if need > max_block_bytes:
                 raise LimitError(
                     f"chunk {head.chunk_index} ({program.name!r}) needs up to {need:,} bytes to decode; the limit is {max_block_bytes:,}",
@@ -404,4 +411,5 @@ def parse_chunk(
         raise FormatError("bytes between the last section and the chunk CRC", "E_BOUNDS")
     if payload is None:
         raise FormatError("chunk has no payload section", "E_SECTION_MISSING")
-    return ParsedChunk(int(head.chunk_index), program, payload, side, [dict(e) for e in entries], stored_crc)
+    return ParsedChunk(int(head.chunk_index), program, payload, side, [dict(e) for e in entries], stored_crc,
+                       int(head.content_crc) if digests else None)

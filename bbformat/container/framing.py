@@ -26,6 +26,8 @@ class Header:
 
 def minor_for(required_flags: int) -> int:
     """The lowest minor version whose features a file with these flags uses."""
+    if required_flags & (R.FLAG_DIGESTS | R.FLAG_MIXED_CORRECTIONS):
+        return 2
     return 1 if required_flags & R.FLAG_PLANES else 0
 
 

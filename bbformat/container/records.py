@@ -24,13 +24,15 @@ CHUNK_MAGIC = b"BBCK"
 INDEX_MAGIC = b"BBIX"
 
 VERSION_MAJOR = 1
-VERSION_MINOR = 1  # the newest minor this code reads; a writer writes the lowest its file needs
+VERSION_MINOR = 2  # the newest minor this code reads; a writer writes the lowest its file needs
 
 SCHEME_CODES = {"paper": 1, "symmetric": 2}
 SCHEME_NAMES = {v: k for k, v in SCHEME_CODES.items()}
 
 FLAG_PLANES = 0x1  # 1.1: payloads may use codec 2 (SPEC.md 8.6)
-REQUIRED_FLAGS_KNOWN = FLAG_PLANES
+FLAG_DIGESTS = 0x2  # 1.2: every chunk records content_crc, a CRC32C of its decoded tensors (SPEC.md 5.4)
+FLAG_MIXED_CORRECTIONS = 0x4  # 1.2: x_residuals and x_patches may share a site (SPEC.md 8.4)
+REQUIRED_FLAGS_KNOWN = FLAG_PLANES | FLAG_DIGESTS | FLAG_MIXED_CORRECTIONS
 OPTIONAL_FLAGS_KNOWN = 0x0
 
 HEADER_FIXED = Struct(
@@ -49,7 +51,7 @@ HEADER_FIXED_SIZE = 32
 
 CHUNK_FIXED = Struct(
     "magic" / Const(CHUNK_MAGIC),
-    "reserved0" / Int32ul,
+    "content_crc" / Int32ul,  # reserved (0) in a file without FLAG_DIGESTS
     "chunk_length" / Int64ul,
     "chunk_index" / Int32ul,
     "descriptor_length" / Int32ul,

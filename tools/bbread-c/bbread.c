@@ -1,4 +1,4 @@
-/* bbread PATH [--out DIR]: read a .bb container from the end (SPEC.md 2, strategy 1),
+/* bbread PATH [--out DIR]: read a .bb container (SPEC.md 1.2) from the end (SPEC.md 2, strategy 1),
    verify and decode every chunk, print one JSON object on stdout. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -190,7 +190,9 @@ static void print_accept(void)
 {
     sbuf b = {NULL, 0, 0};
     size_t i;
-    sb_str(&b, "{\"result\":\"accept\",\"tensors\":{");
+    sb_str(&b, "{\"result\":\"accept\",\"digests\":\"");
+    sb_str(&b, (bb_required_flags & BB_FLAG_DIGESTS) ? "verified" : "absent");
+    sb_str(&b, "\",\"tensors\":{");
     for (i = 0; i < n_entries; i++) {
         entry_t *e = &entries[i];
         char tmp[64];
@@ -297,7 +299,7 @@ static void read_container(void)
     major = ld16(hdr + 8);
     minor = ld16(hdr + 10);
     if (major != 1) fail("E_VERSION", "major version %u", major);
-    if (ld32(hdr + 12) & ~1u) fail("E_REQUIRED_FLAG", "required_flags 0x%x", ld32(hdr + 12));
+    if (ld32(hdr + 12) & ~BB_KNOWN_FLAGS) fail("E_REQUIRED_FLAG", "required_flags 0x%x", ld32(hdr + 12));
     bb_required_flags = ld32(hdr + 12);
     if (hdr[21] > 1) fail("E_CODEC", "metadata_codec %u", hdr[21]);
     if (ld16(hdr + 22) != 0) fail("E_RESERVED", "header reserved field not 0");

@@ -1,4 +1,5 @@
-/* bbread: an independent reader for the .bb container format (SPEC.md v1.1; payload codec 2 added from SPEC.md 8.6). */
+/* bbread: an independent reader for the .bb container format (SPEC.md v1.2; payload codec 2
+   added from SPEC.md 8.6; content digests 5.4 and mixed corrections 8.4 from the 1.2 text). */
 #ifndef BBREAD_H
 #define BBREAD_H
 
@@ -83,7 +84,11 @@ void emit_tensor(const tensor_t *t);
 /* ---- chunk ---- */
 /* Verifies and decodes the chunk buf[0..len) read through index entry i
    (entry_len, entry_crc); calls emit_tensor for each tensor. */
-/* the header's required_flags (bit 0 PLANES allows payload codec 2, SPEC.md 8.6) */
+/* the header's required_flags (SPEC.md 4) */
+#define BB_FLAG_PLANES  1u  /* 1.1: payload codec 2 (8.6) */
+#define BB_FLAG_DIGESTS 2u  /* 1.2: chunk content_crc at offset 4 (5.4) */
+#define BB_FLAG_MIXED   4u  /* 1.2: x_residuals and x_patches on one symmetric site (8.4) */
+#define BB_KNOWN_FLAGS  (BB_FLAG_PLANES | BB_FLAG_DIGESTS | BB_FLAG_MIXED)
 extern uint32_t bb_required_flags;
 void process_chunk(const uint8_t *buf, uint64_t len, uint32_t i, uint32_t entry_crc);
 

@@ -109,8 +109,9 @@ static uint32_t unord(int64_t o, int W)
 }
 
 /* Section 8.5: parse a patch section for N values of v bits; apply to dst
-   (element j at dst + j*v/8, little-endian). */
-static void apply_patches(const uint8_t *s, uint64_t len, uint64_t N, int v, uint8_t *dst, const char *what)
+   (element j at dst + j*v/8, little-endian). If mask is not NULL (N bytes, zeroed by the
+   caller), mask[p] is set to 1 for every patched position p. */
+static void apply_patches(const uint8_t *s, uint64_t len, uint64_t N, int v, uint8_t *dst, uint8_t *mask, const char *what)
 {
     uint64_t count, vb = (uint64_t)v / 8, rest, gaps_end, pos, p = 0, j;
     size_t used = varint_read(s, len, &count);
@@ -134,12 +135,15 @@ static void apply_patches(const uint8_t *s, uint64_t len, uint64_t N, int v, uin
             p = p + gap + 1;
         }
         memcpy(dst + p * vb, s + gaps_end + j * vb, (size_t)vb);
+        if (mask) mask[p] = 1;
     }
     if (pos != gaps_end) fail("E_SECTION_CONTENT", "%s: gap varints do not fill their bytes", what);
 }
 
-/* Section 8.4: residuals over n block symbols approx[] (W-bit, stored in dst bytes). */
-static void apply_residuals(const uint8_t *s, uint64_t len, uint8_t *blk, uint64_t n, int sym_dtype, int W)
+/* Section 8.4: residuals over the n block symbols approx[] (W-bit, in blk). The residual
+   positions are those i with !patched[i] (patched = NULL: every position, as in 1.0/1.1);
+   contexts, their counts and the groups are taken over residual positions only. */
+static void apply_residuals(const uint8_t *s, uint64_t len, uint8_t *blk, uint64_t n, const uint8_t *patched, int sym_dtype, int W)
 {
     int shift, width;
     uint64_t counts[256], starts[256], i, pos = 0;
@@ -154,11 +158,12 @@ static void apply_residuals(const uint8_t *s, uint64_t len, uint8_t *blk, uint64
     for (i = 0; i < n; i++) {
         uint32_t b = ldsym(blk + i * (W / 8), W);
         ctx[i] = (uint8_t)((b >> shift) & (nctx - 1));
-        counts[ctx[i]]++;
+        if (!patched || !patched[i]) counts[ctx[i]]++;
     }
     starts[0] = 0;
     for (c = 1; c < nctx; c++) starts[c] = starts[c - 1] + counts[c - 1];
-    for (i = 0; i < n; i++) order[starts[ctx[i]]++] = (uint32_t)i;
+    for (i = 0; i < n; i++)
+        if (!patched || !patched[i]) order[starts[ctx[i]]++] = (uint32_t)i;
     for (c = 0; c < nctx; c++) starts[c] -= counts[c];
 
     for (c = 0; c < nctx; c++) {
@@ -426,9 +431,18 @@ static void decode_site(site_t *s, tensor_t *anchor, const uint8_t *mu_bytes, ui
     }
     xfree(B);
     xfree(Et);
-    /* 7. corrections of the block */
-    if (s->has[K_XRES]) apply_residuals(s->sec[K_XRES], s->seclen[K_XRES], blk, n, sym_dtype, W);
-    if (s->has[K_XPAT]) apply_patches(s->sec[K_XPAT], s->seclen[K_XPAT], n, W, blk, "x_patches");
+    /* 7. corrections of the block. With both sections (MIXED_CORRECTIONS, 1.2) x_patches
+       is decoded first and its positions are not residual positions (8.4, 11.3). */
+    {
+        uint8_t *patched = NULL;
+        if (s->has[K_XPAT] && s->has[K_XRES]) {
+            patched = xalloc(n, "E_LIMIT_TENSOR");
+            memset(patched, 0, (size_t)n);
+        }
+        if (s->has[K_XPAT]) apply_patches(s->sec[K_XPAT], s->seclen[K_XPAT], n, W, blk, patched, "x_patches");
+        if (s->has[K_XRES]) apply_residuals(s->sec[K_XRES], s->seclen[K_XRES], blk, n, patched, sym_dtype, W);
+        xfree(patched);
+    }
     /* 9. paper: un-rotate the anchor, C = M E */
     if (paper) {
         row = xalloc(D * sizeof(double), "E_LIMIT_TENSOR");
@@ -450,7 +464,7 @@ static void decode_site(site_t *s, tensor_t *anchor, const uint8_t *mu_bytes, ui
             }
         }
         xfree(row);
-        if (s->has[K_APAT]) apply_patches(s->sec[K_APAT], s->seclen[K_APAT], anchor->numel, ab, anchor->data, "anchor_patches");
+        if (s->has[K_APAT]) apply_patches(s->sec[K_APAT], s->seclen[K_APAT], anchor->numel, ab, anchor->data, NULL, "anchor_patches");
     }
     xfree(lam);
     xfree(a);
@@ -481,7 +495,9 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
     /* ---- chunk fixed header (11.3 item 2) ---- */
     if (len < 36) fail("E_TRUNCATED", "chunk %u shorter than 36 bytes", ci);
     if (memcmp(buf, "BBCK", 4) != 0) fail("E_MAGIC", "chunk %u: bad chunk magic", ci);
-    if (ld32(buf + 4) != 0 || ld32(buf + 28) != 0) fail("E_RESERVED", "chunk %u: reserved header field not 0", ci);
+    /* offset 4 is content_crc with DIGESTS (5.4), else reserved; offset 28 always reserved */
+    if ((!(bb_required_flags & BB_FLAG_DIGESTS) && ld32(buf + 4) != 0) || ld32(buf + 28) != 0)
+        fail("E_RESERVED", "chunk %u: reserved header field not 0", ci);
     if (ld64(buf + 8) != len) fail("E_BOUNDS", "chunk %u: chunk_length differs from its index entry", ci);
     crc = ld32(buf + len - 4);
     if (crc32c(buf, (size_t)(len - 4)) != crc) fail("E_CRC_CHUNK", "chunk %u: chunk_crc mismatch", ci);
@@ -672,7 +688,7 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
         int owned = 0;
         if (ld16(e + 2)) fail("E_RESERVED", "chunk %u: section %u reserved field not 0", ci, k);
         if (kind < 1 || kind > 5) fail("E_SECTION_KIND", "chunk %u: section %u unknown kind %u", ci, k, kind);
-        if (codec > 1 && !(codec == 2 && kind == K_PAYLOAD && (bb_required_flags & 1u)))
+        if (codec > 1 && !(codec == 2 && kind == K_PAYLOAD && (bb_required_flags & BB_FLAG_PLANES)))
             fail("E_CODEC", "chunk %u: section %u unknown codec %u", ci, k, codec);
         if (so != off) fail("E_BOUNDS", "chunk %u: section %u not contiguous", ci, k);
         if (sl > len - 4 - so) fail("E_BOUNDS", "chunk %u: section %u runs past the chunk", ci, k);
@@ -691,7 +707,10 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
             if (have_payload) fail("E_SECTION_DUPLICATE", "chunk %u: two payload sections", ci);
         } else {
             if (s->has[kind]) fail("E_SECTION_DUPLICATE", "chunk %u: two sections of kind %u for site %u", ci, kind, site);
-            if ((kind == K_XRES && s->has[K_XPAT]) || (kind == K_XPAT && s->has[K_XRES]))
+            /* both on one site only with MIXED_CORRECTIONS (1.2); kind 3 cannot reach here on
+               a PAPER site (E_SECTION_KIND above), so "symmetric-mode site" holds */
+            if (((kind == K_XRES && s->has[K_XPAT]) || (kind == K_XPAT && s->has[K_XRES])) &&
+                !(bb_required_flags & BB_FLAG_MIXED))
                 fail("E_SECTION_DUPLICATE", "chunk %u: x_residuals and x_patches on site %u", ci, site);
         }
         /* size / limit before decoding */
@@ -800,6 +819,16 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
     }
     if (h != 0) fail("E_SYMBOL_COUNT", "chunk %u: %llu symbols left on the stack", ci, (unsigned long long)h);
     xfree(stack);
+
+    /* content digest (5.4): the last check of a chunk, before any tensor is delivered */
+    if (bb_required_flags & BB_FLAG_DIGESTS) {
+        uint32_t st = CRC32C_INIT, want = ld32(buf + 4), got;
+        for (i = 0; i < T; i++)
+            st = crc32c_update(st, ts[i].data, (size_t)(ts[i].numel * (uint64_t)(dtype_bits(ts[i].dtype) / 8)));
+        got = crc32c_final(st);
+        if (got != want)
+            fail("E_DIGEST", "chunk %u: content_crc 0x%08X, decoded tensors give 0x%08X", ci, want, got);
+    }
 
     for (i = 0; i < T; i++) emit_tensor(&ts[i]);
     for (i = 0; i < T; i++) xfree(ts[i].data);

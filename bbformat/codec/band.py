@@ -1,0 +1,63 @@
+"""The encoder's band (SPEC.md 12.6, informative): which regenerated values another correct
+reader could round differently, so that they are stored explicitly.
+
+A reader's float64 result differs from the reference's by the eigensolver's and the
+summation order's rounding. A value rounds the same on both unless a rounding boundary of its
+dtype lies between them, so every value whose reference result lies within delta of a
+boundary is patched, and any reader whose results stay within delta decodes bit-exactly.
+
+delta per site = max(BAND_FACTOR x what a second eigensolver (another reduction of the same
+matrix) disagrees by, a rigorous bound on the summation error of the final product).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .dtypes import bits_of, bits_to_f64, bits_to_ordinal, f64_to_bits, ordinal_to_bits
+
+BAND_FACTOR = 100.0  # safety factor over the observed disagreement of two eigensolvers
+EPS = float(np.finfo(np.float64).eps)
+
+
+def boundary_distance(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Distance of each float64 value to the nearest rounding boundary of `dtype` (the
+    midpoints between neighbouring values, 0 between -0 and +0, and the overflow threshold);
+    0 for values that are not finite or round to an infinity."""
+    x = np.asarray(x, dtype=np.float64)
+    w = bits_of(dtype)
+    b = f64_to_bits(x, dtype)
+    o = bits_to_ordinal(b, w)
+    lo, hi = -(1 << (w - 1)), (1 << (w - 1)) - 1
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = bits_to_f64(b, dtype)
+        down = bits_to_f64(ordinal_to_bits(np.maximum(o - 1, lo), w), dtype)
+        up = bits_to_f64(ordinal_to_bits(np.minimum(o + 1, hi), w), dtype)
+        mid_lo = np.where(np.isinf(down), v - (up - v) / 2, (v + down) / 2)
+        mid_hi = np.where(np.isinf(up), v + (v - down) / 2, (v + up) / 2)
+        d = np.minimum(x - mid_lo, mid_hi - x)
+    return np.where(np.isfinite(x) & np.isfinite(v) & np.isfinite(d), np.abs(d), 0.0)
+
+
+def in_band(x: np.ndarray, dtype: str, delta: float) -> np.ndarray:
+    """True where another reader's result within `delta` of x could round differently."""
+    return boundary_distance(x, dtype) <= delta
+
+
+def width(observed: float, floor: float) -> float:
+    """A site's band: the safety factor over the observed disagreement, at least the floor."""
+    return max(BAND_FACTOR * observed, floor)
+
+
+def product_floor(d: int, scale: float) -> float:
+    """Twice the rounding bound of a length-d float64 dot product whose terms' absolute values
+    sum to at most `scale` (two readers, each off by at most d * eps * scale)."""
+    return 2.0 * d * EPS * scale
+
+
+def max_abs_diff_of_product(m: np.ndarray, e: np.ndarray, e2: np.ndarray, row_block: int = 1 << 14) -> float:
+    """max |m @ e - m @ e2| (as max |m @ (e - e2)|), in row blocks: no R x D temporary."""
+    diff = e - e2
+    out = 0.0
+    for i in range(0, m.shape[0], row_block):
+        out = max(out, float(np.max(np.abs(m[i : i + row_block] @ diff), initial=0.0)))
+    return out

@@ -1,0 +1,20 @@
+"""The content digest of a decoded chunk (SPEC.md 5.4)."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..codec.dtypes import RawTensor
+from ..codec.program import BlockProgram
+from .crc import crc32c
+
+
+def content_crc(program: BlockProgram, tensors: Mapping[str, RawTensor]) -> int:
+    """CRC32C of the decoded tensors' little-endian element bytes, in tensor-record order."""
+    value = 0
+    for entry in program.tensors:
+        le = tensors[entry.name].little_endian().reshape(-1)
+        if le.size:
+            value = crc32c(le.view(np.uint8).data, value)
+    return value
