@@ -55,3 +55,27 @@ def test_residual_contexts_measures_a_container_and_refuses_bad_input(tmp_path: 
             bad.write_bytes(b"not a container at all, long enough to have a footer" * 3)
         r = _tool(str(TOOLS / "residual_contexts.py"), str(bad))
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and text in r.stderr and "Traceback" not in r.stderr
+
+
+def test_crosscheck_runs_two_cells_on_a_tiny_container(tmp_path: Path) -> None:
+    """tools/crosscheck.py on one synthetic D=24 site: the reference and one other eigensolver both
+    verify the 1.2 file's digest, and section 8 is appended to the report (then replaced, not doubled)."""
+    import json
+
+    report = tmp_path / "B.md"
+    report.write_text("# Benchmarks\n\n## 7. Before\n\nkept\n")
+    r = _tool(str(TOOLS / "crosscheck.py"), "--work", str(tmp_path / "w"), "--dims", "24", "--dtypes", "float32", "--versions", "1.2",
+              "--no-smollm2", "--cells", "solver-numpy-upper", "--jobs", "1", "--json", str(tmp_path / "r.json"), "--report", str(report))
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert [(x["cell"], x["status"], x["values_differ"]) for x in res["results"]] == [("reference", "verified", 0),
+                                                                                     ("solver-numpy-upper", "verified", 0)]
+    site = res["results"][1]["sites"][0]
+    assert site["d"] == 24 and site["rounded_differ_outside_band"] == 0 and 0 <= site["dx_over_delta"] <= 1
+    text = report.read_text()
+    assert text.startswith("# Benchmarks\n\n## 7. Before\n\nkept\n\n## 8. Exact on every reader") and "| synthetic D=24 fp32 | 1 | ✓ | ✓ |" in text
+    sys.path.insert(0, str(TOOLS))
+    from crosscheck import replace_section
+
+    replace_section(report, ["## 8. Exact on every reader (format 1.2): the cross-reader matrix", "", "again"])
+    assert report.read_text() == "# Benchmarks\n\n## 7. Before\n\nkept\n\n## 8. Exact on every reader (format 1.2): the cross-reader matrix\n\nagain\n"

@@ -38,9 +38,17 @@ def boundary_distance(x: np.ndarray, dtype: str) -> np.ndarray:
     return np.where(np.isfinite(x) & np.isfinite(v) & np.isfinite(d), np.abs(d), 0.0)
 
 
+BLOCK = 1 << 20  # values per step of in_band: its temporaries stay ~100 MB for any tensor
+
+
 def in_band(x: np.ndarray, dtype: str, delta: float) -> np.ndarray:
-    """True where another reader's result within `delta` of x could round differently."""
-    return boundary_distance(x, dtype) <= delta
+    """True where another reader's result within `delta` of x could round differently (x's
+    shape; computed in blocks, so a large anchor costs one bool per value, not ten float64s)."""
+    flat = np.asarray(x, dtype=np.float64).reshape(-1)
+    out = np.empty(flat.size, dtype=bool)
+    for i in range(0, flat.size, BLOCK):
+        out[i : i + BLOCK] = boundary_distance(flat[i : i + BLOCK], dtype) <= delta
+    return out.reshape(np.shape(x))
 
 
 def width(observed: float, floor: float) -> float:
