@@ -15,11 +15,20 @@ from .errors import (
     VerifyError,
 )
 from .inspect import inspect
-from .loader import load_model
 from .reader import DecodedBlock, Reader, iter_stream
 from .writer import Writer
 
 __version__ = "1.2.0"
+
+
+def __getattr__(name: str) -> object:
+    """load_model needs torch and transformers: imported on first use, so that `import bbformat`
+    (and the CLI's inspect and verify) does not load them."""
+    if name == "load_model":
+        from .loader import load_model
+
+        return load_model
+    raise AttributeError(f"module 'bbformat' has no attribute {name!r}")
 
 __all__ = [
     "BBFormatError",

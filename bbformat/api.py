@@ -12,7 +12,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-import torch
 
 from .codec import rotation as rot
 from .codec.dtypes import RawTensor, bits_of
@@ -23,10 +22,11 @@ from .codec.program import TensorEntry
 from .container.digest import content_crc
 from .errors import FormatError, InputError, VerifyError
 from .reader import DECODE_WORKERS, DecodedBlock, Reader, decode_workers
-from .tensors import raw_to_torch, torch_to_raw
 from .writer import FORMAT_VERSIONS, Writer
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch loads only when a torch tensor is made (a fast `import bbformat`, CLI)
+    import torch
+
     from .adapters.tc_layout import Checkpoint
 
 # Chunks pack keeps encoded ahead of the compression worker (memory: about this many chunks).
@@ -151,11 +151,15 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
         from .calibrate import calibration_tokens, check_calibratable, stream_moments
 
         check_calibratable(ckpt)
+        import torch
+
         tokens = calibration if isinstance(calibration, torch.Tensor) else calibration_tokens(
             ckpt, calibration, calibration_samples, calibration_seqlen)
         moments = stream_moments(ckpt, tokens)
         metadata["rounding"] = "feedback"
         metadata["calibration_tokens"] = int(tokens.numel())
+
+    from .tensors import torch_to_raw
 
     def get(name: str) -> RawTensor:
         raw = torch_to_raw(ckpt.state_dict[name], name)
@@ -416,6 +420,8 @@ def read_tensors(path: str | os.PathLike[str], *, max_block_bytes: int | str | N
 
 def _decode_to_torch(r: Reader, progress: Progress | None, inexact: InexactBlocks) -> dict[str, torch.Tensor]:
     """Every block, decoded in parallel; each becomes torch tensors (sharing its arrays) as it arrives."""
+    from .tensors import raw_to_torch
+
     out: dict[str, torch.Tensor] = {}
     n = len(r)
     for k, block in enumerate(r.iter_blocks("reverse", workers=DECODE_WORKERS)):
@@ -500,6 +506,8 @@ def _stream_weights(r: Reader, path: Path, fmt: str, wanted: dict[str, TensorEnt
 
 def _write_blocks(r: Reader, wanted: dict[str, TensorEntry], write: Callable[[str, torch.Tensor], None],
                   progress: Progress | None, workers: int | None, inexact: InexactBlocks) -> None:
+    from .tensors import raw_to_torch
+
     n = len(r)
     for k, block in enumerate(r.iter_blocks("reverse", workers=decode_workers(workers))):
         inexact.see(block)

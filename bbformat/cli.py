@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Callable, Sequence
 
@@ -15,6 +16,7 @@ from .errors import BBFormatError, DigestError
 EXIT_USAGE = 64
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
 
 
 class _Parser(argparse.ArgumentParser):
@@ -226,10 +228,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _quiet_closed_stdout() -> int:
+    """stdout's reader went away (`bbformat inspect --json F | head`): end quietly, as Unix
+    tools do, with nothing more written to the closed pipe (not even at interpreter exit)."""
     try:
-        return int(args.func(args))
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_BROKEN_PIPE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except BrokenPipeError:
+        return _quiet_closed_stdout()
+    except SystemExit:  # --help (or a usage error): flush here, where a closed pipe is handled
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            return _quiet_closed_stdout()
+        raise
+    try:
+        status = int(args.func(args))
+        sys.stdout.flush()  # here, so that a closed pipe is met inside this handler
+        return status
+    except BrokenPipeError:
+        return _quiet_closed_stdout()
     except BBFormatError as exc:
         sys.stderr.write(f"bbformat: error [{exc.code}]: {exc}\n")
         return exc.exit_status

@@ -159,3 +159,25 @@ def test_workers_flag(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFix
             assert err.count("\n") == 1 and err.startswith("bbformat: usage error:") and "--workers" in err
     assert not (tmp_path / "u").exists()
     assert main(["unpack", str(out), str(tmp_path / "u"), "--quiet", "--workers", "1"]) == 0
+
+
+def test_closed_pipe_ends_quietly(model_dir: Path, tmp_path: Path) -> None:
+    """`bbformat inspect --json F | head`: the reader is gone before anything is written; the
+    command ends with 141 (128 + SIGPIPE, as Unix tools) and says nothing on stderr."""
+    out = tmp_path / "m.bb"
+    assert main(["pack", str(model_dir), str(out), "--quiet"]) == 0
+    for args in (["inspect", "--json", str(out)], ["verify", str(out)], ["--help"]):
+        p = subprocess.Popen([sys.executable, "-m", "bbformat", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert p.stdout is not None and p.stderr is not None
+        p.stdout.close()  # before the child, still importing, writes anything
+        err = p.stderr.read().decode()
+        status = p.wait(timeout=120)
+        # --help: argparse itself ignores a failed write of the help text, so it may end with 0
+        assert err == "" and (status == 141 or (args == ["--help"] and status == 0)), (args, status, err)
+
+
+def test_import_and_cli_do_not_load_torch() -> None:
+    """torch (seconds to import) loads only when a torch tensor or model is made."""
+    code = ("import sys, bbformat, bbformat.cli, bbformat.api, bbformat.inspect, bbformat.reader; "
+            "assert 'torch' not in sys.modules, 'torch imported'; bbformat.load_model; assert 'torch' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
