@@ -82,15 +82,29 @@ def _cmd_pack(a: argparse.Namespace) -> int:
                entropy=a.entropy, format_version=a.format_version)
     info = inspect(a.out)
     if a.json:
-        print(json.dumps(info["totals"], indent=2))
+        print(json.dumps({**info["totals"], "larger_than_plain": info["totals"]["container_bytes"] >= info["totals"]["plain_bytes"]},
+                         indent=2))
     elif not a.quiet:
         t = info["totals"]
         print(
             f"wrote {a.out}: {t['container_bytes']:,} B for {t['plain_bytes']:,} B plain "
-            f"({t['saved_pct_of_plain']:.2f}% saved, {t['saved_pct_of_bound']:.1f}% of the bits-back bound; "
+            f"({t['saved_pct_of_plain']:.2f}% saved on the weights, {t['saved_pct_of_bound']:.1f}% of the bits-back bound; "
             f"scheme {rep.scheme}, tolerance {rep.tolerance}{', verified' if a.verify else ''})"
         )
+    note = _larger_than_plain(info["totals"])
+    if note and not a.quiet:
+        sys.stderr.write(f"bbformat: note: {note}\n")
     return 0
+
+
+def _larger_than_plain(t: dict) -> str:
+    """One line when the whole container is not smaller than the plain weights (a tiny model
+    whose side files outweigh what bits-back saves), else ""."""
+    if t["container_bytes"] < t["plain_bytes"]:
+        return ""
+    return (f"the container ({t['container_bytes']:,} B) is not smaller than the plain weights ({t['plain_bytes']:,} B): "
+            f"its header carries {t['metadata_bytes']:,} B of config and tokenizer files, more than the "
+            f"{max(0, t['plain_bytes'] - t['weights_bytes']):,} B the weights' coding saves")
 
 
 def _cmd_unpack(a: argparse.Namespace) -> int:

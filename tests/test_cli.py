@@ -181,3 +181,17 @@ def test_import_and_cli_do_not_load_torch() -> None:
     code = ("import sys, bbformat, bbformat.cli, bbformat.api, bbformat.inspect, bbformat.reader; "
             "assert 'torch' not in sys.modules, 'torch imported'; bbformat.load_model; assert 'torch' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_pack_says_when_the_container_is_larger_than_plain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A tiny model whose tokenizer outweighs what bits-back saves: pack does not call it a saving."""
+    src = tmp_path / "src"
+    write_checkpoint(make_tiny_checkpoint("llama", seed=1, layers=1), src)
+    (src / "tokenizer.json").write_text(json.dumps({"vocab": {os.urandom(12).hex(): i for i in range(40_000)}}))
+    assert main(["pack", str(src), str(tmp_path / "m.bb")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("note:") == 1 and "is not smaller than the plain weights" in err
+    assert main(["pack", str(src), str(tmp_path / "m.bb"), "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["larger_than_plain"] is True
+    assert main(["pack", str(src), str(tmp_path / "m.bb"), "--quiet"]) == 0
+    assert "note:" not in capsys.readouterr().err
