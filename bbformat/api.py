@@ -19,6 +19,7 @@ from .codec.entropy import ENTROPY_MODES
 from .codec.encoder import EncodedChunk, Moments, SiteReport, canonical_rotation_of, encode_chunk
 from .codec.layout import AxisRef, ModelLayout
 from .codec.program import TensorEntry
+from .compat import legacy_reader_problems
 from .container.digest import content_crc
 from .errors import FormatError, InputError, VerifyError
 from .reader import DECODE_WORKERS, DecodedBlock, Reader, decode_workers
@@ -50,6 +51,7 @@ class PackReport:
     metadata_bytes: int
     gross_bound_bits: int
     sites: list[SiteReport] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # side files an older transformers would misread (compat.py)
 
     @property
     def saved_bits(self) -> int:
@@ -166,7 +168,8 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
         ckpt.release(name)
         return raw
 
-    report = PackReport(str(dst), scheme, tolerance, layout.architecture, 0, 0, 0, 0)
+    report = PackReport(str(dst), scheme, tolerance, layout.architecture, 0, 0, 0, 0,
+                        warnings=legacy_reader_problems(ckpt.extra_files))
     digests: list[dict[str, str]] = []
     # Chunk i is compressed (its side sections' zstd and the entropy stage) and written by a
     # worker while chunk i + 1 encodes, and the header's metadata is compressed on a thread of

@@ -91,6 +91,8 @@ def _cmd_pack(a: argparse.Namespace) -> int:
             f"({t['saved_pct_of_plain']:.2f}% saved on the weights, {t['saved_pct_of_bound']:.1f}% of the bits-back bound; "
             f"scheme {rep.scheme}, tolerance {rep.tolerance}{', verified' if a.verify else ''})"
         )
+    for w in rep.warnings:
+        sys.stderr.write(f"bbformat: warning: {w}\n")
     note = _larger_than_plain(info["totals"])
     if note and not a.quiet:
         sys.stderr.write(f"bbformat: note: {note}\n")
@@ -141,6 +143,8 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 
     info = inspect(a.src, max_block_bytes=a.max_memory, max_site_dim=a.max_site_dim)
     print(json.dumps(info, indent=2) if a.json else format_summary(info))
+    for w in info["warnings"]:
+        sys.stderr.write(f"bbformat: warning: {w}\n")
     return 0 if info["totals"]["all_crc_ok"] else 5
 
 

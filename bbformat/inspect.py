@@ -1,6 +1,8 @@
 """A readable summary of a container, computed from its bytes alone."""
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 from typing import Any
 
@@ -12,6 +14,7 @@ from .codec.varint import decode_varints
 from .container.chunks import parse_chunk
 from .container import records as R
 from .container.crc import crc32c
+from .compat import legacy_reader_problems
 from .errors import FormatError
 from .reader import Reader, resolve_budget
 
@@ -25,6 +28,17 @@ def _count_corrections(kind: int, data: bytes, n: int) -> int:
         end = next(i for i, b in enumerate(data) if not b & 0x80)
         return int(decode_varints(data[: end + 1], 1)[0])
     return 0
+
+
+def _side_files(meta: dict[str, Any]) -> dict[str, bytes]:
+    files = meta.get("files")
+    out = {}
+    for name in ("config.json", "tokenizer_config.json", "tokenizer.json"):
+        try:
+            out[name] = base64.b64decode(files[name], validate=True)
+        except (TypeError, KeyError, ValueError, binascii.Error):
+            continue
+    return out
 
 
 def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None) -> dict[str, Any]:
@@ -105,6 +119,7 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
         "scheme": r.header.scheme,
         "tolerance": meta.get("tolerance"),
         "content_digests": bool(r.header.required_flags & R.FLAG_DIGESTS),
+        "warnings": legacy_reader_problems(_side_files(meta)),
         "dtypes": sorted({t["dtype"] for b in blocks for t in b["tensors"]}),
         "blocks": blocks,
         "totals": {

@@ -183,14 +183,52 @@ def _attention(a, q, k, v, cos, sin) -> torch.Tensor:  # type: ignore[no-untyped
     return o.transpose(1, 2).reshape(n, t, -1)
 
 
+def legacy_readable_config(cfg: dict) -> dict:
+    """config.json that transformers 4.41 (TransformerCompression's pin) reads with the same
+    values as the current one: newer versions keep rope settings only in `rope_parameters`,
+    which 4.41 ignores, silently using rope_theta 10000. Write `rope_theta` (and a non-default
+    rope type as `rope_scaling`) at the top level too."""
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, dict):
+        if "rope_theta" in rp:
+            cfg.setdefault("rope_theta", rp["rope_theta"])
+        if rp.get("rope_type", "default") != "default" and cfg.get("rope_scaling") is None:
+            cfg["rope_scaling"] = {k: v for k, v in rp.items() if k != "rope_theta"}
+    return cfg
+
+
+LEGACY_TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # reads tokenizer.json in 4.41 and today
+
+
+def legacy_readable_tokenizer(out: Path) -> None:
+    """tokenizer files that transformers 4.41 / tokenizers 0.19 read as the current versions do:
+    a tokenizer class 4.41 knows (newer versions write `TokenizersBackend`), and BPE merges as
+    "a b" strings (newer tokenizers write pairs, which 0.19 cannot parse; both read strings).
+    Merges whose parts contain a space cannot be strings and are left as pairs."""
+    cfg_path = out / "tokenizer_config.json"
+    if cfg_path.exists():
+        tc = json.loads(cfg_path.read_text())
+        if tc.get("tokenizer_class") in (None, "TokenizersBackend"):
+            tc["tokenizer_class"] = LEGACY_TOKENIZER_CLASS
+            cfg_path.write_text(json.dumps(tc, indent=2, ensure_ascii=False) + "\n")
+    tj_path = out / "tokenizer.json"
+    if tj_path.exists():
+        tj = json.loads(tj_path.read_text())
+        merges = (tj.get("model") or {}).get("merges")
+        if merges and all(isinstance(m, list) and len(m) == 2 and " " not in m[0] + m[1] for m in merges):
+            tj["model"]["merges"] = [f"{a} {b}" for a, b in merges]
+            tj_path.write_text(json.dumps(tj, ensure_ascii=False, indent=2) + "\n")
+
+
 def write_layout(out: Path, stem: str, sd: dict[str, torch.Tensor], slicing: dict, model, tok, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]
     out.mkdir(parents=True, exist_ok=True)
-    cfg = model.config.to_dict()
+    cfg = legacy_readable_config(model.config.to_dict())
     cfg.pop("quantization_config", None)
     cfg["tie_word_embeddings"] = False
     cfg["torch_dtype"] = str(dtype).replace("torch.", "")
     cfg.pop("dtype", None)
     tok.save_pretrained(str(out))
+    legacy_readable_tokenizer(out)
     tmp = out / f".{stem}.pt.tmp"
     torch.save({k: v.to(dtype).contiguous() for k, v in sd.items()}, tmp)
     os.replace(tmp, out / f"{stem}.pt")
