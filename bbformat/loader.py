@@ -1,9 +1,9 @@
-"""Build a torch model that runs a SliceGPT-sliced Llama, and fill it from a container
+"""Build a torch model that runs a SliceGPT-sliced Llama or OPT, and fill it from a container
 block by block (never holding the decoded model twice).
 
-The model is a transformers LlamaForCausalLM whose decoder layers carry the
-shortcut matrices and parameter-free RMS norms, as TransformerCompression's
-compressed layers do. Written from the architecture, with no dependency on
+The model is a transformers LlamaForCausalLM / OPTForCausalLM whose decoder layers carry
+the shortcut matrices and parameter-free RMS norms, as TransformerCompression's compressed
+layers do, so it runs `generate()`. Written from the architecture, with no dependency on
 TransformerCompression.
 """
 from __future__ import annotations
@@ -130,6 +130,88 @@ def build_sliced_llama(hf_config: dict, slicing_config: dict, dtype: torch.dtype
     return model
 
 
+class SlicedOPTDecoderLayer(nn.Module):
+    """x -> x Q_att + attn(norm(x)) -> h Q_mlp + fc2(act(fc1(norm(h)))); OPT's LayerNorms are
+    parameter-free RMS norms after slicing (their affine parts are fused into the linears)."""
+
+    def __init__(self, config: Any, layer_idx: int, d_in: int, d_attn: int, d_mlp: int, bias: dict[str, bool]) -> None:
+        super().__init__()
+        from transformers.activations import ACT2FN
+        from transformers.models.opt.modeling_opt import OPTAttention
+
+        hidden = config.hidden_size
+        self.self_attn = OPTAttention(config, layer_idx)
+        a = self.self_attn
+        a.q_proj, a.k_proj, a.v_proj = (_linear(d_in, hidden, bias[w]) for w in ("q", "k", "v"))
+        a.out_proj = _linear(hidden, d_attn, bias["o"])
+        self.fc1 = _linear(d_attn, config.ffn_dim, bias["up"])
+        self.fc2 = _linear(config.ffn_dim, d_mlp, bias["down"])
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.self_attn_layer_norm = RMSN(hidden)
+        self.final_layer_norm = RMSN(hidden)
+        self.attn_shortcut_Q = nn.Parameter(torch.empty(d_in, d_attn), requires_grad=False)
+        self.mlp_shortcut_Q = nn.Parameter(torch.empty(d_attn, d_mlp), requires_grad=False)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: Any = None, past_key_values: Any = None, use_cache: Any = False,
+                position_ids: Any = None, **kwargs: Any) -> torch.Tensor:
+        residual = hidden_states
+        h, _ = self.self_attn(hidden_states=self.self_attn_layer_norm(hidden_states), past_key_values=past_key_values,
+                              position_ids=position_ids, attention_mask=attention_mask, **kwargs)
+        h = torch.matmul(residual, self.attn_shortcut_Q.to(residual.dtype)) + h
+        m = self.fc2(self.activation_fn(self.fc1(self.final_layer_norm(h))))
+        return torch.matmul(h, self.mlp_shortcut_Q.to(h.dtype)) + m
+
+
+OPT_BIASES = {"q": "self_attn.q_proj.bias", "k": "self_attn.k_proj.bias", "v": "self_attn.v_proj.bias",
+              "o": "self_attn.out_proj.bias", "up": "fc1.bias", "down": "fc2.bias"}
+
+
+def build_sliced_opt(hf_config: dict, slicing_config: dict, dtype: torch.dtype = torch.float32,
+                     names: Iterable[str] | None = None) -> nn.Module:
+    """An empty sliced OPT with the shapes of `slicing_config`; a bias exists where `names`
+    (the checkpoint's tensor names) has one (all of them when names is None)."""
+    from transformers import OPTConfig, OPTForCausalLM
+    from transformers.models.opt.modeling_opt import OPTLearnedPositionalEmbedding
+
+    have = None if names is None else set(names)
+    cfg = {k: v for k, v in hf_config.items() if k != "quantization_config"}
+    cfg["tie_word_embeddings"] = False
+    config = OPTConfig(**cfg)
+    config._attn_implementation = "sdpa"
+    hidden, n = config.hidden_size, config.num_hidden_layers
+    with torch.device("meta"):
+        model = OPTForCausalLM(config)
+        dec = model.model.decoder
+        d_emb = _dims(slicing_config, "embedding_dimensions", 0, hidden)
+        dec.embed_tokens = nn.Embedding(config.vocab_size, d_emb)
+        dec.embed_positions = OPTLearnedPositionalEmbedding(config.max_position_embeddings, d_emb)
+        layers = []
+        for i in range(n):
+            p = f"model.decoder.layers.{i}."
+            bias = {k: have is None or p + v in have for k, v in OPT_BIASES.items()}
+            layers.append(SlicedOPTDecoderLayer(config, i, _dims(slicing_config, "attention_input_dimensions", i, hidden),
+                                                _dims(slicing_config, "attention_output_dimensions", i, hidden),
+                                                _dims(slicing_config, "mlp_output_dimensions", i, hidden), bias))
+        dec.layers = nn.ModuleList(layers)
+        dec.final_layer_norm = RMSN(hidden)
+        d_head = slicing_config.get("head_dimension") or hidden
+        model.lm_head = nn.Linear(int(d_head), config.vocab_size, bias=have is not None and "lm_head.bias" in have)
+    model = nn.Module.to(model, dtype).to_empty(device="cpu")
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def build_sliced(hf_config: dict, slicing_config: dict, dtype: torch.dtype, names: Iterable[str] | None = None) -> nn.Module:
+    """The sliced model for config.json's model_type: every architecture pack accepts."""
+    kind = hf_config.get("model_type")
+    if kind == "llama":
+        return build_sliced_llama(hf_config, slicing_config, dtype)
+    if kind == "opt":
+        return build_sliced_opt(hf_config, slicing_config, dtype, names)
+    raise UnsupportedModelError(f"load_model supports llama and opt models; this is {kind!r}")
+
+
 def _fill(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], expected: set[str]) -> None:
     params = dict(model.named_parameters())
     for name, t in tensors:
@@ -170,11 +252,12 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
             stem = r.metadata.get("stem", "model")
             hf = json.loads(files["config.json"])
             sc = json.loads(files[f"{stem}.json"])
+            entries = r.tensor_entries()
             if dtype is None:
-                dtype = torch_dtype(_dominant((e.dtype, e.numel * bits_of(e.dtype)) for e in r.tensor_entries().values()))
+                dtype = torch_dtype(_dominant((e.dtype, e.numel * bits_of(e.dtype)) for e in entries.values()))
             # The model is built on a thread of its own while the first blocks decode.
             with ThreadPoolExecutor(1, thread_name_prefix="bbformat-build") as ex:
-                built = ex.submit(build_sliced_llama, hf, sc, dtype)
+                built = ex.submit(build_sliced, hf, sc, dtype, list(entries))
                 blocks = r.iter_blocks("reverse", workers=decode_workers(workers))
                 first = next(blocks, None)
                 model = built.result()
@@ -196,7 +279,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
             sd = ckpt.state_dict
             if dtype is None:
                 dtype = _dominant((t.dtype, t.numel() * t.element_size()) for t in sd.values())
-            model = build_sliced_llama(ckpt.hf_config, ckpt.slicing_config, dtype)
+            model = build_sliced(ckpt.hf_config, ckpt.slicing_config, dtype, list(sd))
             expected = {n for n, _ in model.named_parameters()}
             _fill(model, _released(ckpt), expected)
     if expected:
