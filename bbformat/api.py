@@ -17,7 +17,7 @@ from .codec import rotation as rot
 from .codec.dtypes import RawTensor, bits_of
 from .codec.entropy import ENTROPY_MODES
 from .codec.encoder import EncodedChunk, Moments, SiteReport, canonical_rotation_of, encode_chunk
-from .codec.layout import AxisRef, ModelLayout
+from .codec.layout import AxisRef, ChunkLayout, ModelLayout
 from .codec.program import TensorEntry
 from .compat import legacy_reader_problems
 from .container.digest import content_crc
@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # torch loads only when a torch tensor is made (a fast `impor
 PACK_QUEUE = 1
 # Chunks ahead of the encoder whose canonical directions a second thread computes.
 CANONICAL_AHEAD = 2
+PACK_SCHEMES = ("symmetric", "paper", "none")
 DEFAULT_TOLERANCE = {("paper", "opt"): 0.01, ("paper", "llama"): 0.005}
 FORMAT_VERSION = "1.2"  # what pack writes unless told format_version="1.1"
 
@@ -81,7 +82,7 @@ def pack(
     calibration: str | os.PathLike[str] | torch.Tensor | None = None,
     calibration_samples: int = 16,
     calibration_seqlen: int = 512,
-    entropy: str = "none",
+    entropy: str | None = None,
     format_version: str = FORMAT_VERSION,
 ) -> PackReport:
     """Encode a SliceGPT checkpoint directory (TransformerCompression layout) into `dst`.
@@ -91,9 +92,13 @@ def pack(
     statistics, so the stored rotated model stays closer to the input's function (Llama).
     Decoding is unaffected.
 
-    `entropy` codes each chunk's payload after bits-back (SPEC.md 8.6): "none" (raw, a 1.0
-    file), "zstd", "planes" (byte planes with per-tensor contexts) or "auto" (the smallest
-    per chunk). "planes" and "auto" need a 1.1 reader at least.
+    `entropy` codes each chunk's payload after bits-back (SPEC.md 8.6): "none" (raw), "zstd",
+    "planes" (byte planes with per-tensor contexts) or "auto" (the smallest per chunk).
+    "planes" and "auto" need a 1.1 reader at least. None (the default): "none", or "auto" for
+    scheme "none".
+
+    `scheme` "none" takes no bits back: no rotation, the entropy stage alone, so unpack gives
+    back the input's bits exactly (a 1.2 file).
 
     `format_version` "1.2" (the default) records each chunk's digest of its decoded values,
     and stores explicitly every regenerated value another correct reader could round
@@ -107,12 +112,18 @@ def pack(
     thread count flip a rounding decision rarely, but not never)."""
     from .adapters.tc_layout import read_checkpoint
 
-    if scheme not in ("paper", "symmetric"):
-        raise InputError(f"unknown scheme {scheme!r} (choose 'paper' or 'symmetric')")
+    if scheme not in PACK_SCHEMES:
+        raise InputError(f"unknown scheme {scheme!r} (choose {', '.join(PACK_SCHEMES)})")
+    if entropy is None:
+        entropy = "auto" if scheme == "none" else "none"
     if entropy not in ENTROPY_MODES:
         raise InputError(f"unknown entropy mode {entropy!r} (choose {', '.join(ENTROPY_MODES)})")
     if format_version not in FORMAT_VERSIONS:
         raise InputError(f"unknown format version {format_version!r} (choose {', '.join(FORMAT_VERSIONS)})")
+    if scheme == "none" and format_version != "1.2":
+        raise InputError("scheme 'none' needs format 1.2 (1.1 readers know only the paper and symmetric schemes)")
+    if scheme == "none" and calibration is not None:
+        raise InputError("--calibration rounds rotated weights; scheme 'none' rotates nothing")
     _check_paths(Path(src), Path(dst))
     # Every input check (files, pickle, JSON, config vs tensors, NaN/Inf) happens before the
     # Writer creates anything at dst. The weights are mapped, not read: each block's tensors
@@ -133,7 +144,9 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
                      calibration_samples: int, calibration_seqlen: int, entropy: str, format_version: str = FORMAT_VERSION) -> PackReport:
     from .adapters import plan
 
-    layout = plan(ckpt, scheme)
+    layout = plan(ckpt, "symmetric" if scheme == "none" else scheme)
+    if scheme == "none":  # the same blocks, no rotation sites: every tensor is stored as given
+        layout = ModelLayout(layout.architecture, "none", [ChunkLayout(c.name, c.tensors, ()) for c in layout.chunks])
     if tolerance is None:
         tolerance = DEFAULT_TOLERANCE.get((scheme, layout.architecture), 0.0)
     if not (tolerance >= 0 and np.isfinite(tolerance)):
@@ -180,7 +193,8 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
                 format_version=format_version) as w, \
             ThreadPoolExecutor(1, thread_name_prefix="bbformat-compress") as pool, rot.one_blas_thread():
         queued: deque[Future[None]] = deque()
-        for chunk, enc in _encode_all(layout, get, scheme, tolerance, progress, moments, band=w.mixed_corrections):
+        coding = "symmetric" if scheme == "none" else scheme  # no sites: no mode to choose
+        for chunk, enc in _encode_all(layout, get, coding, tolerance, progress, moments, band=w.mixed_corrections):
             digests.append({n: _digest(t) for n, t in enc.intended.items()})
             crc = content_crc(enc.program, enc.intended) if w.digests else None
             enc.intended = {}

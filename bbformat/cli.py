@@ -88,8 +88,9 @@ def _cmd_pack(a: argparse.Namespace) -> int:
         t = info["totals"]
         print(
             f"wrote {a.out}: {t['container_bytes']:,} B for {t['plain_bytes']:,} B plain "
-            f"({t['saved_pct_of_plain']:.2f}% saved on the weights, {t['saved_pct_of_bound']:.1f}% of the bits-back bound; "
-            f"scheme {rep.scheme}, tolerance {rep.tolerance}{', verified' if a.verify else ''})"
+            f"({t['saved_pct_of_plain']:.2f}% saved on the weights"
+            + (f", {t['saved_pct_of_bound']:.1f}% of the bits-back bound; " if t["gross_bound_bits"] else "; no bits back, ")
+            + f"scheme {rep.scheme}, tolerance {rep.tolerance}{', verified' if a.verify else ''})"
         )
     for w in rep.warnings:
         sys.stderr.write(f"bbformat: warning: {w}\n")
@@ -188,17 +189,19 @@ def build_parser() -> argparse.ArgumentParser:
     pk = sub.add_parser("pack", help="encode a SliceGPT checkpoint directory into a .bb container")
     pk.add_argument("src", help="directory in TransformerCompression layout (<stem>.pt or .safetensors, <stem>.json, config.json)")
     pk.add_argument("out", help="output .bb file (written atomically)")
-    pk.add_argument("--scheme", choices=("symmetric", "paper"), default="symmetric")
+    pk.add_argument("--scheme", choices=("symmetric", "paper", "none"), default="symmetric",
+                    help="symmetric (default): bits back, the stored model is an equivalent rotated one; paper: the paper's "
+                         "Algorithms 1-6; none: no rotation, the entropy stage alone (unpack gives back the input's bits)")
     pk.add_argument("--tolerance", type=float, default=None, help="max error of regenerated values (default: 0 = exact for symmetric; paper: 0.01 OPT, 0.005 Llama)")
     pk.add_argument("--verify", action="store_true", help="decode the result and check it bit for bit against the encoder's intent")
     pk.add_argument("--calibration", default=None, metavar="TEXT",
                     help="UTF-8 text: round rotated tensors with error feedback under the model's input statistics (Llama; needs transformers)")
     pk.add_argument("--calibration-samples", type=int, default=16, metavar="N", help="calibration sequences (default 16)")
     pk.add_argument("--calibration-seqlen", type=int, default=512, metavar="T", help="tokens per calibration sequence (default 512)")
-    pk.add_argument("--entropy", choices=ENTROPY_MODES, default="none",
-                    help="entropy stage on each payload after bits-back (SPEC.md 8.6): none (default; readable by 1.0 readers), "
-                         "zstd, planes (byte planes, exponent byte coded per tensor and context), auto (smallest per chunk; "
-                         "planes and auto write a 1.1 file)")
+    pk.add_argument("--entropy", choices=ENTROPY_MODES, default=None,
+                    help="entropy stage on each payload after bits-back (SPEC.md 8.6): none (the default, except with "
+                         "--scheme none), zstd, planes (byte planes, exponent byte coded per tensor and context), auto "
+                         "(smallest per chunk; the default with --scheme none)")
     pk.add_argument("--format-version", choices=("1.2", "1.1"), default="1.2",
                     help="1.2 (default): every chunk records a digest of its decoded values and the encoder stores every value "
                          "another reader's floating point could round differently, so every conforming reader decodes the same "

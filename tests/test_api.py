@@ -150,3 +150,31 @@ def test_verify_failure_keeps_the_previous_container(tmp_path: Path, monkeypatch
         api.pack(src, dst, scheme="symmetric", tolerance=0.0, verify=True)
     assert dst.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.bb", "src"]
+
+
+def test_scheme_none_gives_back_the_input_bits(tmp_path: Path) -> None:
+    """--scheme none: no rotation, the entropy stage alone; unpack returns every tensor's bytes."""
+    from safetensors.torch import load_file
+
+    from bbformat.adapters.tc_layout import write_checkpoint
+    from bbformat.api import pack, unpack
+    from bbformat.container import records as R
+    from bbformat.errors import InputError
+    from bbformat.reader import Reader
+    from bbformat.testing import make_tiny_checkpoint
+
+    for dtype in ("float16", "bfloat16", "float32"):
+        src = tmp_path / dtype
+        write_checkpoint(make_tiny_checkpoint("llama", seed=6, layers=2, dtype=dtype), src)
+        unpack(pack(src, tmp_path / f"{dtype}.bb", scheme="none", verify=True).path, tmp_path / f"{dtype}_in", fmt="safetensors")
+        with Reader(tmp_path / f"{dtype}.bb") as r:
+            assert r.header.scheme == "none" and R.SCHEME_CODES["none"] == 3
+            assert all(not r.read_program(i).sites for i in range(len(r)))
+            assert {r.read_chunk(i).sections[0]["codec"] for i in range(len(r))} & {1, 2}  # auto: zstd or planes somewhere
+        sd = torch.load(next(src.glob("*.pt")), weights_only=True)
+        back = load_file(str(next((tmp_path / f"{dtype}_in").glob("*.safetensors"))))
+        assert set(back) == set(sd)
+        assert all(back[k].dtype == sd[k].dtype and torch.equal(back[k].contiguous().view(torch.uint8), sd[k].contiguous().view(torch.uint8))
+                   for k in sd)
+    with pytest.raises(InputError, match="needs format 1.2"):
+        pack(src, tmp_path / "x.bb", scheme="none", format_version="1.1")

@@ -26,7 +26,7 @@ INDEX_MAGIC = b"BBIX"
 VERSION_MAJOR = 1
 VERSION_MINOR = 2  # the newest minor this code reads; a writer writes the lowest its file needs
 
-SCHEME_CODES = {"paper": 1, "symmetric": 2}
+SCHEME_CODES = {"paper": 1, "symmetric": 2, "none": 3}  # 3: 1.2, no rotation sites (the entropy stage alone)
 SCHEME_NAMES = {v: k for k, v in SCHEME_CODES.items()}
 
 FLAG_PLANES = 0x1  # 1.1: payloads may use codec 2 (SPEC.md 8.6)
