@@ -15,6 +15,7 @@ from .errors import (
     VerifyError,
 )
 from .inspect import inspect
+from .container.framing import Header
 from .reader import DecodedBlock, Reader, iter_stream
 from .writer import Writer
 
@@ -35,6 +36,7 @@ __all__ = [
     "DecodedBlock",
     "DigestError",
     "FormatError",
+    "Header",
     "InexactWarning",
     "InputError",
     "IntegrityError",

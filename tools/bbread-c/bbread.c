@@ -303,7 +303,8 @@ static void read_container(void)
     bb_required_flags = ld32(hdr + 12);
     if (hdr[21] > 1) fail("E_CODEC", "metadata_codec %u", hdr[21]);
     if (ld16(hdr + 22) != 0) fail("E_RESERVED", "header reserved field not 0");
-    if (hdr[20] != 1 && hdr[20] != 2) fail("E_SCHEME", "scheme %u", hdr[20]);
+    /* 1 paper, 2 symmetric, 3 none (1.2: no sites); informative only, decoding uses each site's flags */
+    if (hdr[20] < 1 || hdr[20] > 3) fail("E_SCHEME", "scheme %u", hdr[20]);
     N = ld32(hdr + 24);
     M = ld32(hdr + 28);
     if (N > 65536) fail("E_LIMIT_COUNT", "chunk_count %u over 65536", N);
