@@ -510,7 +510,7 @@ CODES = {
     "E_VERSION": ("major version not 1 (header or footer), or header and footer versions differ", "§4, §10.2", 3),
     "E_REQUIRED_FLAG": ("a required_flags bit is set that the reader does not know (1.1 defines bit 0, PLANES; 1.2 bits 1, DIGESTS, and 2, MIXED_CORRECTIONS; a 1.1 reader rejects a 1.2 file with either)", "§4", 4),
     "E_RESERVED": ("a reserved field or bit is not zero, including chunk offset 4 in a file without DIGESTS, site flag bits 2-7 and sign bitmap padding", "§1, §4, §5, §5.1, §5.3, §8.3, §10", 5),
-    "E_SCHEME": ("header scheme byte not 1 (paper) or 2 (symmetric)", "§4", 6),
+    "E_SCHEME": ("header scheme byte not 1 (paper), 2 (symmetric) or 3 (none: no sites, since 1.2; a 1.1 reader rejects 3)", "§4", 6),
     "E_CODEC": ("metadata, section, residual-group or planes-group codec not 0 (raw) or 1 (zstd); section codec 2 (planes) except on the payload of a file with PLANES", "§4, §5.3, §8.2, §8.4, §8.6", 7),
     "E_ZSTD": ("a zstd field that is not exactly one valid zstd frame (unparseable header, damaged data, several or skippable frames, bytes after the frame)", "§4.1, §8.2, §8.4", 8),
     "E_METADATA": ("metadata not UTF-8, not JSON, or not a JSON object", "§4.1", 9),
@@ -930,15 +930,22 @@ def no_correction_chunk(scheme: str, D: int, tol: float) -> "tuple[Chk, object]"
     raise GenError(f"no seed without corrections for {scheme} D={D}")
 
 
-def tiny_model(arch: str, scheme: str, seed: int, tol: float | None, dtype: str = "float16", layers: int = 3,
-               format_version: str = "1.1", entropy: str = "none"):  # type: ignore[no-untyped-def]
-    """bbformat.api.pack of a tiny checkpoint: (the file's bytes, pack's report). format_version
-    "1.1" (the default here) is what every vector before 1.2 was written with."""
-    from bbformat.adapters.tc_layout import write_checkpoint
-    from bbformat.api import pack
+def tiny_checkpoint(arch: str, seed: int, dtype: str = "float16", layers: int = 3):  # type: ignore[no-untyped-def]
+    """The tiny checkpoint (bbformat.testing.make_tiny_checkpoint) that tiny_model packs."""
     from bbformat.testing import make_tiny_checkpoint
 
-    ck = make_tiny_checkpoint(arch, seed=seed, layers=layers, hidden=32, heads=4, kv_heads=2, vocab=32, max_positions=16, dtype=dtype)
+    return make_tiny_checkpoint(arch, seed=seed, layers=layers, hidden=32, heads=4, kv_heads=2, vocab=32, max_positions=16, dtype=dtype)
+
+
+def tiny_model(arch: str, scheme: str, seed: int, tol: float | None, dtype: str = "float16", layers: int = 3,
+               format_version: str = "1.1", entropy: str | None = "none"):  # type: ignore[no-untyped-def]
+    """bbformat.api.pack of a tiny checkpoint: (the file's bytes, pack's report). format_version
+    "1.1" (the default here) is what every vector before 1.2 was written with; entropy None is
+    pack's default for the scheme ("auto" for "none")."""
+    from bbformat.adapters.tc_layout import write_checkpoint
+    from bbformat.api import pack
+
+    ck = tiny_checkpoint(arch, seed, dtype, layers)
     with tempfile.TemporaryDirectory() as d:
         write_checkpoint(ck, Path(d) / "m")
         rep = pack(Path(d) / "m", Path(d) / "m.bb", scheme=scheme, tolerance=tol, verify=True, format_version=format_version, entropy=entropy)
@@ -1257,7 +1264,7 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
     # ---- 4 E_REQUIRED_FLAG, 6 E_SCHEME ---------------------------------------------------------
     for bit in (3, 31):  # bit 0 is PLANES since 1.1 (add_planes), bits 1 and 2 DIGESTS and MIXED_CORRECTIONS since 1.2 (add_v12)
         inv(f"x_required_flag_bit{bit}", mod(bs, hdr={"required_flags": 1 << bit}).build(), "§4", f"required_flags bit {bit} set", "E_REQUIRED_FLAG", 4)
-    for sc in (0, 3, 255):
+    for sc in (0, 4, 255):  # 3 is `none` since 1.2 (add_v12: o_scheme_3_with_sites, which was x_scheme_3)
         inv(f"x_scheme_{sc}", mod(bs, scheme=sc).build(), "§4", f"header scheme {sc}", "E_SCHEME", 6)
 
     # ---- 5 E_RESERVED ------------------------------------------------------------------------
@@ -2338,6 +2345,28 @@ def add_v12(S: Suite) -> None:  # noqa: C901 - one list of vectors
             f"pack --entropy planes in format 1.2 (Llama, 2 layers, float16): all three required flags set (PLANES, DIGESTS, "
             f"MIXED_CORRECTIONS); payload codecs {codecs}", since=V)
 
+    # ---- scheme none (header code 3): chunks without sites, the entropy stage alone -------------
+    import torch
+
+    ck = tiny_checkpoint("llama", 23, "float16", layers=2)
+    data, _ = tiny_model("llama", "none", 23, None, "float16", layers=2, format_version="1.2", entropy=None)
+    src = {k: v.contiguous().view(torch.uint8).numpy().tobytes() for k, v in ck.state_dict.items()}
+    got: dict[str, bytes] = {}
+    with Reader(io.BytesIO(data)) as r:
+        assert (r.header.scheme, r.header.required_flags & ~PLANES_FLAG, r.header.minor) == ("none", V12_FLAGS, 2), r.header
+        flags = r.header.required_flags
+        assert all(not r.read_program(i).sites for i in range(len(r))), "pack --scheme none wrote a site"
+        codecs = [r.read_chunk(i).sections[0]["codec"] for i in range(len(r))]
+        for i in range(len(r)):
+            got.update((k, v.tobytes()) for k, v in r.decode_block(i).tensors.items())
+    assert got == src, "pack --scheme none did not give back the checkpoint's bits"
+    assert (2 in codecs) == bool(flags & PLANES_FLAG), (codecs, flags)
+    assert len(data) < 64 << 10, len(data)
+    S.valid("v_scheme_none_pack", data, "§4, §8.6, §12.2",
+            f"bbformat.api.pack --scheme none (format 1.2, entropy auto, its default for the scheme) of a tiny sliced Llama "
+            f"model (2 layers, float16): header scheme 3, required_flags {flags:#x}, no chunk has a site, payload codecs {codecs}; "
+            f"the decoded tensors are the checkpoint's {len(src)} tensors bit for bit", eig=False, since=V)
+
     # ---- sites near rounding boundaries: the encoder's band ---------------------------------
     # float32 anchors with clustered Gram spectra; tolerance > 0 leaves the values that the
     # reference rounds right, and those within the band of a rounding boundary are stored.
@@ -2382,8 +2411,13 @@ def add_v12(S: Suite) -> None:  # noqa: C901 - one list of vectors
             "the chunks of shapes_edge with DIGESTS: scalars, zero-size tensors (which add no bytes to the digest), stored NaN "
             "payloads and signed zeros (digested as stored), and a chunk with no tensors, whose content_crc is 0", eig=False, since=V)
 
-    # ---- 29 E_DIGEST ----------------------------------------------------------------------------
     bs = base_sym()
+    S.optional("o_scheme_3_with_sites", mod(bs, scheme=3).build(), "§4, §11.4",
+               "header scheme 3 (none) in a 1.0 file whose chunks have sites: the scheme disagrees with the sites, which a "
+               "reader MAY reject (the byte is informative only; the reference accepts, decoding follows each site's flags); "
+               "1.0/1.1 readers must reject it (it was x_scheme_3)", "accept", "E_SCHEME")
+
+    # ---- 29 E_DIGEST ----------------------------------------------------------------------------
     S.invalid("x_digest_flag_set_crc_zero", mod(bs, hdr={"required_flags": DIGESTS_FLAG}).build(), "§4, §5.4",
               "required_flags bit 1 (DIGESTS) set, minor 0, in a file written without digests (every content_crc 0): chunk 0 "
               "decodes to tensors whose CRC32C is not 0. Rejected by 1.1 readers as E_REQUIRED_FLAG (it was x_required_flag_bit1)",
