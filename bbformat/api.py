@@ -35,7 +35,8 @@ PACK_QUEUE = 1
 # Chunks ahead of the encoder whose canonical directions a second thread computes.
 CANONICAL_AHEAD = 2
 PACK_SCHEMES = ("symmetric", "paper", "none")
-DEFAULT_TOLERANCE = {("paper", "opt"): 0.01, ("paper", "llama"): 0.005}
+# paper: the paper's OPT / Llama thresholds; Phi-2 (LayerNorm, like OPT) and Phi-3 (RMSNorm, like Llama) by analogy
+DEFAULT_TOLERANCE = {("paper", "opt"): 0.01, ("paper", "llama"): 0.005, ("paper", "phi"): 0.01, ("paper", "phi3"): 0.005}
 FORMAT_VERSION = "1.2"  # what pack writes unless told format_version="1.1"
 
 Progress = Callable[[int, int, str], None]

@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     dm = sub.add_parser("demo", help="run pack/inspect/unpack end to end on a tiny built-in sliced model")
     dm.add_argument("--keep", metavar="DIR", help="keep the model, container and unpacked files in DIR")
     dm.add_argument("--scheme", choices=("symmetric", "paper"), default="symmetric")
-    dm.add_argument("--arch", choices=("llama", "opt"), default="llama")
+    dm.add_argument("--arch", choices=("llama", "opt", "phi2", "phi3"), default="llama")
     dm.add_argument("--layers", type=int, default=4)
     dm.add_argument("--seed", type=int, default=0)
     dm.add_argument("--quiet", action="store_true")

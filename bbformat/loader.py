@@ -1,10 +1,10 @@
-"""Build a torch model that runs a SliceGPT-sliced Llama or OPT, and fill it from a container
-block by block (never holding the decoded model twice).
+"""Build a torch model that runs a SliceGPT-sliced Llama, OPT, Phi-2 or Phi-3, and fill it from
+a container block by block (never holding the decoded model twice).
 
-The model is a transformers LlamaForCausalLM / OPTForCausalLM whose decoder layers carry
-the shortcut matrices and parameter-free RMS norms, as TransformerCompression's compressed
-layers do, so it runs `generate()`. Written from the architecture, with no dependency on
-TransformerCompression.
+The model is a transformers LlamaForCausalLM / OPTForCausalLM / PhiForCausalLM /
+Phi3ForCausalLM whose decoder layers carry the shortcut matrices and parameter-free RMS
+norms, as TransformerCompression's compressed layers do, so it runs `generate()`. Written
+from the architecture, with no dependency on TransformerCompression.
 """
 from __future__ import annotations
 
@@ -202,6 +202,123 @@ def build_sliced_opt(hf_config: dict, slicing_config: dict, dtype: torch.dtype =
     return model
 
 
+class SlicedPhiDecoderLayer(nn.Module):
+    """Phi-2's parallel block after slicing: y = x Q + dense(attn(n)) + fc2(gelu_new(fc1(n))),
+    n = RMSN(x), with the one shortcut attn_shortcut_Q (d_in, d_out); biases everywhere."""
+
+    def __init__(self, config: Any, layer_idx: int, d_in: int, d_out: int) -> None:
+        super().__init__()
+        from transformers.models.phi.modeling_phi import PhiAttention, PhiMLP
+
+        self.self_attn = PhiAttention(config, layer_idx)
+        a = self.self_attn
+        hd, heads, kv = a.head_dim, config.num_attention_heads, config.num_key_value_heads
+        a.q_proj, a.k_proj, a.v_proj = (_linear(d_in, n * hd, True) for n in (heads, kv, kv))
+        a.dense = _linear(heads * hd, d_out, True)
+        self.mlp = PhiMLP(config)
+        self.mlp.fc1 = _linear(d_in, config.intermediate_size, True)
+        self.mlp.fc2 = _linear(config.intermediate_size, d_out, True)
+        self.input_layernorm = RMSN(config.hidden_size)
+        self.attn_shortcut_Q = nn.Parameter(torch.empty(d_in, d_out), requires_grad=False)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: Any = None, position_ids: Any = None,
+                past_key_values: Any = None, use_cache: Any = False, position_embeddings: Any = None, **kwargs: Any) -> torch.Tensor:
+        n = self.input_layernorm(hidden_states)
+        a, _ = self.self_attn(hidden_states=n, attention_mask=attention_mask, position_ids=position_ids,
+                              past_key_values=past_key_values, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+        return a + self.mlp(n) + torch.matmul(hidden_states, self.attn_shortcut_Q.to(hidden_states.dtype))
+
+
+def _config(cls: Any, hf_config: dict) -> Any:
+    """A transformers config from config.json, untied (TC unties the head), sdpa attention."""
+    cfg = {k: v for k, v in hf_config.items() if k != "quantization_config"}
+    cfg["tie_word_embeddings"] = False
+    config = cls(**cfg)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def _finish(model: nn.Module, dtype: torch.dtype, rotary: Any) -> nn.Module:
+    """Allocate a model built on the meta device (cast first: nothing is allocated twice);
+    `rotary()` makes the rotary embedding with real buffers."""
+    model = nn.Module.to(model, dtype).to_empty(device="cpu")
+    model.get_submodule("model").rotary_emb = rotary()
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def build_sliced_phi(hf_config: dict, slicing_config: dict, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """An empty sliced Phi-2 (PhiForCausalLM) with the widths of `slicing_config`: one output
+    width per layer (mlp_output_dimensions), parameter-free norms, the head with its bias."""
+    from transformers import PhiConfig, PhiForCausalLM
+    from transformers.models.phi.modeling_phi import PhiRotaryEmbedding
+
+    if hf_config.get("qk_layernorm"):
+        raise UnsupportedModelError("Phi models with qk_layernorm=true are not supported")
+    config = _config(PhiConfig, hf_config)
+    hidden = config.hidden_size
+    with torch.device("meta"):
+        model = PhiForCausalLM(config)
+        model.model.embed_tokens = nn.Embedding(config.vocab_size, _dims(slicing_config, "embedding_dimensions", 0, hidden))
+        model.model.layers = nn.ModuleList(
+            SlicedPhiDecoderLayer(config, i, _dims(slicing_config, "attention_input_dimensions", i, hidden),
+                                  _dims(slicing_config, "mlp_output_dimensions", i, hidden))
+            for i in range(config.num_hidden_layers))
+        model.model.final_layernorm = RMSN(hidden)
+        model.lm_head = nn.Linear(int(slicing_config.get("head_dimension") or hidden), config.vocab_size, bias=True)
+    return _finish(model, dtype, lambda: PhiRotaryEmbedding(config=config))
+
+
+class SlicedPhi3DecoderLayer(nn.Module):
+    """Phi-3's layer after slicing (Llama's, with fused qkv_proj and gate_up_proj):
+    x -> x Q_att + o_proj(attn(norm(x))) -> h Q_mlp + down_proj(mlp(norm(h)))."""
+
+    def __init__(self, config: Any, layer_idx: int, d_in: int, d_attn: int, d_mlp: int) -> None:
+        super().__init__()
+        from transformers.models.phi3.modeling_phi3 import Phi3Attention, Phi3MLP
+
+        self.self_attn = Phi3Attention(config, layer_idx)
+        a = self.self_attn
+        hd, heads, kv = a.head_dim, config.num_attention_heads, config.num_key_value_heads
+        a.qkv_proj = _linear(d_in, (heads + 2 * kv) * hd, False)
+        a.o_proj = _linear(heads * hd, d_attn, False)
+        self.mlp = Phi3MLP(config)
+        self.mlp.gate_up_proj = _linear(d_attn, 2 * config.intermediate_size, False)
+        self.mlp.down_proj = _linear(config.intermediate_size, d_mlp, False)
+        self.input_layernorm = RMSN(config.hidden_size)
+        self.post_attention_layernorm = RMSN(config.hidden_size)
+        self.attn_shortcut_Q = nn.Parameter(torch.empty(d_in, d_attn), requires_grad=False)
+        self.mlp_shortcut_Q = nn.Parameter(torch.empty(d_attn, d_mlp), requires_grad=False)
+
+    forward = SlicedLlamaDecoderLayer.forward  # the same attributes, the same computation
+
+
+def build_sliced_phi3(hf_config: dict, slicing_config: dict, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """An empty sliced Phi-3 (Phi3ForCausalLM) with the widths of `slicing_config`.
+
+    The sliding window is widened by one: transformers 4.41 (which TransformerCompression
+    pins) and flash-attn's window_size let query i see keys i - sliding_window .. i, newer
+    transformers only i - sliding_window + 1 .. i; this keeps 4.41's (and the model's) mask."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    window = hf_config.get("sliding_window")
+    config = _config(Phi3Config, dict(hf_config, sliding_window=None if window is None else int(window) + 1))
+    hidden = config.hidden_size
+    with torch.device("meta"):
+        model = Phi3ForCausalLM(config)
+        model.model.embed_tokens = nn.Embedding(config.vocab_size, _dims(slicing_config, "embedding_dimensions", 0, hidden))
+        model.model.layers = nn.ModuleList(
+            SlicedPhi3DecoderLayer(config, i, _dims(slicing_config, "attention_input_dimensions", i, hidden),
+                                   _dims(slicing_config, "attention_output_dimensions", i, hidden),
+                                   _dims(slicing_config, "mlp_output_dimensions", i, hidden))
+            for i in range(config.num_hidden_layers))
+        model.model.norm = RMSN(hidden)
+        model.lm_head = nn.Linear(int(slicing_config.get("head_dimension") or hidden), config.vocab_size, bias=False)
+    return _finish(model, dtype, lambda: Phi3RotaryEmbedding(config=config))
+
+
 def build_sliced(hf_config: dict, slicing_config: dict, dtype: torch.dtype, names: Iterable[str] | None = None) -> nn.Module:
     """The sliced model for config.json's model_type: every architecture pack accepts."""
     kind = hf_config.get("model_type")
@@ -209,7 +326,11 @@ def build_sliced(hf_config: dict, slicing_config: dict, dtype: torch.dtype, name
         return build_sliced_llama(hf_config, slicing_config, dtype)
     if kind == "opt":
         return build_sliced_opt(hf_config, slicing_config, dtype, names)
-    raise UnsupportedModelError(f"load_model supports llama and opt models; this is {kind!r}")
+    if kind == "phi":
+        return build_sliced_phi(hf_config, slicing_config, dtype)
+    if kind == "phi3":
+        return build_sliced_phi3(hf_config, slicing_config, dtype)
+    raise UnsupportedModelError(f"load_model supports llama, opt, phi (Phi-2) and phi3 models; this is {kind!r}")
 
 
 def _fill(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], expected: set[str]) -> None:

@@ -224,6 +224,8 @@ def test_values_outside_the_band_round_the_same_when_moved_less_than_their_dista
         return
     for sign in (1.0, -1.0):
         moved = x + sign * frac * d
+        if not abs(moved - x) < d:  # the float64 sum rounded the move up to the distance (subnormal x)
+            continue
         assert f64_to_bits(np.array([moved]), dtype)[0] == f64_to_bits(np.array([x]), dtype)[0]
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write a tiny random SliceGPT-sliced model in TransformerCompression's layout.
 
-    python tools/make_tiny.py OUT_DIR [--arch llama|opt] [--seed N] [--layers N] [--hidden N]
+    python tools/make_tiny.py OUT_DIR [--arch llama|opt|phi2|phi3] [--seed N] [--layers N] [--hidden N]
                               [--heads N] [--kv-heads N] [--intermediate N] [--vocab N]
                               [--dims D | --dims D0,D1,...] [--dtype float16|bfloat16|float32]
                               [--slice-head] [--format pt|safetensors]
@@ -32,15 +32,15 @@ def _dims(text: str | None) -> int | list[int] | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path, help="output directory")
-    p.add_argument("--arch", choices=("llama", "opt"), default="llama")
+    p.add_argument("--arch", choices=("llama", "opt", "phi2", "phi3"), default="llama")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=2, help="Llama key/value heads (GQA)")
+    p.add_argument("--kv-heads", type=int, default=2, help="Llama / Phi-3 key/value heads (GQA)")
     p.add_argument("--intermediate", type=int, default=None, help="MLP width (default 2 * hidden)")
     p.add_argument("--vocab", type=int, default=128)
-    p.add_argument("--dims", default=None, help="one width for all (const), or 2*layers+1 comma-separated residual widths")
+    p.add_argument("--dims", default=None, help="one width for all (const), or 2*layers+1 comma-separated residual widths (phi2: layers+1)")
     p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
     p.add_argument("--slice-head", action="store_true", help="slice the head too (do_slice_head)")
     p.add_argument("--format", choices=("pt", "safetensors"), default="pt")

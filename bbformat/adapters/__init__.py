@@ -5,15 +5,17 @@ from typing import Any, Callable
 
 from ..codec.layout import ModelLayout
 from ..errors import InputError, UnsupportedModelError
-from . import llama, opt
+from . import llama, opt, phi2, phi3
 from .tc_layout import Checkpoint
 
-PLANNERS: dict[str, Callable[[Checkpoint, str], ModelLayout]] = {"llama": llama.plan, "opt": opt.plan}
+PLANNERS: dict[str, Callable[[Checkpoint, str], ModelLayout]] = {
+    "llama": llama.plan, "opt": opt.plan, "phi": phi2.plan, "phi3": phi3.plan,
+}
 SCHEMES = ("paper", "symmetric")
 
 
 def detect(hf_config: dict[str, Any]) -> str:
-    """'llama' or 'opt' from config.json's model_type; anything else is refused."""
+    """config.json's model_type ('llama', 'opt', 'phi' for Phi-2, 'phi3'); anything else is refused."""
     mt = hf_config.get("model_type") if isinstance(hf_config, dict) else None
     if isinstance(mt, str) and mt in PLANNERS:
         return mt

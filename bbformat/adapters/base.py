@@ -28,14 +28,15 @@ class Names:
     head: str
     head_bias: str | None
     layer: str  # format string with {i}
-    q: str
-    k: str
-    v: str
+    attn_in: tuple[str, ...]  # attention input projections in push order: (q, k, v) or (qkv,)
     o: str
-    up: tuple[str, ...]  # MLP input projections in push order: (up, gate) or (fc1,)
+    up: tuple[str, ...]  # MLP input projections in push order: (up, gate), (fc1,) or (gate_up,)
     down: str
     attn_q: str = "attn_shortcut_Q"
-    mlp_q: str = "mlp_shortcut_Q"
+    mlp_q: str = "mlp_shortcut_Q"  # unused when parallel
+    # attention and MLP read the same normed input and both write the layer's output, with one
+    # shortcut (attn_q) per layer (Phi-2)
+    parallel: bool = False
     # norm parameters TC never leaves (RMSN is parameter-free); tolerated only as identities
     layer_norms: tuple[str, ...] = ()
     final_norms: tuple[str, ...] = ()
@@ -79,7 +80,7 @@ def check_layer_count(sd: Mapping[str, torch.Tensor], names: Names, n_layers: in
     """config.json's num_hidden_layers against the layers the state dict holds (before anything
     is sized by the config, so an absurd layer count costs nothing)."""
     rx = _layer_re(names)
-    known = {names.q, names.k, names.v, names.o, *names.up, names.down, names.attn_q, names.mlp_q, *names.biases.values()}
+    known = {*names.attn_in, names.o, *names.up, names.down, names.attn_q, names.mlp_q, *names.biases.values()}
     top: tuple[int, str] | None = None
     for k in sd:
         m = rx.match(k)  # only a layer's own tensors count; other stray keys are "unexpected" later
@@ -114,12 +115,32 @@ def _dim_map(sc: dict, key: str, n: int, default: int | None) -> list[int]:
     return out
 
 
-def slicing_dims(ckpt: Checkpoint, n_layers: int, hidden: int, n_embeddings: int = 1) -> Dims:
-    """Per-layer residual widths from the SlicingConfig, checked to chain as TC slices them."""
+def _check_block_kind(sc: dict, parallel: bool) -> None:
+    """SlicingConfig's parallel_blocks must match the architecture (absent: either)."""
+    said = config_bool(sc, "parallel_blocks", "SlicingConfig")
+    if said is True and not parallel:
+        raise UnsupportedModelError("SlicingConfig says parallel_blocks=true (Phi-2 style layers), but this "
+                                    "architecture's layers are sequential")
+    if said is False and parallel:
+        raise UnsupportedModelError("SlicingConfig says parallel_blocks=false, but this architecture's layers are "
+                                    "parallel (TransformerCompression writes true for them)")
+
+
+def _parallel_inner(sc: dict, d_in: list[int], d_out: list[int]) -> tuple[list[int], list[int]]:
+    """(attention output, MLP input) widths of parallel blocks: the layer's output and input
+    widths. TC records neither (both {}); entries that are present must agree."""
+    for key, want, what in (("attention_output_dimensions", d_out, "mlp_output"), ("mlp_input_dimensions", d_in, "attention_input")):
+        if sc.get(key) and _dim_map(sc, key, len(want), None) != want:
+            raise UnsupportedModelError(f"SlicingConfig {key} of a parallel-block model must equal its {what}_dimensions")
+    return list(d_out), list(d_in)
+
+
+def slicing_dims(ckpt: Checkpoint, n_layers: int, hidden: int, n_embeddings: int = 1, parallel: bool = False) -> Dims:
+    """Per-layer residual widths from the SlicingConfig, checked to chain as TC slices them.
+    Parallel blocks have one output width per layer, reported as both d_attn and d_mlp."""
     sc = ckpt.slicing_config
     config_bool(sc, "do_slice_head", "SlicingConfig")
-    if config_bool(sc, "parallel_blocks", "SlicingConfig"):
-        raise UnsupportedModelError("parallel-block (Phi-2 style) models are not supported")
+    _check_block_kind(sc, parallel)
     if sc.get("hidden_size") not in (None, 0, hidden):
         raise UnsupportedModelError(f"SlicingConfig hidden_size {sc['hidden_size']} differs from config.json's {hidden}")
     if sc.get("layers_num") not in (None, 0, n_layers):
@@ -135,18 +156,21 @@ def slicing_dims(ckpt: Checkpoint, n_layers: int, hidden: int, n_embeddings: int
         if v is not None and _int(v, f"embedding_dimensions[{j}]") != emb:
             raise UnsupportedModelError(f"SlicingConfig embedding_dimensions differ between embeddings ({emb} vs {v})")
     d_in = _dim_map(sc, "attention_input_dimensions", n_layers, const)
-    d_attn = _dim_map(sc, "attention_output_dimensions", n_layers, const)
-    d_mlp_in = _dim_map(sc, "mlp_input_dimensions", n_layers, const)
+    if not parallel:
+        d_attn = _dim_map(sc, "attention_output_dimensions", n_layers, const)
+        d_mlp_in = _dim_map(sc, "mlp_input_dimensions", n_layers, const)
     d_mlp = _dim_map(sc, "mlp_output_dimensions", n_layers, const)
     head = sc.get("head_dimension")
     head = (const if slice_head and const else hidden) if head is None else _int(head, "head_dimension")
     if n_layers and not sc.get("mlp_output_dimensions"):
         d_mlp[-1] = head  # TC's scheduler: the last layer writes the head's width
+    if parallel:
+        d_attn, d_mlp_in = _parallel_inner(sc, d_in, d_mlp)
     if not slice_head and head != hidden:
         raise UnsupportedModelError(f"SlicingConfig head_dimension {head} with do_slice_head=false must be hidden_size {hidden}")
     for i in range(n_layers):
         prev = emb if i == 0 else d_mlp[i - 1]
-        if d_in[i] != prev or d_mlp_in[i] != d_attn[i]:
+        if d_in[i] != prev or (not parallel and d_mlp_in[i] != d_attn[i]):
             raise UnsupportedModelError(f"SlicingConfig dimensions of layer {i} do not chain ({prev} -> {d_in[i]}, {d_attn[i]} -> {d_mlp_in[i]})")
     if (d_mlp[-1] if n_layers else emb) != head:
         raise UnsupportedModelError("SlicingConfig head_dimension differs from the last layer's output")
@@ -269,43 +293,66 @@ def add_optional_biases(expected: dict[str, tuple[int, ...]], sd: Mapping[str, t
             expected[p + rel] = shapes[role]
 
 
+@dataclass(frozen=True)
+class _Layers:
+    """Tensor names, push orders and rotation sites of the decoder layers (for build_layout)."""
+
+    names: Names
+    n_layers: int
+    dims: Dims
+    present: frozenset[str]
+
+    def name(self, i: int, rel: str) -> str:
+        return self.names.layer.format(i=i) + rel
+
+    def bias(self, i: int, role: str) -> list[str]:
+        rel = self.names.biases.get(role)
+        return [self.name(i, rel)] if rel is not None and self.name(i, rel) in self.present else []
+
+    def readers(self, i: int) -> list[AxisRef]:
+        """Axes that read the residual stream entering layer i (or the head)."""
+        if i >= self.n_layers:
+            return [AxisRef(self.names.head, 1)]
+        n = self.names
+        refs = [AxisRef(self.name(i, n.attn_q), 0)] + [AxisRef(self.name(i, w), 1) for w in n.attn_in]
+        if n.parallel:  # the MLP reads the same normed input as attention
+            refs += [AxisRef(self.name(i, u), 1) for u in n.up]
+        return refs
+
+    def sites(self, i: int) -> tuple[SiteSpec, ...]:
+        n, L = self.names, self.name
+        if n.parallel:  # one stream, written by attention's output (the anchor) and the MLP's, and the shortcut
+            f = [AxisRef(x, 0) for x in self.bias(i, "o")] + [AxisRef(L(i, n.down), 0)]
+            f += [AxisRef(x, 0) for x in self.bias(i, "down")] + [AxisRef(L(i, n.attn_q), 1)] + self.readers(i + 1)
+            return (SiteSpec(f"layers.{i}.out", self.dims.d_mlp[i], AxisRef(L(i, n.o), 0), tuple(f)),)
+        attn_f = [AxisRef(x, 0) for x in self.bias(i, "o")] + [AxisRef(L(i, n.attn_q), 1), AxisRef(L(i, n.mlp_q), 0)]
+        attn_f += [AxisRef(L(i, u), 1) for u in n.up]
+        mlp_f = [AxisRef(x, 0) for x in self.bias(i, "down")] + [AxisRef(L(i, n.mlp_q), 1)] + self.readers(i + 1)
+        return (SiteSpec(f"layers.{i}.attn", self.dims.d_attn[i], AxisRef(L(i, n.o), 0), tuple(attn_f)),
+                SiteSpec(f"layers.{i}.mlp", self.dims.d_mlp[i], AxisRef(L(i, n.down), 0), tuple(mlp_f)))
+
+    def tensors(self, i: int, scheme: str) -> list[str]:
+        """Layer i's tensors in push order: in `paper` Algorithm 5's (the attention shortcut
+        first); in `symmetric` the layer's readers first, the shortcuts last."""
+        n, L, b = self.names, self.name, self.bias
+        qkv = [L(i, w) for w in n.attn_in] + b(i, "q") + b(i, "k") + b(i, "v")
+        o = [L(i, n.o)] + b(i, "o")
+        up = [L(i, u) for u in n.up] + [x for role in ("up", "gate") for x in b(i, role)]
+        down = [L(i, n.down)] + b(i, "down")
+        attn_q = [L(i, n.attn_q)]
+        if n.parallel:
+            return attn_q + qkv + up + down + o if scheme == "paper" else qkv + up + o + down + attn_q
+        mlp_q = [L(i, n.mlp_q)]
+        if scheme == "paper":
+            return attn_q + qkv + o + mlp_q + up + down
+        return qkv + o + attn_q + up + down + mlp_q
+
+
 def build_layout(arch: str, scheme: str, names: Names, n_layers: int, dims: Dims, present: set[str], extras: Extras) -> ModelLayout:
     """Chunks and sites of both schemes; every key of the state dict lands in exactly one chunk."""
-    L = lambda i, s: names.layer.format(i=i) + s  # noqa: E731
-
-    def b(i: int, role: str) -> list[str]:
-        rel = names.biases.get(role)
-        return [L(i, rel)] if rel is not None and L(i, rel) in present else []
-
-    def readers(i: int) -> list[AxisRef]:
-        """Axes that read the residual stream entering layer i (or the head)."""
-        if i < n_layers:
-            return [AxisRef(L(i, names.attn_q), 0)] + [AxisRef(L(i, w), 1) for w in (names.q, names.k, names.v)]
-        return [AxisRef(names.head, 1)]
-
-    embed_f = ([AxisRef(names.positions, 1)] if names.positions else []) + readers(0)
+    lay = _Layers(names, n_layers, dims, frozenset(present))
+    embed_f = ([AxisRef(names.positions, 1)] if names.positions else []) + lay.readers(0)
     embed_site = SiteSpec("embed", dims.emb, AxisRef(names.embed, 1), tuple(embed_f))
-    layer_sites: list[tuple[SiteSpec, SiteSpec]] = []
-    for i in range(n_layers):
-        attn_f = [AxisRef(x, 0) for x in b(i, "o")] + [AxisRef(L(i, names.attn_q), 1), AxisRef(L(i, names.mlp_q), 0)]
-        attn_f += [AxisRef(L(i, u), 1) for u in names.up]
-        mlp_f = [AxisRef(x, 0) for x in b(i, "down")] + [AxisRef(L(i, names.mlp_q), 1)] + readers(i + 1)
-        layer_sites.append((
-            SiteSpec(f"layers.{i}.attn", dims.d_attn[i], AxisRef(L(i, names.o), 0), tuple(attn_f)),
-            SiteSpec(f"layers.{i}.mlp", dims.d_mlp[i], AxisRef(L(i, names.down), 0), tuple(mlp_f)),
-        ))
-
-    def layer_tensors(i: int) -> list[str]:
-        qkv = [L(i, w) for w in (names.q, names.k, names.v)]
-        qkv_b = b(i, "q") + b(i, "k") + b(i, "v")
-        o = [L(i, names.o)] + b(i, "o")
-        up = [L(i, u) for u in names.up] + [x for role in ("up", "gate") for x in b(i, role)]
-        down = [L(i, names.down)] + b(i, "down")
-        other = extras.layers.get(i, [])
-        if scheme == "paper":  # Algorithm 5's order
-            return other + [L(i, names.attn_q)] + qkv + qkv_b + o + [L(i, names.mlp_q)] + up + down
-        return other + qkv + qkv_b + o + [L(i, names.attn_q)] + up + down + [L(i, names.mlp_q)]
-
     head = [names.head] + ([names.head_bias] if names.head_bias and names.head_bias in present else []) + extras.top
     emb = [names.embed] + ([names.positions] if names.positions else [])
     chunks: list[ChunkLayout] = []
@@ -314,7 +361,7 @@ def build_layout(arch: str, scheme: str, names: Names, n_layers: int, dims: Dims
     else:
         chunks.append(ChunkLayout("embed", tuple(emb), (embed_site,)))
     for i in range(n_layers):
-        chunks.append(ChunkLayout(f"layers.{i}", tuple(layer_tensors(i)), layer_sites[i]))
+        chunks.append(ChunkLayout(f"layers.{i}", tuple(extras.layers.get(i, []) + lay.tensors(i, scheme)), lay.sites(i)))
     if scheme != "paper":
         chunks.append(ChunkLayout("head", tuple(head), ()))
     all_names = [t for c in chunks for t in c.tensors]

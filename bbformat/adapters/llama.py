@@ -8,7 +8,7 @@ from .tc_layout import Checkpoint
 
 NAMES = Names(
     embed="model.embed_tokens.weight", positions=None, head="lm_head.weight", head_bias=None, layer="model.layers.{i}.",
-    q="self_attn.q_proj.weight", k="self_attn.k_proj.weight", v="self_attn.v_proj.weight", o="self_attn.o_proj.weight",
+    attn_in=("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"), o="self_attn.o_proj.weight",
     up=("mlp.up_proj.weight", "mlp.gate_proj.weight"), down="mlp.down_proj.weight",
     layer_norms=("input_layernorm.weight", "post_attention_layernorm.weight"), final_norms=("model.norm.weight",),
     biases={"q": "self_attn.q_proj.bias", "k": "self_attn.k_proj.bias", "v": "self_attn.v_proj.bias",
@@ -36,9 +36,8 @@ def plan(ckpt: Checkpoint, scheme: str) -> ModelLayout:
     exp: dict[str, tuple[int, ...]] = {NAMES.embed: (vocab, d.emb), NAMES.head: (vocab, d.head)}
     for i in range(n):
         p = NAMES.layer.format(i=i)
-        exp[p + NAMES.q] = (heads * hd, d.d_in[i])
-        exp[p + NAMES.k] = (kv * hd, d.d_in[i])
-        exp[p + NAMES.v] = (kv * hd, d.d_in[i])
+        for w, rows in zip(NAMES.attn_in, (heads * hd, kv * hd, kv * hd)):
+            exp[p + w] = (rows, d.d_in[i])
         exp[p + NAMES.o] = (d.d_attn[i], heads * hd)
         for u in NAMES.up:
             exp[p + u] = (ffn, d.d_attn[i])

@@ -9,7 +9,7 @@ from .tc_layout import Checkpoint
 NAMES = Names(
     embed="model.decoder.embed_tokens.weight", positions="model.decoder.embed_positions.weight", head="lm_head.weight",
     head_bias="lm_head.bias", layer="model.decoder.layers.{i}.",
-    q="self_attn.q_proj.weight", k="self_attn.k_proj.weight", v="self_attn.v_proj.weight", o="self_attn.out_proj.weight",
+    attn_in=("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"), o="self_attn.out_proj.weight",
     up=("fc1.weight",), down="fc2.weight",
     layer_norms=("self_attn_layer_norm.weight", "self_attn_layer_norm.bias", "final_layer_norm.weight", "final_layer_norm.bias"),
     final_norms=("model.decoder.final_layer_norm.weight", "model.decoder.final_layer_norm.bias"),
@@ -44,7 +44,7 @@ def plan(ckpt: Checkpoint, scheme: str) -> ModelLayout:
         exp[NAMES.head_bias] = (vocab,)  # type: ignore[index]
     for i in range(n):
         p = NAMES.layer.format(i=i)
-        for w in (NAMES.q, NAMES.k, NAMES.v):
+        for w in NAMES.attn_in:
             exp[p + w] = (hidden, d.d_in[i])
         exp[p + NAMES.o] = (d.d_attn[i], hidden)
         exp[p + NAMES.up[0]] = (ffn, d.d_attn[i])

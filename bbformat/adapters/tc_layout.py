@@ -2,7 +2,7 @@
 
 What microsoft/TransformerCompression (TC) writes, from its sources (experiments/run_slicegpt.py,
 src/slicegpt/{rotate,layernorm_fusion,model_adapter,slicing_scheduler,hf_utils,modules}.py and
-adapters/{llama,opt}_adapter.py); we copy no code, only the layout:
+adapters/{llama,opt,phi2,phi3}_adapter.py); we copy no code, only the layout:
 
 * Files. `run_slicegpt.py --save-dir DIR` writes `DIR/<stem>.pt` with
   `torch.save(model.state_dict(), ...)`, where stem = f"{Path(args.model).name}_{args.sparsity}"
@@ -22,7 +22,9 @@ adapters/{llama,opt}_adapter.py); we copy no code, only the layout:
   embedding_dimensions has one entry per embedding module (Llama {"0": d}; OPT {"0": d, "1": d}:
   tokens and positions). Sequential models: attention_input[i] = embedding[0] (i = 0) or
   mlp_output[i-1]; mlp_input[i] = attention_output[i]; mlp_output[L-1] = head_dimension = hidden
-  unless do_slice_head. parallel_blocks=True (phi-2) has one shortcut per layer; we refuse it.
+  unless do_slice_head. parallel_blocks=true (Phi-2) has one shortcut per layer and records
+  only embedding, attention_input, mlp_output and head dimensions (attention_output and
+  mlp_input stay {}: they are the layer's output and input widths).
 * State dict. Norms: fuse_modules folds every norm's weight (and LayerNorm bias) into the next
   linears, bakes OPT's mean subtraction into embeddings / out_proj / fc2, then replaces every
   LlamaRMSNorm / nn.LayerNorm by the parameter-free RMSN(mean_dim = hidden_size, eps 1e-5; it
@@ -40,6 +42,15 @@ adapters/{llama,opt}_adapter.py); we copy no code, only the layout:
     .self_attn.{k,v,q}_proj.{weight (D, d_in), bias (D,)}, .self_attn.out_proj.{weight (d_attn, D),
     bias (d_attn,)}, .fc1.{weight (F, d_attn), bias (F,)}, .fc2.{weight (d_mlp, F), bias (d_mlp,)};
     lm_head.weight (V, d_head), lm_head.bias (V,).
+  Phi-2 keys (model_type "phi"; LayerNorms fused as OPT's, mean baked into dense and fc2):
+    model.embed_tokens.weight; model.layers.i.attn_shortcut_Q (d_in, d_out) (no mlp_shortcut_Q),
+    .self_attn.{q,k,v}_proj.{weight (H*hd | KV*hd, d_in), bias}, .self_attn.dense.{weight (d_out, H*hd),
+    bias (d_out,)}, .mlp.fc1.{weight (I, d_in), bias}, .mlp.fc2.{weight (d_out, I), bias (d_out,)};
+    lm_head.weight (V, d_head), lm_head.bias (V,). Layer: y = x Q + dense(attn(n)) + fc2(gelu_new(fc1(n))), n = RMSN(x).
+  Phi-3 keys (model_type "phi3"; sequential, as Llama): model.embed_tokens.weight;
+    model.layers.i.{mlp_shortcut_Q, attn_shortcut_Q}, .self_attn.o_proj.weight (d_attn, H*hd),
+    .self_attn.qkv_proj.weight ((H + 2 KV) hd, d_in; rows q | k | v), .mlp.gate_up_proj.weight
+    (2 I, d_attn; rows gate | up), .mlp.down_proj.weight (d_mlp, I); lm_head.weight (V, d_head).
   Sliced weights are views (`W.data = W.data[:, :d]`), so TC's .pt keeps unsliced storages.
 * Forward of a compressed layer (row vectors x of width d_in):
     h = x @ attn_shortcut_Q + o_proj(attn(RMSN(x)));  y = h @ mlp_shortcut_Q + mlp(RMSN(h)).

@@ -1,0 +1,65 @@
+"""Phi-3 (config.json model_type "phi3": fused qkv_proj and gate_up_proj, RMSNorm, SiLU
+gating, no biases, untied head) after SliceGPT.
+
+TransformerCompression's phi3 adapter treats the layer as sequential, exactly like Llama:
+both RMSNorm scales are folded into qkv_proj / gate_up_proj (and the final one into
+lm_head), the norms become the parameter-free RMSN, and each layer gets both shortcuts:
+
+    h = x @ attn_shortcut_Q + o_proj(attn(RMSN(x)));  y = h @ mlp_shortcut_Q + down_proj(mlp(RMSN(h)))
+    mlp(z) = up * silu(gate),  (gate, up) = the two halves of gate_up_proj(z)
+
+The fused projections change nothing about the symmetries: a residual-stream rotation acts
+on the input columns of a linear, and qkv_proj (rows q | k | v) and gate_up_proj (rows
+gate | up) are single linears reading the stream, so each is one follower (axis 1) where
+Llama has three (q, k, v) or two (up, gate). Per layer, as for Llama:
+
+    layers.{i}.attn  anchor self_attn.o_proj.weight (axis 0); followers attn_shortcut_Q (axis 1),
+                     mlp_shortcut_Q (axis 0), mlp.gate_up_proj.weight (axis 1)
+    layers.{i}.mlp   anchor mlp.down_proj.weight (axis 0); followers mlp_shortcut_Q (axis 1), then
+                     layer i+1's attn_shortcut_Q (axis 0) and self_attn.qkv_proj.weight (axis 1)
+                     (or lm_head.weight, axis 1)
+    embed            anchor model.embed_tokens.weight (axis 1); followers layer 0's readers
+"""
+from __future__ import annotations
+
+from ..codec.layout import ModelLayout
+from ..errors import UnsupportedModelError
+from .base import Names, build_layout, check_layer_count, check_state_dict, config_bool, config_int, slicing_dims
+from .tc_layout import Checkpoint
+
+NAMES = Names(
+    embed="model.embed_tokens.weight", positions=None, head="lm_head.weight", head_bias=None, layer="model.layers.{i}.",
+    attn_in=("self_attn.qkv_proj.weight",), o="self_attn.o_proj.weight",
+    up=("mlp.gate_up_proj.weight",), down="mlp.down_proj.weight",
+    layer_norms=("input_layernorm.weight", "post_attention_layernorm.weight"), final_norms=("model.norm.weight",),
+)
+
+
+def shapes(hf: dict) -> tuple[int, int, int, int, int, int, int]:
+    """(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab) from config.json."""
+    hidden, n, heads = config_int(hf, "hidden_size"), config_int(hf, "num_hidden_layers"), config_int(hf, "num_attention_heads")
+    kv = config_int(hf, "num_key_value_heads", heads)
+    hd = config_int(hf, "head_dim", max(1, hidden // heads))
+    ffn, vocab = config_int(hf, "intermediate_size"), config_int(hf, "vocab_size")
+    if heads % kv:
+        raise UnsupportedModelError(f"config.json has inconsistent Phi-3 sizes (heads {heads}, kv heads {kv})")
+    return hidden, n, heads, kv, hd, ffn, vocab
+
+
+def plan(ckpt: Checkpoint, scheme: str) -> ModelLayout:
+    hidden, n, heads, kv, hd, ffn, vocab = shapes(ckpt.hf_config)
+    sd = ckpt.state_dict
+    tied = config_bool(ckpt.hf_config, "tie_word_embeddings", "config.json")
+    check_layer_count(sd, NAMES, n)
+    d = slicing_dims(ckpt, n, hidden)
+    exp: dict[str, tuple[int, ...]] = {NAMES.embed: (vocab, d.emb), NAMES.head: (vocab, d.head)}
+    for i in range(n):
+        p = NAMES.layer.format(i=i)
+        exp[p + NAMES.attn_in[0]] = ((heads + 2 * kv) * hd, d.d_in[i])
+        exp[p + NAMES.o] = (d.d_attn[i], heads * hd)
+        exp[p + NAMES.up[0]] = (2 * ffn, d.d_attn[i])
+        exp[p + NAMES.down] = (d.d_mlp[i], ffn)
+        exp[p + NAMES.attn_q] = (d.d_in[i], d.d_attn[i])
+        exp[p + NAMES.mlp_q] = (d.d_attn[i], d.d_mlp[i])
+    extras = check_state_dict(sd, exp, NAMES, n, tied)
+    return build_layout("phi3", scheme, NAMES, n, d, set(sd), extras)
