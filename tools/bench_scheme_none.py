@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         text = section(measure(a.src, a.work or Path(tmp)), [str(a.src)])
     print(text)
     if a.report is not None:
-        replace_section(a.report, text)
+        replace_section(a.report, text, SECTION)
     return 0
 
 

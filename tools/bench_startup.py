@@ -65,10 +65,11 @@ def section(rows: list[tuple[str, float]], repeats: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def replace_section(report: Path, text: str) -> None:
+def replace_section(report: Path, text: str, heading: str = SECTION) -> None:
+    """Replace the section `heading` of the markdown file by `text` (which starts with it), or append it."""
     old = report.read_text() if report.exists() else ""
-    if SECTION in old:
-        head, rest = old.split(SECTION, 1)
+    if heading in old:
+        head, rest = old.split(heading, 1)
         nxt = rest.find("\n## ")
         new = head + text + (rest[nxt + 1 :] if nxt >= 0 else "")
     else:
