@@ -16,14 +16,15 @@ NAMES = Names(
 )
 
 
-def shapes(hf: dict) -> tuple[int, int, int, int, int, int, int]:
-    """(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab) from config.json."""
+def shapes(hf: dict, arch: str = "Llama") -> tuple[int, int, int, int, int, int, int]:
+    """(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab) from config.json (Llama's
+    fields, which Phi-3 shares)."""
     hidden, n, heads = config_int(hf, "hidden_size"), config_int(hf, "num_hidden_layers"), config_int(hf, "num_attention_heads")
     kv = config_int(hf, "num_key_value_heads", heads)
     hd = config_int(hf, "head_dim", max(1, hidden // heads))
     ffn, vocab = config_int(hf, "intermediate_size"), config_int(hf, "vocab_size")
     if heads % kv:
-        raise UnsupportedModelError(f"config.json has inconsistent Llama sizes (heads {heads}, kv heads {kv})")
+        raise UnsupportedModelError(f"config.json has inconsistent {arch} sizes (heads {heads}, kv heads {kv})")
     return hidden, n, heads, kv, hd, ffn, vocab
 
 

@@ -23,8 +23,8 @@ Llama has three (q, k, v) or two (up, gate). Per layer, as for Llama:
 from __future__ import annotations
 
 from ..codec.layout import ModelLayout
-from ..errors import UnsupportedModelError
-from .base import Names, build_layout, check_layer_count, check_state_dict, config_bool, config_int, slicing_dims
+from . import llama
+from .base import Names, build_layout, check_layer_count, check_state_dict, config_bool, slicing_dims
 from .tc_layout import Checkpoint
 
 NAMES = Names(
@@ -36,14 +36,8 @@ NAMES = Names(
 
 
 def shapes(hf: dict) -> tuple[int, int, int, int, int, int, int]:
-    """(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab) from config.json."""
-    hidden, n, heads = config_int(hf, "hidden_size"), config_int(hf, "num_hidden_layers"), config_int(hf, "num_attention_heads")
-    kv = config_int(hf, "num_key_value_heads", heads)
-    hd = config_int(hf, "head_dim", max(1, hidden // heads))
-    ffn, vocab = config_int(hf, "intermediate_size"), config_int(hf, "vocab_size")
-    if heads % kv:
-        raise UnsupportedModelError(f"config.json has inconsistent Phi-3 sizes (heads {heads}, kv heads {kv})")
-    return hidden, n, heads, kv, hd, ffn, vocab
+    """(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab): Llama's config fields."""
+    return llama.shapes(hf, "Phi-3")
 
 
 def plan(ckpt: Checkpoint, scheme: str) -> ModelLayout:
