@@ -299,15 +299,6 @@ class SiteFix:
 
 
 @dataclass
-class _Alternative:
-    """A second eigensolver's view of one site, for the band."""
-
-    x: np.ndarray  # its regenerated block, float64
-    x_floor: float
-    anchor_delta: float = 0.0
-
-
-@dataclass
 class SimulatingCorrector:
     """The encoder's stand-in for stored side information: it knows the truth. With band=True
     it also stores every value another correct reader could round differently (codec/band.py),
@@ -321,7 +312,10 @@ class SimulatingCorrector:
     band: bool = False
     fixes: dict[int, SiteFix] = field(default_factory=dict)
     unsafe: dict[int, str] = field(default_factory=dict)
-    _alt: dict[int, _Alternative] = field(default_factory=dict)
+    # per site, from the second eigensolver: (its regenerated block, that block's summation floor);
+    # and, in paper mode, the band of the un-rotated anchor. Each is dropped when used.
+    _alt_x: dict[int, tuple[np.ndarray, float]] = field(default_factory=dict)
+    _anchor_delta: dict[int, float] = field(default_factory=dict)
 
     def _fix(self, site: int) -> SiteFix:
         return self.fixes.setdefault(site, SiteFix())
@@ -346,23 +340,22 @@ class SimulatingCorrector:
             delta = band.width(float(np.max(np.abs(sums - sums2))), band.product_floor(d, float(np.sqrt(d))))
             if float(np.min(np.abs(sums))) <= delta:
                 self.unsafe[site] = "a sign decision lies within the band of 0"
-        alt = _Alternative(rot.matrix_to_block(rot.regenerate(e2, mu, paper)), band.product_floor(d, float(np.max(np.abs(mu)))))
+        self._alt_x[site] = (rot.matrix_to_block(rot.regenerate(e2, mu, paper)), band.product_floor(d, float(np.max(np.abs(mu)))))
         if m is not None:
             row_norm = float(np.sqrt(np.max(np.einsum("ij,ij->i", m, m), initial=0.0)))
-            alt.anchor_delta = band.width(band.max_abs_diff_of_product(m, e, e2), band.product_floor(d, row_norm))
-        self._alt[site] = alt
+            self._anchor_delta[site] = band.width(band.max_abs_diff_of_product(m, e, e2), band.product_floor(d, row_norm))
 
     def correct_x(self, site: int, approx: np.ndarray, regenerated: np.ndarray | None = None) -> np.ndarray:
         true = self.true_x[site]
         mask = needs_fix(approx, true, self.dtype, self.tolerance)
         f = self._fix(site)
-        alt = self._alt.get(site)
+        alt = self._alt_x.pop(site, None)
         if alt is not None and regenerated is not None:
-            delta = band.width(float(np.max(np.abs(regenerated - alt.x), initial=0.0)), alt.x_floor)
+            x2, floor = alt
+            delta = band.width(float(np.max(np.abs(regenerated - x2), initial=0.0)), floor)
             f.x_band = band.in_band(regenerated, self.dtype, delta)
             f.banded += int(np.count_nonzero(f.x_band))
             mask = mask | f.x_band
-            alt.x = np.empty(0)  # done with it
         f.x_mask, f.x_true, f.x_approx = mask, true, approx
         return np.where(mask, true, approx).astype(approx.dtype)
 
@@ -370,9 +363,9 @@ class SimulatingCorrector:
         true = self.true_anchor[site]
         mask = needs_fix(approx.bits, true.bits, approx.dtype, self.tolerance)
         f = self._fix(site)
-        alt = self._alt.pop(site, None)
-        if alt is not None and unrotated is not None:
-            near = band.in_band(unrotated, approx.dtype, alt.anchor_delta)
+        delta = self._anchor_delta.pop(site, None)
+        if delta is not None and unrotated is not None:
+            near = band.in_band(unrotated, approx.dtype, delta)
             f.banded += int(np.count_nonzero(near))
             mask = mask | near
         f.anchor_mask, f.anchor_true = mask, true.bits
