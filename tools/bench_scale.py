@@ -311,8 +311,9 @@ def decode_site_times(anchor: Any, axis: int, mu: Any, paper: bool) -> Json:
 def encode_site_times(tensors: list[tuple[Any, int]], x: Any, mu: Any) -> Json:
     """What the encoder does for one symmetric site (codec/encoder.py): the canonical direction
     (Gram + eigh of the anchor, off the chain), the eigh of the popped block, R = U0·Vᵀ, the
-    rotation of every touched axis (anchor first), and the decoder's simulation (Gram, eigh,
-    rebuild) on the rotated anchor."""
+    rotation of every touched axis (anchor first), the decoder's simulation (Gram, eigh, rebuild)
+    on the rotated anchor, and format 1.2's band: a second eigh of that Gram (upper triangle) and
+    its rebuild (codec/program.py SimulatingCorrector.note_basis)."""
     from bbformat.codec import rotation as rot
 
     anchor, axis = tensors[0]
@@ -321,9 +322,13 @@ def encode_site_times(tensors: list[tuple[Any, int]], x: Any, mu: Any) -> Json:
     (_, v), t_pe = _timed(lambda: rot.eigh(x))
     r, t_comp = _timed(lambda: u0 @ v.T)
     rotated, t_rot = _timed(lambda: [rot.rotate_axis(t, ax, r) for t, ax in tensors])
-    sim = decode_site_times(rotated[0], axis, mu, False)
+    g2, t_sg = _timed(lambda: rot.gram(rot.axis_matrix(rotated[0], axis)))
+    (_, e), t_se = _timed(lambda: rot.eigh(g2))
+    _, t_sr = _timed(lambda: rot.regenerate(e, mu, False))
+    (_, e2), t_be = _timed(lambda: rot.eigh_upper(g2))
+    _, t_br = _timed(lambda: rot.regenerate(e2, mu, False))
     return {"canonical_gram": t_cg, "canonical_eigh": t_ce, "popped_eigh": t_pe, "compose": t_comp, "rotate": t_rot,
-            "sim_gram": sim["gram"], "sim_eigh": sim["eigh"], "sim_rebuild": sim["rebuild"]}
+            "sim_gram": t_sg, "sim_eigh": t_se, "sim_rebuild": t_sr, "band_eigh": t_be, "band_rebuild": t_br}
 
 
 def _median_parts(runs: list[Json]) -> Json:
@@ -856,7 +861,7 @@ def floor_lines(m: Json) -> list[str]:
                  f"{_sec(k['site_s'])} | {_sec(k['site_s'] * k['count'])} |")
     for k in fl["encode_shapes"]:
         t = "; ".join(f"{'×'.join(map(str, s))}/{a}" for s, a in k["touched"])
-        L.append(f"| encoder: 2 Grams + 3 eigh + U0·Vᵀ + {len(k['touched'])} rotations + rebuild | D {k['dim']}; rotated "
+        L.append(f"| encoder: 2 Grams + 4 eigh + U0·Vᵀ + {len(k['touched'])} rotations + 2 rebuilds (band) | D {k['dim']}; rotated "
                  f"(shape/axis) {t} | {k['count']} | {_sec(k['site_s'])} | {_sec(k['site_s'] * k['count'])} |")
     L += ["", f"Decoder floor: {_sec(su['decode_sum_s'])} s on 1 worker (largest chunk {_sec(su['largest_chunk_s'])} s). "
           f"Pack floor: {_sec(su['encode_sum_s'])} s on one thread; {_sec(su['pack_floor_s'])} s on pack's {su['pack_threads']} threads "
