@@ -14,9 +14,9 @@ from .errors import (
     UnsupportedModelError,
     VerifyError,
 )
-from .inspect import inspect
+from .summary import inspect
 from .container.framing import Header
-from .reader import DecodedBlock, Reader, iter_stream
+from .reader import DecodedBlock, Reader, StreamReader, iter_stream
 from .writer import Writer
 
 __version__ = "1.2.0"
@@ -45,6 +45,7 @@ __all__ = [
     "OutputError",
     "PackReport",
     "Reader",
+    "StreamReader",
     "UnsupportedModelError",
     "VerifyError",
     "Writer",

@@ -4,42 +4,37 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .codec import rotation as rot
-from .codec.dtypes import RawTensor, bits_of
-from .codec.entropy import ENTROPY_MODES
-from .codec.encoder import EncodedChunk, Moments, SiteReport, canonical_rotation_of, encode_chunk
-from .codec.layout import AxisRef, ChunkLayout, ModelLayout
-from .codec.program import TensorEntry
+from .codec.dtypes import RawTensor
+from .codec.entropy import check_entropy_mode
+from .constants import FORMAT_VERSIONS, PACK_SCHEMES, written_version
+from .container.framing import check_format_version
+from .codec.encoder import EncodedChunk, SiteReport
+from .codec.layout import ChunkLayout, ModelLayout
+from .container.program import TensorEntry
 from .compat import legacy_reader_problems
 from .container.digest import content_crc
-from .errors import FormatError, InputError, VerifyError
+from .errors import FormatError, InputError, VerifyError, check_choice
+from .packing import BoundedWorker, EncodeChain, Progress, encode_chunks
 from .reader import DECODE_WORKERS, DecodedBlock, Reader, decode_workers
-from .writer import FORMAT_VERSIONS, Writer
+from .writer import Writer
 
 if TYPE_CHECKING:  # torch loads only when a torch tensor is made (a fast `import bbformat`, CLI)
     import torch
 
-    from .adapters.tc_layout import Checkpoint
+    from .checkpoint import Checkpoint
 
-# Chunks pack keeps encoded ahead of the compression worker (memory: about this many chunks).
-PACK_QUEUE = 1
-# Chunks ahead of the encoder whose canonical directions a second thread computes.
-CANONICAL_AHEAD = 2
-PACK_SCHEMES = ("symmetric", "paper", "none")
 # paper: the paper's OPT / Llama thresholds; Phi-2 (LayerNorm, like OPT) and Phi-3 (RMSNorm, like Llama) by analogy
 DEFAULT_TOLERANCE = {("paper", "opt"): 0.01, ("paper", "llama"): 0.005, ("paper", "phi"): 0.01, ("paper", "phi3"): 0.005}
-FORMAT_VERSION = "1.2"  # what pack writes unless told format_version="1.1"
-
-Progress = Callable[[int, int, str], None]
+FORMAT_VERSION = FORMAT_VERSIONS[0]  # what pack writes unless told format_version="1.1"
 
 
 @dataclass
@@ -111,16 +106,13 @@ def pack(
     The output is deterministic for a given software and thread
     environment (the moments are rounded to 10 bits, which makes a differing BLAS or
     thread count flip a rounding decision rarely, but not never)."""
-    from .adapters.tc_layout import read_checkpoint
+    from .checkpoint import read_checkpoint
 
-    if scheme not in PACK_SCHEMES:
-        raise InputError(f"unknown scheme {scheme!r} (choose {', '.join(PACK_SCHEMES)})")
+    check_choice("scheme", scheme, PACK_SCHEMES)
     if entropy is None:
         entropy = "auto" if scheme == "none" else "none"
-    if entropy not in ENTROPY_MODES:
-        raise InputError(f"unknown entropy mode {entropy!r} (choose {', '.join(ENTROPY_MODES)})")
-    if format_version not in FORMAT_VERSIONS:
-        raise InputError(f"unknown format version {format_version!r} (choose {', '.join(FORMAT_VERSIONS)})")
+    check_entropy_mode(entropy)
+    check_format_version(format_version)
     if scheme == "none" and format_version != "1.2":
         raise InputError("scheme 'none' needs format 1.2 (1.1 readers know only the paper and symmetric schemes)")
     if scheme == "none" and calibration is not None:
@@ -132,12 +124,6 @@ def pack(
     with read_checkpoint(Path(src)) as ckpt:
         return _pack_checkpoint(ckpt, dst, scheme, tolerance, verify, progress, calibration, calibration_samples,
                                 calibration_seqlen, entropy, format_version)
-
-
-def _written_version(format_version: str, entropy: str) -> str:
-    if format_version == "1.2":
-        return "1.2"
-    return "1.1" if entropy in ("planes", "auto") else "1.0"
 
 
 def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str, tolerance: float | None, verify: bool,
@@ -154,7 +140,7 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
         raise InputError(f"tolerance must be a finite number >= 0, got {tolerance}")
     metadata = {
         "format": "bbformat",
-        "format_version": _written_version(format_version, entropy),
+        "format_version": written_version(format_version, entropy),
         "architecture": layout.architecture,
         "scheme": scheme,
         "tolerance": tolerance,
@@ -185,29 +171,23 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
     report = PackReport(str(dst), scheme, tolerance, layout.architecture, 0, 0, 0, 0,
                         warnings=legacy_reader_problems(ckpt.extra_files))
     digests: list[dict[str, str]] = []
-    # Chunk i is compressed (its side sections' zstd and the entropy stage) and written by a
-    # worker while chunk i + 1 encodes, and the header's metadata is compressed on a thread of
-    # its own (zstd and numpy release the GIL); one worker writes the chunks in order, and the
-    # bytes are those of a sequential pack. A chunk is dropped as soon as it is written: the
-    # encoder holds one block, the worker at most PACK_QUEUE more.
+    # The pipeline (packing.py): chunk i is compressed and written by one worker, in order, while
+    # chunk i + 1 encodes; the bytes are those of a sequential pack. A chunk is dropped as soon
+    # as it is written: the encoder holds one block, the worker at most PACK_QUEUE more.
+    coding = "symmetric" if scheme == "none" else scheme  # no sites: no mode to choose
     with Writer(dst, scheme, len(layout.chunks), metadata, entropy=entropy, background_header=True,
-                format_version=format_version) as w, \
-            ThreadPoolExecutor(1, thread_name_prefix="bbformat-compress") as pool, rot.one_blas_thread():
-        queued: deque[Future[None]] = deque()
-        coding = "symmetric" if scheme == "none" else scheme  # no sites: no mode to choose
-        for chunk, enc in _encode_all(layout, get, coding, tolerance, progress, moments, band=w.mixed_corrections):
+                format_version=format_version) as w, BoundedWorker() as worker, rot.one_blas_thread():
+        chain = EncodeChain(layout, get, coding, tolerance, moments, band=w.mixed_corrections, progress=progress)
+        for _chunk, enc in encode_chunks(chain):
             digests.append({n: _digest(t) for n, t in enc.intended.items()})
             crc = content_crc(enc.program, enc.intended) if w.digests else None
             enc.intended = {}
             report.sites.extend(enc.reports)  # a deferred site's side_bytes are filled in by finish()
-            report.plain_bytes += sum(t.numel * bits_of(t.dtype) // 8 for t in enc.program.tensors)
-            report.gross_bound_bits += sum(s.dim * (s.dim - 1) // 2 * enc.program.symbol_bits for s in enc.program.sites)
-            queued.append(pool.submit(_write_chunk, w, enc, crc))
+            report.plain_bytes += enc.program.plain_bytes()
+            report.gross_bound_bits += enc.program.bits_back_bound()
+            worker.submit(_write_chunk, w, enc, crc)  # a worker's error is raised here or at drain()
             del enc
-            while len(queued) > PACK_QUEUE or (queued and queued[0].done()):
-                queued.popleft().result()  # a worker's error is raised here
-        while queued:
-            queued.popleft().result()
+        worker.drain()
         report.metadata_bytes = w.metadata_bytes
         # --verify decodes the finished temp file; only a verified file replaces dst
         report.container_bytes = w.close(check=(lambda tmp: verify_container(tmp, digests)) if verify else None)
@@ -221,7 +201,7 @@ def _write_chunk(w: Writer, enc: EncodedChunk, crc: int | None) -> None:
 
 def _check_paths(src: Path, dst: Path) -> None:
     """Refuse an output path that is a directory or would replace one of the input's files."""
-    from .adapters.tc_layout import input_files
+    from .checkpoint import input_files
 
     inputs = input_files(src)  # also: SRC exists and holds a weights file
     if dst.is_dir():
@@ -232,100 +212,6 @@ def _check_paths(src: Path, dst: Path) -> None:
     for p in inputs:
         if p.resolve() == target:
             raise InputError(f"refusing to write {dst}: it would replace the input file {p}")
-
-
-def _encode_all(layout: ModelLayout, get: Callable[[str], RawTensor], scheme: str, tolerance: float, progress: Progress | None,  # type: ignore[no-untyped-def]
-                moments: Moments | None = None, band: bool = True):
-    """Encode chunks in order, carrying rotations forward (and, in the paper scheme,
-    the canonical rotations of later sites backward).
-
-    The canonical directions of anchors that no site rotates depend on nothing but the
-    input, so a thread computes them CANONICAL_AHEAD chunks ahead of the chain. The caller
-    holds BLAS at one thread (rot.one_blas_thread) for as long as this runs."""
-    where = {n: i for i, c in enumerate(layout.chunks) for n in c.tensors}
-    canonical: dict[str, np.ndarray] = {}
-    pending: dict[tuple[str, int], np.ndarray] = {}
-    independent = _independent_anchors(layout)
-    ahead: dict[str, Future[np.ndarray]] = {}
-
-    def prefetch(ci: int) -> None:
-        if ci < len(layout.chunks):
-            for s in layout.chunks[ci].sites:
-                if s.anchor.tensor in independent and s.name not in ahead:
-                    ahead[s.name] = pool.submit(_input_canonical, get, s.anchor)
-
-    with ThreadPoolExecutor(1, thread_name_prefix="bbformat-canonical") as pool:
-        for ci in range(CANONICAL_AHEAD):
-            prefetch(ci)
-        for ci, chunk in enumerate(layout.chunks):
-            prefetch(ci + CANONICAL_AHEAD)
-            for s in chunk.sites:
-                fut = ahead.pop(s.name, None)  # popped either way: a future left behind would hold its D x D
-                if fut is not None and s.name not in canonical:
-                    canonical[s.name] = fut.result()
-            enc = _encode_one(layout, ci, chunk, get, scheme, tolerance, progress, moments, where, canonical, pending, band)
-            for s in chunk.sites:  # a site's canonical direction is used up once its own chunk is
-                canonical.pop(s.name, None)
-            yield chunk, enc
-            del enc  # not held while the next chunk encodes
-
-
-class LazyTensors(Mapping[str, RawTensor]):
-    """A chunk's input tensors, read from the checkpoint on each access and not kept: the encoder
-    holds each only while it rotates or pushes it (a block of a 13B model is 0.5 GB)."""
-
-    def __init__(self, get: Callable[[str], RawTensor], names: Sequence[str]) -> None:
-        self._get, self._names = get, dict.fromkeys(names)
-
-    def __getitem__(self, name: str) -> RawTensor:
-        if name not in self._names:
-            raise KeyError(name)
-        return self._get(name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names)
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-
-def _input_canonical(get: Callable[[str], RawTensor], anchor: AxisRef) -> np.ndarray:
-    """The canonical direction of an anchor as the input holds it (no rotation applied)."""
-    return canonical_rotation_of(get(anchor.tensor), anchor.axis)
-
-
-def _independent_anchors(layout: ModelLayout) -> set[str]:
-    """Anchors that no site rotates: their canonical directions depend on the input alone."""
-    followers = {f.tensor for c in layout.chunks for s in c.sites for f in s.followers}
-    return {s.anchor.tensor for c in layout.chunks for s in c.sites} - followers
-
-
-def _encode_one(layout, ci, chunk, get, scheme, tolerance, progress, moments, where, canonical, pending, band=True):  # type: ignore[no-untyped-def]
-    """One step of _encode_all: encode layout.chunks[ci], updating `canonical` and `pending`."""
-    local = set(chunk.tensors)
-    for later in layout.chunks[ci + 1 :]:
-        for s in later.sites:
-            hits = [f for f in s.followers if f.tensor in local]
-            if not hits:
-                continue
-            if scheme != "paper":
-                raise InputError(f"site {s.name} touches {hits[0].tensor}, which is stored before it")
-            if s.name not in canonical:
-                canonical[s.name] = _input_canonical(get, s.anchor)
-            for f in hits:
-                pending[(f.tensor, f.axis)] = canonical[s.name]
-    tensors = LazyTensors(get, chunk.tensors)
-    incoming = {k: v for k, v in pending.items() if k[0] in local}
-    enc = encode_chunk(chunk, tensors, incoming, scheme, tolerance, canonical,
-                       {n: m for n, m in moments.items() if n in local} if moments else None, defer=True, band=band)
-    for k in incoming:
-        pending.pop(k, None)
-    for k, r in enc.outgoing.items():
-        if where.get(k[0], -1) > ci:
-            pending[k] = r
-    if progress is not None:
-        progress(ci + 1, len(layout.chunks), chunk.name)
-    return enc
 
 
 def verify_container(path: str | os.PathLike[str], digests: list[dict[str, str]]) -> None:
@@ -417,15 +303,13 @@ class InexactBlocks:
 
     def warn(self) -> None:
         if self.names:
-            import warnings
-
             warnings.warn(InexactWarning(f"{self.path}: {len(self.names)} chunks decoded to values other than their digests "
                                          f"(E_DIGEST, allowed): {', '.join(self.names[:5])}{', ...' if len(self.names) > 5 else ''}"),
                           stacklevel=3)
 
 
 def read_tensors(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None,
-                 allow_inexact: bool = False) -> dict[str, "object"]:
+                 allow_inexact: bool = False) -> dict[str, torch.Tensor]:
     """Decode a whole container into an ordered dict of torch tensors. A chunk that misses its
     digest raises DigestError, unless allow_inexact (then an InexactWarning names it)."""
     with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact) as r:
@@ -466,7 +350,7 @@ def unpack(
     The weights file is streamed: each tensor is written as its block decodes (safetensors:
     its header first, from the descriptors; .pt: torch's zip, record by record, the pickle
     last), so memory holds about `workers` + 1 blocks, not the model. The files are published
-    as atomically as POSIX allows (adapters.tc_layout.publish_checkpoint): a new DST appears
+    as atomically as POSIX allows (checkpoint.publish_checkpoint): a new DST appears
     complete in one rename; into an existing DST the files are staged and fsynced, then renamed
     in one burst, weights last. A failed write raises OutputError (NoSpaceError when out of
     space) and leaves nothing partial.
@@ -474,7 +358,7 @@ def unpack(
     A chunk whose decoded values miss its digest (format 1.2) raises DigestError and nothing
     is published, unless allow_inexact: then the files are written and an InexactWarning
     names the chunks."""
-    from .adapters.tc_layout import check_side_files, publish_checkpoint
+    from .checkpoint import check_side_files, publish_checkpoint
 
     if fmt not in ("pt", "safetensors"):
         raise InputError(f"unknown output format {fmt!r} (choose 'pt' or 'safetensors')")

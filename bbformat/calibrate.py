@@ -9,14 +9,18 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
 
-from .adapters.tc_layout import Checkpoint
+from .adapters import llama_torch
+from .adapters.llama import NAMES
+from .checkpoint import Checkpoint
 from .codec.encoder import Moments
 from .codec.rounding import quantize_moment
 from .errors import InputError, UnsupportedModelError
+from .loader import fill_model
 
 DEFAULT_SAMPLES = 16
 DEFAULT_SEQLEN = 512
@@ -69,15 +73,14 @@ def stream_moments(ckpt: Checkpoint, batches: torch.Tensor) -> Moments:
     the raw stream for the shortcut matrices (axis 0), the normalised stream for the
     q/k/v and gate/up projections (axis 1). float64 accumulation; rounded to 10
     significant bits so rounding decisions do not hinge on the last bits."""
-    from .loader import _fill, build_sliced_llama
-
     check_calibratable(ckpt)
-    model = build_sliced_llama(ckpt.hf_config, ckpt.slicing_config, torch.float32)
-    expected = {n for n, _ in model.named_parameters()}
-    _fill(model, ckpt.state_dict.items(), expected)
+    model = llama_torch.build_model(ckpt.hf_config, ckpt.slicing_config, torch.float32)
+    fill_model(model, ckpt.state_dict.items(), {n for n, _ in model.named_parameters()})
     hidden = int(ckpt.hf_config["hidden_size"])
-    eps = float(model.config.rms_norm_eps)
-    vocab = int(model.config.vocab_size)
+    config: Any = model.config  # transformers' LlamaConfig
+    eps = float(config.rms_norm_eps)
+    vocab = int(config.vocab_size)
+    layers = cast("list[llama_torch.SlicedLlamaDecoderLayer]", list(model.get_submodule("model.layers").children()))
     if batches.dim() != 2 or batches.numel() == 0 or int(batches.min()) < 0 or int(batches.max()) >= vocab:
         raise InputError(f"calibration tokens must be a non-empty (samples, seqlen) tensor of ids in [0, {vocab})")
     raw: dict[str, torch.Tensor] = {}
@@ -86,11 +89,11 @@ def stream_moments(ckpt: Checkpoint, batches: torch.Tensor) -> Moments:
     def add(key: str, x: torch.Tensor) -> None:
         x = x.detach().double().reshape(-1, x.shape[-1])
         xn = x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) / hidden + eps)
-        raw[key] = raw.get(key, 0) + x.T @ x  # type: ignore[operator]
-        normed[key] = normed.get(key, 0) + xn.T @ xn  # type: ignore[operator]
+        raw[key] = raw[key] + x.T @ x if key in raw else x.T @ x
+        normed[key] = normed[key] + xn.T @ xn if key in normed else xn.T @ xn
 
     hooks = []
-    for i, layer in enumerate(model.model.layers):
+    for i, layer in enumerate(layers):
         hooks.append(layer.register_forward_pre_hook(
             lambda m, a, k, i=i: add(f"attn.{i}", k["hidden_states"] if "hidden_states" in k else a[0]), with_kwargs=True))
         hooks.append(layer.post_attention_layernorm.register_forward_pre_hook(lambda m, a, i=i: add(f"mlp.{i}", a[0])))
@@ -102,14 +105,14 @@ def stream_moments(ckpt: Checkpoint, batches: torch.Tensor) -> Moments:
             h.remove()
     count = int(batches.numel())
     out: Moments = {}
-    for i in range(len(model.model.layers)):
-        p = f"model.layers.{i}."
+    up, gate = NAMES.up
+    for i in range(len(layers)):
         a_raw, a_n = (quantize_moment(raw[f"attn.{i}"].numpy() / count), quantize_moment(normed[f"attn.{i}"].numpy() / count))
         m_raw, m_n = (quantize_moment(raw[f"mlp.{i}"].numpy() / count), quantize_moment(normed[f"mlp.{i}"].numpy() / count))
-        out[p + "attn_shortcut_Q"] = (0, a_raw)
-        out[p + "mlp_shortcut_Q"] = (0, m_raw)
-        for n in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"):
-            out[p + n] = (1, a_n)
-        for n in ("mlp.gate_proj.weight", "mlp.up_proj.weight"):
-            out[p + n] = (1, m_n)
+        out[NAMES.at(i, NAMES.attn_q)] = (0, a_raw)
+        out[NAMES.at(i, NAMES.mlp_q)] = (0, m_raw)
+        for n in NAMES.attn_in:  # q, k, v read the normed stream entering the layer
+            out[NAMES.at(i, n)] = (1, a_n)
+        for n in (gate, up):  # and the MLP's inputs the normed stream after attention
+            out[NAMES.at(i, n)] = (1, m_n)
     return {k: v for k, v in out.items() if k in ckpt.state_dict and np.all(np.isfinite(v[1]))}

@@ -8,15 +8,22 @@ import argparse
 import json
 import os
 import sys
+import tempfile
+import warnings
+from pathlib import Path
 from typing import Callable, Sequence
 
-from .codec.entropy import ENTROPY_MODES
-from .errors import BBFormatError, DigestError
+import numpy as np
 
-EXIT_USAGE = 64
-EXIT_INTERNAL = 70
-EXIT_INTERRUPTED = 130
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
+from .constants import ENTROPY_MODES, PACK_SCHEMES, ROTATION_SCHEMES, ExitStatus
+from .api import InexactWarning, pack, unpack, verify
+from .errors import BBFormatError, DigestError
+from .summary import format_summary, inspect
+
+EXIT_USAGE = ExitStatus.USAGE
+EXIT_INTERNAL = ExitStatus.INTERNAL
+EXIT_INTERRUPTED = ExitStatus.INTERRUPTED
+EXIT_BROKEN_PIPE = ExitStatus.BROKEN_PIPE  # what a shell reports for a writer whose reader went away
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,9 +81,6 @@ def _progress(quiet: bool, verb: str) -> Callable[[int, int, str], None] | None:
 
 
 def _cmd_pack(a: argparse.Namespace) -> int:
-    from .api import pack
-    from .inspect import format_summary, inspect
-
     rep = pack(a.src, a.out, scheme=a.scheme, tolerance=a.tolerance, verify=a.verify, progress=_progress(a.quiet, "pack"),
                calibration=a.calibration, calibration_samples=a.calibration_samples, calibration_seqlen=a.calibration_seqlen,
                entropy=a.entropy, format_version=a.format_version)
@@ -111,10 +115,6 @@ def _larger_than_plain(t: dict) -> str:
 
 
 def _cmd_unpack(a: argparse.Namespace) -> int:
-    import warnings
-
-    from .api import InexactWarning, unpack
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", InexactWarning)
         out = unpack(a.src, a.dst, fmt=a.format, progress=_progress(a.quiet, "unpack"), max_block_bytes=a.max_memory,
@@ -128,8 +128,6 @@ def _cmd_unpack(a: argparse.Namespace) -> int:
 
 
 def _cmd_verify(a: argparse.Namespace) -> int:
-    from .api import verify
-
     rep = verify(a.src, max_block_bytes=a.max_memory, max_site_dim=a.max_site_dim, workers=a.workers,
                  progress=_progress(a.quiet or a.json, "verify"))
     if a.json:
@@ -140,8 +138,6 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(a: argparse.Namespace) -> int:
-    from .inspect import format_summary, inspect
-
     info = inspect(a.src, max_block_bytes=a.max_memory, max_site_dim=a.max_site_dim)
     print(json.dumps(info, indent=2) if a.json else format_summary(info))
     for w in info["warnings"]:
@@ -151,14 +147,8 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 
 def _cmd_demo(a: argparse.Namespace) -> int:
     """Make a tiny sliced model, pack it (verified), inspect, unpack, and check the logits."""
-    import tempfile
-    from pathlib import Path
-
-    import numpy as np
-
-    from .adapters.tc_layout import read_checkpoint, write_checkpoint
-    from .api import pack, unpack
-    from .inspect import format_summary, inspect
+    # torch-backed: loaded here, not at start-up (a fast CLI)
+    from .checkpoint import read_checkpoint, write_checkpoint
     from .testing import make_tiny_checkpoint, reference_logits
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -189,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     pk = sub.add_parser("pack", help="encode a SliceGPT checkpoint directory into a .bb container")
     pk.add_argument("src", help="directory in TransformerCompression layout (<stem>.pt or .safetensors, <stem>.json, config.json)")
     pk.add_argument("out", help="output .bb file (written atomically)")
-    pk.add_argument("--scheme", choices=("symmetric", "paper", "none"), default="symmetric",
+    pk.add_argument("--scheme", choices=PACK_SCHEMES, default=PACK_SCHEMES[0],
                     help="symmetric (default): bits back, the stored model is an equivalent rotated one; paper: the paper's "
                          "Algorithms 1-6; none: no rotation, the entropy stage alone (unpack gives back the input's bits)")
     pk.add_argument("--tolerance", type=float, default=None, help="max error of regenerated values (default: 0 = exact for symmetric; paper: 0.01 OPT, 0.005 Llama)")
@@ -240,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     ins.set_defaults(func=_cmd_inspect)
     dm = sub.add_parser("demo", help="run pack/inspect/unpack end to end on a tiny built-in sliced model")
     dm.add_argument("--keep", metavar="DIR", help="keep the model, container and unpacked files in DIR")
-    dm.add_argument("--scheme", choices=("symmetric", "paper"), default="symmetric")
+    dm.add_argument("--scheme", choices=ROTATION_SCHEMES, default=ROTATION_SCHEMES[0])
     dm.add_argument("--arch", choices=("llama", "opt", "phi2", "phi3"), default="llama")
     dm.add_argument("--layers", type=int, default=4)
     dm.add_argument("--seed", type=int, default=0)

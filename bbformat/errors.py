@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Sequence
+
+from .constants import ExitStatus
 
 
 class BBFormatError(Exception):
     """Base of every error bbformat raises on purpose."""
 
     code = "E_BBFORMAT"
-    exit_status = 1
+    exit_status: int = ExitStatus.ERROR
 
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
@@ -21,35 +24,35 @@ class InputError(BBFormatError):
     """The user's input (checkpoint, options, paths) cannot be used."""
 
     code = "E_INPUT"
-    exit_status = 2
+    exit_status = ExitStatus.INPUT
 
 
 class UnsupportedModelError(InputError):
     """An architecture or state dict we refuse to encode."""
 
     code = "E_UNSUPPORTED_MODEL"
-    exit_status = 3
+    exit_status = ExitStatus.UNSUPPORTED_MODEL
 
 
 class FormatError(BBFormatError):
     """A container violates SPEC.md; `code` names the MUST-reject rule."""
 
     code = "E_FORMAT"
-    exit_status = 4
+    exit_status = ExitStatus.FORMAT
 
 
 class IntegrityError(FormatError):
     """A CRC32C mismatch."""
 
     code = "E_CRC"
-    exit_status = 5
+    exit_status = ExitStatus.INTEGRITY
 
 
 class LimitError(FormatError):
     """A container exceeds a stated reader limit."""
 
     code = "E_LIMIT"
-    exit_status = 6
+    exit_status = ExitStatus.LIMIT
 
 
 class DigestError(FormatError):
@@ -57,14 +60,14 @@ class DigestError(FormatError):
     (SPEC.md 5.4): this reader's arithmetic did not reproduce the encoder's decoding."""
 
     code = "E_DIGEST"
-    exit_status = 9
+    exit_status = ExitStatus.DIGEST
 
 
 class VerifyError(BBFormatError):
     """pack --verify found the decoded container differs from the encoder's intent."""
 
     code = "E_VERIFY"
-    exit_status = 7
+    exit_status = ExitStatus.VERIFY
 
 
 class OutputError(BBFormatError):
@@ -72,14 +75,21 @@ class OutputError(BBFormatError):
     the destination: an output that existed before is unchanged, a new one does not appear."""
 
     code = "E_OUTPUT"
-    exit_status = 8
+    exit_status = ExitStatus.OUTPUT
 
 
 class NoSpaceError(OutputError):
     """Writing the output ran out of space: disk full, quota exceeded or file-size limit."""
 
     code = "E_NO_SPACE"
-    exit_status = 8
+    exit_status = ExitStatus.OUTPUT
+
+
+def check_choice(what: str, value: object, choices: Sequence[str]) -> None:
+    """InputError unless `value` is one of `choices`: "unknown {what} {value!r} (choose a, b, ...)".
+    The one wording of every option check (scheme, entropy mode, format version)."""
+    if value not in choices:
+        raise InputError(f"unknown {what} {value!r} (choose {', '.join(choices)})")
 
 
 _NO_SPACE = {errno.ENOSPC, errno.EFBIG} | ({errno.EDQUOT} if hasattr(errno, "EDQUOT") else set())

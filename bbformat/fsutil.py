@@ -1,4 +1,5 @@
-"""Filesystem helpers shared by the writers: fsync, temp names, stale-temp cleanup.
+"""Filesystem helpers shared by the writers: atomic publication (`AtomicOutput`), fsync,
+temp names, stale-temp cleanup.
 
 Every temporary that bbformat creates for an output named NAME is called
 `.NAME.bbtmp-XXXXXXXXXXXX` (a dot, the output's name, `.bbtmp-`, 12 lowercase hex digits)
@@ -17,6 +18,8 @@ import shutil
 import stat
 import time
 from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO, Callable
 
 TEMP_MARK = ".bbtmp-"
 # a temp untouched this long belongs to a dead process: a live writer modifies it far more often
@@ -105,3 +108,119 @@ def probe_write(path: str | os.PathLike[str]) -> OSError | None:
     except OSError as exc:
         return exc
     return None
+
+
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync a file that someone else wrote and closed (torch.save, torch's zip writer)."""
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def write_synced(path: Path, data: bytes) -> None:
+    """Create `path` (it must not exist), write `data` and fsync it."""
+    with open(path, "xb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _remove(path: Path) -> None:
+    """Remove a temp file or staging directory; best effort (it may be gone already)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+class AtomicOutput:
+    """One output published atomically: built under a temp name, renamed over its final name
+    only once complete, so readers see it absent, old or new, never partial.
+
+    The temp is `temp_name(name)` in `where` (defaults: the output's own directory and file
+    name), created here: a file open for binary writing as `.file`, or with directory=True
+    an empty directory for the caller to fill (writing and fsyncing its files, e.g. with
+    write_synced). publish() makes it durable and renames it over `path`; publish_entries()
+    instead moves a staging directory's files one by one into the directory `path`. Both fsync
+    the directories they change and then remove leftovers of killed writers of the same name
+    in `where` (remove_stale_temps). discard() removes the temp; any failure before publishing
+    leaves the output untouched. As a context manager: leaving the block by an exception
+    (KeyboardInterrupt included) discards; leaving it normally publishes, unless publish(),
+    publish_entries() or discard() already ran. OSErrors propagate as they are.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, directory: bool = False, where: Path | None = None,
+                 name: str | None = None) -> None:
+        self.path = Path(path)
+        self.where = self.path.parent if where is None else where
+        self.name = self.path.name if name is None else name
+        self.temp = self.where / temp_name(self.name)
+        self.file: BinaryIO | None = None
+        self.moved = 0  # files publish_entries has moved so far
+        self._done = False
+        if directory:
+            os.mkdir(self.temp)
+        else:
+            self.file = open(self.temp, "xb")  # noqa: SIM115 (closed by publish or discard)
+
+    def _sync(self) -> None:
+        if self.file is None:
+            fsync_dir(self.temp)  # its files were fsynced by whoever wrote them
+        elif not self.file.closed:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+
+    def publish(self, check: Callable[[Path], None] | None = None) -> None:
+        """fsync the temp (a file is also closed), call `check(temp)` if given (if it raises,
+        nothing is published), rename it over `path` and fsync `path`'s directory."""
+        self._sync()
+        if check is not None:
+            check(self.temp)
+        os.replace(self.temp, self.path)
+        self._done = True
+        fsync_dir(self.path.parent)
+        remove_stale_temps(self.where, self.name)
+
+    def publish_entries(self, names: list[str]) -> None:
+        """For a staging directory: fsync it, then move its entries `names`, in that order, over
+        their names in the directory `path` (created if absent), and remove it. Each file is at
+        every moment old or new; a failure part way leaves `moved` files new."""
+        assert self.file is None, "publish_entries is for a staging directory"
+        self._sync()
+        self.path.mkdir(exist_ok=True)
+        for entry in names:
+            os.replace(self.temp / entry, self.path / entry)
+            self.moved += 1
+        os.rmdir(self.temp)
+        self._done = True
+        fsync_dir(self.path)
+        fsync_dir(self.path.parent)
+        remove_stale_temps(self.where, self.name)
+
+    def discard(self) -> None:
+        """Close and remove the temp (idempotent; nothing to do once published)."""
+        if self._done:
+            return
+        self._done = True
+        if self.file is not None:
+            try:
+                self.file.close()  # flushes what is buffered: may fail again on a full disk
+            except OSError:
+                pass
+        _remove(self.temp)
+
+    def __enter__(self) -> "AtomicOutput":
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc_type is not None:
+            self.discard()
+        elif not self._done:
+            try:
+                self.publish()
+            except BaseException:
+                self.discard()
+                raise

@@ -14,6 +14,7 @@ import traceback
 import tracemalloc
 from dataclasses import dataclass, field
 
+from .constants import CRC_SIZE, FOOTER_CRC_OFFSET, FOOTER_INDEX_CRC_OFFSET, MAGIC_SIZE, MIN_CHUNK_LENGTH
 from .container import records as R
 from .container.chunks import parse_descriptor, working_set_bytes
 from .container.crc import crc32c
@@ -47,7 +48,7 @@ def _field_offsets(data: bytes) -> list[tuple[int, int]]:
             head = R.CHUNK_FIXED.parse(c[: R.CHUNK_FIXED_SIZE])
             table = pos + R.CHUNK_FIXED_SIZE + head.descriptor_length
             for k in range(head.section_count):
-                e = table + 32 * k
+                e = table + R.SECTION_ENTRY_SIZE * k
                 out += [(e, 1), (e + 1, 1), (e + 2, 2), (e + 4, 4), (e + 8, 8), (e + 16, 8), (e + 24, 8)]
         pos += len(c)
     idx = pos
@@ -77,7 +78,7 @@ def _reseal_all(data: bytes) -> bytes:
     behind the CRCs); returns the input unchanged where the structure is too broken."""
     try:
         parts = split(data)
-        chunks = [reseal_chunk(c) if len(c) >= 36 else c for c in parts.chunks]
+        chunks = [reseal_chunk(c) if len(c) >= MIN_CHUNK_LENGTH else c for c in parts.chunks]
         body = reseal_header(parts.header) + b"".join(chunks)
         return body + data[len(body) :] if len(body) <= len(data) else data
     except Exception:  # noqa: BLE001
@@ -131,12 +132,12 @@ def mutate(data: bytes, rng: random.Random) -> tuple[str, bytes]:
             return "chunk_resealed (unsplittable)", data
         if parts.chunks:
             k = rng.randrange(len(parts.chunks))
-            c = bytearray(parts.chunks[k])
-            if len(c) > 36:
+            chunk = bytearray(parts.chunks[k])
+            if len(chunk) > MIN_CHUNK_LENGTH:
                 for _ in range(rng.randint(1, 4)):
-                    i = rng.randrange(4, len(c) - 4)
-                    c[i] = rng.choice([0, 1, 0xFF, 0x80, 0x7F, c[i] ^ (1 << rng.randrange(8)), rng.randrange(256)])
-            parts.chunks[k] = reseal_chunk(bytes(c))
+                    i = rng.randrange(len(R.CHUNK_MAGIC), len(chunk) - CRC_SIZE)
+                    chunk[i] = rng.choice([0, 1, 0xFF, 0x80, 0x7F, chunk[i] ^ (1 << rng.randrange(8)), rng.randrange(256)])
+            parts.chunks[k] = reseal_chunk(bytes(chunk))
             return f"chunk_resealed {k}", join(parts)
     if kind == "index_resealed" and n >= R.FOOTER_SIZE:
         idx = int.from_bytes(data[-R.FOOTER_SIZE : -R.FOOTER_SIZE + 8], "little")
@@ -165,7 +166,7 @@ def declared_bytes(data: bytes) -> int:
     """What SPEC.md 11.5 lets a reader spend on this file: the largest declared working set
     of a chunk whose descriptor parses, plus the declared metadata size."""
     worst = 0
-    if len(data) >= R.HEADER_FIXED_SIZE and data[:8] == R.FILE_MAGIC:
+    if len(data) >= R.HEADER_FIXED_SIZE and data[:MAGIC_SIZE] == R.FILE_MAGIC:
         fixed = R.HEADER_FIXED.parse(data[: R.HEADER_FIXED_SIZE])
         worst = R.MAX_METADATA if fixed.metadata_codec else min(fixed.metadata_length, R.MAX_METADATA)
     pos = data.find(R.CHUNK_MAGIC)
@@ -274,8 +275,9 @@ def crc_coverage(data: bytes) -> list[str]:
         covered(f"chunk {k}", c[:-4], c[-4:])
     footer = data[-R.FOOTER_SIZE :]
     index = data[len(cover) : len(data) - R.FOOTER_SIZE]
-    assert crc32c(index) == int.from_bytes(footer[16:20], "little"), "index"
+    index_crc = footer[FOOTER_INDEX_CRC_OFFSET : FOOTER_INDEX_CRC_OFFSET + CRC_SIZE]
+    assert crc32c(index) == int.from_bytes(index_crc, "little"), "index"
     cover.extend(["index"] * len(index))
-    covered("footer", footer[:28], footer[28:32])
-    cover.extend(["footer magic"] * 8)
+    covered("footer", footer[:FOOTER_CRC_OFFSET], footer[FOOTER_CRC_OFFSET : FOOTER_CRC_OFFSET + CRC_SIZE])
+    cover.extend(["footer magic"] * MAGIC_SIZE)
     return cover

@@ -13,9 +13,12 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from .codec.dtypes import RawTensor
-from .codec.program import BlockProgram, TensorEntry, decode_program
+from .codec.entropy import decode_planes
+from .codec.decoder import decode_program
+from .container.program import BlockProgram, TensorEntry
 from .codec.rotation import decoder_blas_threads
 from .codec.sections import StoredCorrector
+from .constants import FILE_MAGIC, MAGIC_SIZE, MIN_CHUNK_LENGTH, MIN_FILE_SIZE
 from .container import records as R
 from .container.chunks import ParsedChunk, descriptor_extent, parse_chunk, parse_descriptor
 from .container.crc import crc32c
@@ -24,6 +27,7 @@ from .container.framing import (
     Header,
     IndexEntry,
     build_index,
+    check_footer_version,
     header_length,
     parse_footer,
     parse_header,
@@ -150,12 +154,12 @@ class Reader:
         self._f.seek(0, os.SEEK_END)
         size = self._f.tell()
         self.file_size = size
-        if size < 8 or self._read_at(0, 8) != R.FILE_MAGIC:
+        if size < MAGIC_SIZE or self._read_at(0, MAGIC_SIZE) != FILE_MAGIC:
             raise FormatError("not a bbformat file (bad leading magic)", "E_MAGIC")
-        if size < R.HEADER_FIXED_SIZE + 4 + R.INDEX_FIXED_SIZE + R.FOOTER_SIZE:
+        if size < MIN_FILE_SIZE:
             raise FormatError("file is too short to be a container", "E_TRUNCATED")
         tail = self._read_at(size - R.FOOTER_SIZE, R.FOOTER_SIZE)
-        if tail[-8:] != R.FOOTER_MAGIC:
+        if tail[-MAGIC_SIZE:] != R.FOOTER_MAGIC:
             raise FormatError("no footer magic at the end: the file is truncated or its footer is damaged", "E_TRUNCATED")
         fixed = parse_header_fixed(self._read_at(0, R.HEADER_FIXED_SIZE))
         hlen = header_length(fixed)
@@ -163,8 +167,7 @@ class Reader:
             raise FormatError("header runs past the end of the file", "E_BOUNDS")
         self.header: Header = parse_header(self._read_at(0, hlen))
         footer = parse_footer(tail)
-        if footer.major != self.header.major or footer.minor != self.header.minor:
-            raise FormatError("header and footer versions differ", "E_VERSION")
+        check_footer_version(self.header, footer)
         end = size - R.FOOTER_SIZE
         if footer.index_offset < hlen or footer.index_length > end - footer.index_offset or footer.index_offset + footer.index_length != end:
             raise FormatError("index offset or length out of bounds", "E_BOUNDS")
@@ -177,12 +180,18 @@ class Reader:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def read_chunk(self, i: int) -> ParsedChunk:
+    def read_chunk_bytes(self, i: int) -> bytes:
+        """Chunk i's stored bytes (chunk_length of them, CRC included) as its index entry
+        places them, unchecked: read_chunk checks them, parse_chunk can (bbformat.inspect)."""
         if not 0 <= i < len(self.entries):
             raise IndexError(i)
         e = self.entries[i]
-        return parse_chunk(self._read_at(e.offset, e.length), expected_index=i, expected_crc=e.crc, max_block_bytes=self._budget,
-                           max_site_dim=self._max_dim, required_flags=self.header.required_flags)
+        return self._read_at(e.offset, e.length)
+
+    def read_chunk(self, i: int) -> ParsedChunk:
+        data = self.read_chunk_bytes(i)
+        return parse_chunk(data, expected_index=i, expected_crc=self.entries[i].crc, max_block_bytes=self._budget,
+                           max_site_dim=self._max_dim, required_flags=self.header.required_flags, decode_planes=decode_planes)
 
     def read_program(self, i: int) -> BlockProgram:
         """Chunk i's program (its tensors, sites and ops) from its descriptor alone, without
@@ -276,45 +285,67 @@ def _read_exact(f: BinaryIO, n: int, what: str, prefix: bytes | bytearray = b"")
     return buf
 
 
-def iter_stream(
-    f: BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None, allow_inexact: bool = False
-) -> Iterator[DecodedBlock | Header]:
-    """Read forward from a non-seekable stream: yields the Header, then each block;
-    finally checks the index and footer against what was read. max_block_bytes and
-    allow_inexact as for Reader: each chunk's digest is checked before its block is yielded."""
-    budget = resolve_budget(max_block_bytes)
-    max_dim = check_max_site_dim(max_site_dim)
-    fixed_bytes = _read_exact(f, R.HEADER_FIXED_SIZE, "header")
-    fixed = parse_header_fixed(fixed_bytes)
-    hlen = header_length(fixed)
-    header = parse_header(fixed_bytes + _read_exact(f, hlen - R.HEADER_FIXED_SIZE, "header"))
-    yield header
-    pos = hlen
-    entries: list[IndexEntry] = []
-    seen: dict[str, int] = {}
-    for i in range(header.chunk_count):
-        head = _read_exact(f, R.CHUNK_FIXED_SIZE, "chunk header")
-        if head[:4] != R.CHUNK_MAGIC:
-            raise FormatError("bad chunk magic", "E_MAGIC")
-        length = R.CHUNK_FIXED.parse(head).chunk_length
-        if length < R.CHUNK_FIXED_SIZE + 4:
-            raise FormatError("chunk length too small", "E_BOUNDS")
-        data = _read_exact(f, length - R.CHUNK_FIXED_SIZE, "chunk", prefix=head)
-        chunk = parse_chunk(data, expected_index=i, max_block_bytes=budget, max_site_dim=max_dim, required_flags=header.required_flags)
-        entries.append(IndexEntry(pos, length, chunk.crc))
-        pos += length
-        del data  # a coded payload is decoded by now; a raw one is still held by the chunk
-        block = claim_names(seen, decode_parsed(chunk, allow_inexact))
-        del chunk  # while the caller holds the block, keep nothing else of it
-        yield block
-    index = build_index(entries)
-    got = _read_exact(f, len(index) + R.FOOTER_SIZE, "index and footer")
-    if got[: len(index)] != index:
-        raise FormatError("index disagrees with the chunks read", "E_INDEX")
-    footer = parse_footer(got[len(index) :])
-    if footer.major != header.major or footer.minor != header.minor:
-        raise FormatError("header and footer versions differ", "E_VERSION")
-    if footer.index_offset != pos or footer.index_length != len(index) or footer.index_crc != crc32c(index):
-        raise FormatError("footer disagrees with the stream", "E_INDEX")
-    if f.read(1):
-        raise FormatError("bytes after the footer", "E_TRAILING")
+class StreamReader:
+    """Reads a container forward from a non-seekable stream (a pipe). The header is read and
+    checked on construction (`.header`); iterating decodes each block in order, and after
+    the last one checks the index and footer against what was read. Iterate once."""
+
+    def __init__(self, f: BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,
+                 allow_inexact: bool = False) -> None:
+        self._f = f
+        self._budget = resolve_budget(max_block_bytes)
+        self._max_dim = check_max_site_dim(max_site_dim)
+        self._allow_inexact = allow_inexact
+        fixed_bytes = _read_exact(f, R.HEADER_FIXED_SIZE, "header")
+        self._header_length = header_length(parse_header_fixed(fixed_bytes))
+        self.header: Header = parse_header(fixed_bytes + _read_exact(f, self._header_length - R.HEADER_FIXED_SIZE, "header"))
+        self._started = False
+
+    def __iter__(self) -> Iterator[DecodedBlock]:
+        if self._started:
+            raise InputError("a StreamReader is read once")
+        self._started = True
+        return self._blocks()
+
+    def _blocks(self) -> Iterator[DecodedBlock]:
+        f, header = self._f, self.header
+        pos = self._header_length
+        entries: list[IndexEntry] = []
+        seen: dict[str, int] = {}
+        for i in range(header.chunk_count):
+            head = _read_exact(f, R.CHUNK_FIXED_SIZE, "chunk header")
+            if head[:4] != R.CHUNK_MAGIC:
+                raise FormatError("bad chunk magic", "E_MAGIC")
+            length = R.CHUNK_FIXED.parse(head).chunk_length
+            if length < MIN_CHUNK_LENGTH:
+                raise FormatError("chunk length too small", "E_BOUNDS")
+            data = _read_exact(f, length - R.CHUNK_FIXED_SIZE, "chunk", prefix=head)
+            chunk = parse_chunk(data, expected_index=i, max_block_bytes=self._budget, max_site_dim=self._max_dim,
+                                required_flags=header.required_flags, decode_planes=decode_planes)
+            entries.append(IndexEntry(pos, length, chunk.crc))
+            pos += length
+            del data  # a coded payload is decoded by now; a raw one is still held by the chunk
+            block = claim_names(seen, decode_parsed(chunk, self._allow_inexact))
+            del chunk  # while the caller holds the block, keep nothing else of it
+            yield block
+        self._check_tail(pos, entries)
+
+    def _check_tail(self, pos: int, entries: list[IndexEntry]) -> None:
+        index = build_index(entries)
+        got = _read_exact(self._f, len(index) + R.FOOTER_SIZE, "index and footer")
+        if got[: len(index)] != index:
+            raise FormatError("index disagrees with the chunks read", "E_INDEX")
+        footer = parse_footer(got[len(index) :])
+        check_footer_version(self.header, footer)
+        if footer.index_offset != pos or footer.index_length != len(index) or footer.index_crc != crc32c(index):
+            raise FormatError("footer disagrees with the stream", "E_INDEX")
+        if self._f.read(1):
+            raise FormatError("bytes after the footer", "E_TRAILING")
+
+
+def iter_stream(f: BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,
+                allow_inexact: bool = False) -> StreamReader:
+    """A StreamReader on `f`: `.header` at once, then `for block in ...` in order.
+    max_block_bytes and allow_inexact as for Reader: each chunk's digest is checked before
+    its block is yielded."""
+    return StreamReader(f, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact)

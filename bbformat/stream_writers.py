@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import io
 import json
 import math
 import os
@@ -42,7 +43,7 @@ import numpy as np
 import torch
 
 from .errors import BBFormatError, InputError
-from .fsutil import probe_write
+from .fsutil import fsync_path, probe_write
 
 __all__ = ["SafetensorsWriter", "TorchZipWriter", "torch_zip_is_whole"]
 
@@ -268,8 +269,6 @@ class _Pickler(pickle.Pickler):
 
 
 def _pickle_state(order: Sequence[str], stubs: dict[str, _Tensor]) -> bytes:
-    import io
-
     buf = io.BytesIO()
     _Pickler(buf).dump({name: stubs[name] for name in order})
     return buf.getvalue()
@@ -395,8 +394,7 @@ class TorchZipWriter:
         self._closed = True
         if self._stream is not None:
             self._stream.close()
-        with open(self._path, "rb+") as f:
-            os.fsync(f.fileno())
+        fsync_path(self._path)
         if not torch_zip_is_whole(self._path):  # a final flush that failed without an exception
             raise _probe_error(self._path, RuntimeError("the archive is incomplete"))
 

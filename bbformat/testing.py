@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from .adapters.tc_layout import Checkpoint
+from .adapters import llama, opt, phi2, phi3
+from .checkpoint import Checkpoint
 from .errors import UnsupportedModelError
 
 _TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -54,14 +55,16 @@ def _phi3_config(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, 
 def _phi3_layers(sd: dict[str, np.ndarray], g: Callable[..., np.ndarray], q_attn: list[np.ndarray], q_mlp: list[np.ndarray],
                  qkv_rows: int, heads_hd: int, ffn: int, d_in: list[int], d_attn: list[int], d_mlp: list[int]) -> None:
     """Phi-3 layers in TC's state-dict order (the shortcuts first: the compressed layer registers them)."""
+    n = phi3.NAMES
+    (qkv,), (gate_up,) = n.attn_in, n.up
     for i in range(len(d_in)):
-        p = f"model.layers.{i}."
-        sd[p + "mlp_shortcut_Q"] = q_mlp[i]
-        sd[p + "attn_shortcut_Q"] = q_attn[i]
-        sd[p + "self_attn.o_proj.weight"] = g(d_attn[i], heads_hd)
-        sd[p + "self_attn.qkv_proj.weight"] = g(qkv_rows, d_in[i])
-        sd[p + "mlp.gate_up_proj.weight"] = g(2 * ffn, d_attn[i])
-        sd[p + "mlp.down_proj.weight"] = g(d_mlp[i], ffn)
+        p = n.prefix(i)
+        sd[p + n.mlp_q] = q_mlp[i]
+        sd[p + n.attn_q] = q_attn[i]
+        sd[p + n.o] = g(d_attn[i], heads_hd)
+        sd[p + qkv] = g(qkv_rows, d_in[i])
+        sd[p + gate_up] = g(2 * ffn, d_attn[i])
+        sd[p + n.down] = g(d_mlp[i], ffn)
 
 
 def _tiny_phi2(rng: np.random.Generator, layers: int, hidden: int, heads: int, ffn: int, vocab: int, max_positions: int,
@@ -81,18 +84,19 @@ def _tiny_phi2(rng: np.random.Generator, layers: int, hidden: int, heads: int, f
     d_in = seq[:-1]
     bases = [_orth(rng, hidden) for _ in range(layers + 1)]
     g = _gauss(rng)
-    sd: dict[str, np.ndarray] = {"model.embed_tokens.weight": g(vocab, d_emb, scale=0.5)}
+    n, b = phi2.NAMES, phi2.NAMES.biases
+    sd: dict[str, np.ndarray] = {n.embed: g(vocab, d_emb, scale=0.5)}
     for i in range(layers):
-        p = f"model.layers.{i}."
-        sd[p + "attn_shortcut_Q"] = bases[i][:, : d_in[i]].T @ bases[i + 1][:, : d_out[i]]
-        for w in ("q", "k", "v"):
-            sd[p + f"self_attn.{w}_proj.weight"] = g(hidden, d_in[i])
-            sd[p + f"self_attn.{w}_proj.bias"] = g(hidden, scale=0.02)
-        sd[p + "self_attn.dense.weight"], sd[p + "self_attn.dense.bias"] = g(d_out[i], hidden), g(d_out[i], scale=0.02)
-        sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"] = g(ffn, d_in[i]), g(ffn, scale=0.02)
-        sd[p + "mlp.fc2.weight"], sd[p + "mlp.fc2.bias"] = g(d_out[i], ffn), g(d_out[i], scale=0.02)
+        p = n.prefix(i)
+        sd[p + n.attn_q] = bases[i][:, : d_in[i]].T @ bases[i + 1][:, : d_out[i]]
+        for w, role in zip(n.attn_in, ("q", "k", "v")):
+            sd[p + w] = g(hidden, d_in[i])
+            sd[p + b[role]] = g(hidden, scale=0.02)
+        sd[p + n.o], sd[p + b["o"]] = g(d_out[i], hidden), g(d_out[i], scale=0.02)
+        sd[p + n.up[0]], sd[p + b["up"]] = g(ffn, d_in[i]), g(ffn, scale=0.02)
+        sd[p + n.down], sd[p + b["down"]] = g(d_out[i], ffn), g(d_out[i], scale=0.02)
     head_dim = d_out[-1] if layers else d_emb
-    sd["lm_head.weight"], sd["lm_head.bias"] = g(vocab, head_dim, scale=0.3), g(vocab, scale=0.02)
+    sd[n.head], sd[phi2.HEAD_BIAS] = g(vocab, head_dim, scale=0.3), g(vocab, scale=0.02)
     slicing = {"hidden_size": hidden, "layers_num": layers, "do_slice_head": do_slice_head, "parallel_blocks": True,
                "embedding_dimensions": {"0": d_emb}, "attention_input_dimensions": {str(i): d_in[i] for i in range(layers)},
                "attention_output_dimensions": {}, "mlp_input_dimensions": {},
@@ -161,51 +165,55 @@ def make_tiny_checkpoint(
     q_mlp = [bases[2 * i + 1][:, : d_attn[i]].T @ bases[2 * i + 2][:, : d_mlp[i]] for i in range(layers)]
     sd: dict[str, np.ndarray] = {}
     if arch == "llama":
-        sd["model.embed_tokens.weight"] = g(vocab, d_emb, scale=0.5)
+        n = llama.NAMES
+        (q, k, v), (up, gate) = n.attn_in, n.up
+        sd[n.embed] = g(vocab, d_emb, scale=0.5)
         for i in range(layers):
-            p = f"model.layers.{i}."
-            sd[p + "self_attn.q_proj.weight"] = g(heads * hd, d_in[i])
-            sd[p + "self_attn.k_proj.weight"] = g(kv_heads * hd, d_in[i])
-            sd[p + "self_attn.v_proj.weight"] = g(kv_heads * hd, d_in[i])
-            sd[p + "self_attn.o_proj.weight"] = g(d_attn[i], heads * hd)
-            sd[p + "mlp.gate_proj.weight"] = g(ffn, d_attn[i])
-            sd[p + "mlp.up_proj.weight"] = g(ffn, d_attn[i])
-            sd[p + "mlp.down_proj.weight"] = g(d_mlp[i], ffn)
-            sd[p + "attn_shortcut_Q"] = q_attn[i]
-            sd[p + "mlp_shortcut_Q"] = q_mlp[i]
+            p = n.prefix(i)
+            sd[p + q] = g(heads * hd, d_in[i])
+            sd[p + k] = g(kv_heads * hd, d_in[i])
+            sd[p + v] = g(kv_heads * hd, d_in[i])
+            sd[p + n.o] = g(d_attn[i], heads * hd)
+            sd[p + gate] = g(ffn, d_attn[i])
+            sd[p + up] = g(ffn, d_attn[i])
+            sd[p + n.down] = g(d_mlp[i], ffn)
+            sd[p + n.attn_q] = q_attn[i]
+            sd[p + n.mlp_q] = q_mlp[i]
         cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": hidden, "num_hidden_layers": layers,
                "num_attention_heads": heads, "num_key_value_heads": kv_heads, "intermediate_size": ffn, "vocab_size": vocab,
                "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": max_positions, "hidden_act": "silu",
                "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False}
     elif arch == "opt":
-        sd["model.decoder.embed_tokens.weight"] = g(vocab, d_emb, scale=0.5)
-        sd["model.decoder.embed_positions.weight"] = g(max_positions + 2, d_emb, scale=0.2)
+        n, b = opt.NAMES, opt.NAMES.biases
+        sd[n.embed] = g(vocab, d_emb, scale=0.5)
+        sd[opt.POSITIONS] = g(max_positions + opt.POSITION_OFFSET, d_emb, scale=0.2)
         for i in range(layers):
-            p = f"model.decoder.layers.{i}."
-            for w in ("q", "k", "v"):
-                sd[p + f"self_attn.{w}_proj.weight"] = g(hidden, d_in[i])
-                sd[p + f"self_attn.{w}_proj.bias"] = g(hidden, scale=0.02)
-            sd[p + "self_attn.out_proj.weight"] = g(d_attn[i], hidden)
-            sd[p + "self_attn.out_proj.bias"] = g(d_attn[i], scale=0.02)
-            sd[p + "fc1.weight"] = g(ffn, d_attn[i])
-            sd[p + "fc1.bias"] = g(ffn, scale=0.02)
-            sd[p + "fc2.weight"] = g(d_mlp[i], ffn)
-            sd[p + "fc2.bias"] = g(d_mlp[i], scale=0.02)
-            sd[p + "attn_shortcut_Q"] = q_attn[i]
-            sd[p + "mlp_shortcut_Q"] = q_mlp[i]
+            p = n.prefix(i)
+            for w, role in zip(n.attn_in, ("q", "k", "v")):
+                sd[p + w] = g(hidden, d_in[i])
+                sd[p + b[role]] = g(hidden, scale=0.02)
+            sd[p + n.o] = g(d_attn[i], hidden)
+            sd[p + b["o"]] = g(d_attn[i], scale=0.02)
+            sd[p + n.up[0]] = g(ffn, d_attn[i])
+            sd[p + b["up"]] = g(ffn, scale=0.02)
+            sd[p + n.down] = g(d_mlp[i], ffn)
+            sd[p + b["down"]] = g(d_mlp[i], scale=0.02)
+            sd[p + n.attn_q] = q_attn[i]
+            sd[p + n.mlp_q] = q_mlp[i]
         cfg = {"model_type": "opt", "architectures": ["OPTForCausalLM"], "hidden_size": hidden, "num_hidden_layers": layers,
                "num_attention_heads": heads, "ffn_dim": ffn, "vocab_size": vocab, "max_position_embeddings": max_positions,
                "word_embed_proj_dim": hidden, "do_layer_norm_before": True, "activation_function": "relu"}
     elif arch == "phi3":
-        sd["model.embed_tokens.weight"] = g(vocab, d_emb, scale=0.5)
+        n = phi3.NAMES
+        sd[n.embed] = g(vocab, d_emb, scale=0.5)
         _phi3_layers(sd, g, q_attn, q_mlp, (heads + 2 * kv_heads) * hd, heads * hd, ffn, d_in, d_attn, d_mlp)
         cfg = _phi3_config(hidden, layers, heads, kv_heads, ffn, vocab, max_positions)
     else:
         raise UnsupportedModelError(f"unknown arch {arch!r}")
     head_dim = d_mlp[-1] if layers else d_emb
-    sd["lm_head.weight"] = g(vocab, head_dim, scale=0.3)
+    sd[n.head] = g(vocab, head_dim, scale=0.3)
     if arch == "opt":  # TC fuses the final LayerNorm's bias into a new head bias
-        sd["lm_head.bias"] = g(vocab, scale=0.02)
+        sd[opt.HEAD_BIAS] = g(vocab, scale=0.02)
     slicing = {"hidden_size": hidden, "layers_num": layers, "do_slice_head": do_slice_head, "parallel_blocks": False,
                "embedding_dimensions": {"0": d_emb, "1": d_emb} if arch == "opt" else {"0": d_emb},
                "attention_input_dimensions": {str(i): d_in[i] for i in range(layers)},
@@ -257,8 +265,10 @@ def _silu(x: np.ndarray) -> np.ndarray:
 
 
 def _lin(sd: dict[str, np.ndarray], x: np.ndarray, w: str) -> np.ndarray:
-    y = x @ sd[w + ".weight"].T
-    return y + sd[w + ".bias"] if w + ".bias" in sd else y
+    """x Wᵀ (+ b): W = sd[w], b its bias (the same name ending in .bias) if the state dict has one."""
+    y = x @ sd[w].T
+    b = w.removesuffix(".weight") + ".bias"
+    return y + sd[b] if b in sd else y
 
 
 def _heads(x: np.ndarray, nh: int, hd: int) -> np.ndarray:
@@ -299,16 +309,18 @@ def _phi2_logits(sd: dict[str, np.ndarray], c: dict, ids: np.ndarray) -> np.ndar
     rot = int(hd * partial)
     if rot % 2:
         raise UnsupportedModelError(f"rotary dims int({hd} * {partial}) = {rot} are odd (transformers cannot run that either)")
-    h = sd["model.embed_tokens.weight"][ids]
+    names = phi2.NAMES
+    (qn, kn, vn), (fc1,) = names.attn_in, names.up
+    h = sd[names.embed][ids]
     for i in range(n):
-        p = f"model.layers.{i}."
+        p = names.prefix(i)
         x = _rmsn(h, hidden, RMSN_EPS)
-        q = _rope(_heads(_lin(sd, x, p + "self_attn.q_proj"), heads, hd), theta, rot)
-        k = _rope(_heads(_lin(sd, x, p + "self_attn.k_proj"), kv, hd), theta, rot)
-        v = _heads(_lin(sd, x, p + "self_attn.v_proj"), kv, hd)
-        mlp = _lin(sd, _gelu_new(_lin(sd, x, p + "mlp.fc1")), p + "mlp.fc2")
-        h = h @ sd[p + "attn_shortcut_Q"] + _lin(sd, _gqa(q, k, v), p + "self_attn.dense") + mlp
-    return _lin(sd, _rmsn(h, hidden, RMSN_EPS), "lm_head")
+        q = _rope(_heads(_lin(sd, x, p + qn), heads, hd), theta, rot)
+        k = _rope(_heads(_lin(sd, x, p + kn), kv, hd), theta, rot)
+        v = _heads(_lin(sd, x, p + vn), kv, hd)
+        mlp = _lin(sd, _gelu_new(_lin(sd, x, p + fc1)), p + names.down)
+        h = h @ sd[p + names.attn_q] + _lin(sd, _gqa(q, k, v), p + names.o) + mlp
+    return _lin(sd, _rmsn(h, hidden, RMSN_EPS), names.head)
 
 
 def _phi3_logits(sd: dict[str, np.ndarray], c: dict, ids: np.ndarray) -> np.ndarray:
@@ -320,17 +332,19 @@ def _phi3_logits(sd: dict[str, np.ndarray], c: dict, ids: np.ndarray) -> np.ndar
     kv, hd, ffn = c.get("num_key_value_heads") or heads, c.get("head_dim") or hidden // heads, c["intermediate_size"]
     theta, partial = _rope_config(c, 1.0)
     rot, window = int(hd * partial), c.get("sliding_window")
-    h = sd["model.embed_tokens.weight"][ids]
+    names = phi3.NAMES
+    (qkv_w,), (gate_up,) = names.attn_in, names.up
+    h = sd[names.embed][ids]
     for i in range(n):
-        p = f"model.layers.{i}."
-        qkv = _lin(sd, _rmsn(h, hidden, RMSN_EPS), p + "self_attn.qkv_proj")
+        p = names.prefix(i)
+        qkv = _lin(sd, _rmsn(h, hidden, RMSN_EPS), p + qkv_w)
         q = _rope(_heads(qkv[..., : heads * hd], heads, hd), theta, rot)
         k = _rope(_heads(qkv[..., heads * hd : (heads + kv) * hd], kv, hd), theta, rot)
         v = _heads(qkv[..., (heads + kv) * hd :], kv, hd)
-        h = h @ sd[p + "attn_shortcut_Q"] + _lin(sd, _gqa(q, k, v, window), p + "self_attn.o_proj")
-        gu = _lin(sd, _rmsn(h, hidden, RMSN_EPS), p + "mlp.gate_up_proj")
-        h = h @ sd[p + "mlp_shortcut_Q"] + _lin(sd, gu[..., ffn:] * _silu(gu[..., :ffn]), p + "mlp.down_proj")
-    return _lin(sd, _rmsn(h, hidden, RMSN_EPS), "lm_head")
+        h = h @ sd[p + names.attn_q] + _lin(sd, _gqa(q, k, v, window), p + names.o)
+        gu = _lin(sd, _rmsn(h, hidden, RMSN_EPS), p + gate_up)
+        h = h @ sd[p + names.mlp_q] + _lin(sd, gu[..., ffn:] * _silu(gu[..., :ffn]), p + names.down)
+    return _lin(sd, _rmsn(h, hidden, RMSN_EPS), names.head)
 
 
 def _llama_logits(sd: dict[str, np.ndarray], c: dict, ids: np.ndarray) -> np.ndarray:
@@ -340,32 +354,36 @@ def _llama_logits(sd: dict[str, np.ndarray], c: dict, ids: np.ndarray) -> np.nda
     kv = c.get("num_key_value_heads") or heads
     theta = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     hd = c.get("head_dim") or hidden // heads
-    h = sd["model.embed_tokens.weight"][ids]
+    names = llama.NAMES
+    (qn, kn, vn), (up_w, gate_w) = names.attn_in, names.up
+    h = sd[names.embed][ids]
     for i in range(n):
-        p = f"model.layers.{i}."
+        p = names.prefix(i)
         x = _rmsn(h, hidden, RMSN_EPS)
-        q = _rope(_heads(_lin(sd, x, p + "self_attn.q_proj"), heads, hd), theta)
-        k = _rope(_heads(_lin(sd, x, p + "self_attn.k_proj"), kv, hd), theta)
-        v = _heads(_lin(sd, x, p + "self_attn.v_proj"), kv, hd)
-        h = h @ sd[p + "attn_shortcut_Q"] + _lin(sd, _gqa(q, k, v), p + "self_attn.o_proj")
+        q = _rope(_heads(_lin(sd, x, p + qn), heads, hd), theta)
+        k = _rope(_heads(_lin(sd, x, p + kn), kv, hd), theta)
+        v = _heads(_lin(sd, x, p + vn), kv, hd)
+        h = h @ sd[p + names.attn_q] + _lin(sd, _gqa(q, k, v), p + names.o)
         x = _rmsn(h, hidden, RMSN_EPS)
-        gate, up = _lin(sd, x, p + "mlp.gate_proj"), _lin(sd, x, p + "mlp.up_proj")
-        h = h @ sd[p + "mlp_shortcut_Q"] + _lin(sd, _silu(gate) * up, p + "mlp.down_proj")
-    return _lin(sd, _rmsn(h, hidden, RMSN_EPS), "lm_head")
+        gate, up = _lin(sd, x, p + gate_w), _lin(sd, x, p + up_w)
+        h = h @ sd[p + names.mlp_q] + _lin(sd, _silu(gate) * up, p + names.down)
+    return _lin(sd, _rmsn(h, hidden, RMSN_EPS), names.head)
 
 
 def _opt_logits(sd: dict[str, np.ndarray], c: dict, ids: np.ndarray) -> np.ndarray:
     hidden, heads, n = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"]
     hd, t = hidden // heads, ids.shape[1]
-    h = sd["model.decoder.embed_tokens.weight"][ids] + sd["model.decoder.embed_positions.weight"][np.arange(t) + 2][None]
+    names = opt.NAMES
+    (fc1,) = names.up
+    h = sd[names.embed][ids] + sd[opt.POSITIONS][np.arange(t) + opt.POSITION_OFFSET][None]
     for i in range(n):
-        p = f"model.decoder.layers.{i}."
+        p = names.prefix(i)
         x = _rmsn(h, hidden, RMSN_EPS)
-        q, k, v = (_heads(_lin(sd, x, p + f"self_attn.{w}_proj"), heads, hd) for w in ("q", "k", "v"))
-        h = h @ sd[p + "attn_shortcut_Q"] + _lin(sd, _merge(_attention(q, k, v)), p + "self_attn.out_proj")
+        q, k, v = (_heads(_lin(sd, x, p + w), heads, hd) for w in names.attn_in)
+        h = h @ sd[p + names.attn_q] + _lin(sd, _merge(_attention(q, k, v)), p + names.o)
         x = _rmsn(h, hidden, RMSN_EPS)
-        h = h @ sd[p + "mlp_shortcut_Q"] + _lin(sd, np.maximum(_lin(sd, x, p + "fc1"), 0), p + "fc2")
-    return _lin(sd, _rmsn(h, hidden, RMSN_EPS), "lm_head")
+        h = h @ sd[p + names.mlp_q] + _lin(sd, np.maximum(_lin(sd, x, p + fc1), 0), p + names.down)
+    return _lin(sd, _rmsn(h, hidden, RMSN_EPS), names.head)
 
 
 _FORWARDS = {"llama": _llama_logits, "opt": _opt_logits, "phi": _phi2_logits, "phi3": _phi3_logits}

@@ -17,15 +17,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable
 
-from .codec.entropy import ENTROPY_MODES, code_payload
+from .codec.entropy import check_entropy_mode, code_payload
+from .constants import RequiredFlag, SectionKind, minor_for, required_flags_for
 from .container.digest import content_crc
-from .codec.program import BlockProgram
-from .codec.sections import KIND_PAYLOAD, Section
+from .container.program import BlockProgram
+from .codec.sections import Section
 from .container.chunks import BuiltChunk, build_chunk_parts
-from .container import records as R
-from .container.framing import IndexEntry, build_footer, build_index, check_header, minor_for, seal_header
+from .container.framing import IndexEntry, build_footer, build_index, check_format_version, check_header, seal_header
 from .errors import BBFormatError, InputError, output_error
-from .fsutil import fsync_dir, remove_stale_temps, temp_name
+from .fsutil import AtomicOutput
 
 
 if TYPE_CHECKING:
@@ -36,7 +36,6 @@ class WriterStateError(BBFormatError):
     code = "E_WRITER_STATE"
 
 
-FORMAT_VERSIONS = ("1.2", "1.1")
 
 
 class Writer:
@@ -52,19 +51,15 @@ class Writer:
 
         background_header: compress the metadata (zstd-19; seconds for a tokenizer) on a
         thread of its own; the header is written before the first chunk, as always."""
-        if entropy not in ENTROPY_MODES:
-            raise InputError(f"unknown entropy mode {entropy!r} (choose {', '.join(ENTROPY_MODES)})")
-        if format_version not in FORMAT_VERSIONS:
-            raise InputError(f"unknown format version {format_version!r} (choose {', '.join(FORMAT_VERSIONS)})")
+        check_entropy_mode(entropy)
+        check_format_version(format_version)
         self._entropy = entropy
-        self._flags = R.FLAG_PLANES if entropy in ("planes", "auto") else 0
-        if format_version == "1.2":
-            self._flags |= R.FLAG_DIGESTS | R.FLAG_MIXED_CORRECTIONS
+        self._flags = required_flags_for(format_version, entropy)
         fields = check_header(scheme, chunk_count, metadata, self._flags)  # refuses bad input before a temp file exists
         self._header_pool: ThreadPoolExecutor | None = None
         self._header: Future[bytes] | None = None  # a background header not yet written
         self._path: Path | None = None
-        self._tmp: Path | None = None
+        self._atomic: AtomicOutput | None = None  # a path destination's temp file, until published
         self._state = "chunks"
         if isinstance(dest, (str, os.PathLike)):
             self._path = Path(dest)
@@ -74,12 +69,12 @@ class Writer:
             if self._path.is_dir():
                 raise InputError(f"output {self._path} is a directory")
             self._existed = os.path.lexists(self._path)
-            self._tmp = parent / temp_name(self._path.name)
             try:
-                self._out: BinaryIO = open(self._tmp, "xb")  # noqa: SIM115 (closed in close/abort)
+                self._atomic = AtomicOutput(self._path)
             except OSError as exc:
-                self._tmp = None
                 raise output_error(exc, self._path, self._untouched()) from None
+            assert self._atomic.file is not None
+            self._out: BinaryIO = self._atomic.file
         else:
             self._out = dest
         self._expected = chunk_count
@@ -120,7 +115,8 @@ class Writer:
     def _fail(self, exc: OSError) -> None:
         """Discard the partial output and raise the OSError as an OutputError."""
         self.abort()
-        target = self._path if self._path is not None else getattr(self._out, "name", "the output stream")
+        stream_name: object = getattr(self._out, "name", "the output stream")
+        target = self._path if self._path is not None else stream_name
         raise output_error(exc, str(target), self._untouched()) from None
 
     def _untouched(self) -> str:
@@ -137,17 +133,17 @@ class Writer:
         Pure and thread-safe, so a caller can code one chunk while it encodes the next."""
         if self._entropy == "none":
             return list(sections)
-        return [self._code(program, s) if s.kind == KIND_PAYLOAD else s for s in sections]
+        return [self._code(program, s) if s.kind == SectionKind.PAYLOAD else s for s in sections]
 
     @property
     def digests(self) -> bool:
         """Whether add_chunk needs each chunk's content_crc (format 1.2)."""
-        return bool(self._flags & R.FLAG_DIGESTS)
+        return bool(self._flags & RequiredFlag.DIGESTS)
 
     @property
     def mixed_corrections(self) -> bool:
         """Whether a site may carry x_residuals and x_patches together (the encoder's band=True)."""
-        return bool(self._flags & R.FLAG_MIXED_CORRECTIONS)
+        return bool(self._flags & RequiredFlag.MIXED_CORRECTIONS)
 
     def add_chunk(self, program: BlockProgram, sections: list[Section], coded: bool = False, content_crc: int | None = None) -> None:
         """Append the next chunk. coded=True: `sections` come from code_sections already.
@@ -209,24 +205,14 @@ class Writer:
         self._write(index + footer)
         try:
             self._out.flush()
-            if self._path is not None:
-                os.fsync(self._out.fileno())
-                self._out.close()
-                assert self._tmp is not None
-                if check is not None:
-                    try:
-                        check(self._tmp)
-                    except BaseException:
-                        self.abort()
-                        raise
-                os.replace(self._tmp, self._path)
+            if self._atomic is not None:
+                self._atomic.publish(check)
         except OSError as exc:
             self._fail(exc)
+        except BaseException:  # check refused the file, or an interrupt: nothing is published
+            self.abort()
+            raise
         self._state = "closed"
-        if self._path is not None:
-            self._tmp = None
-            fsync_dir(self._path.parent)
-            remove_stale_temps(self._path.parent, self._path.name)
         return self._pos
 
     def abort(self) -> None:
@@ -236,17 +222,8 @@ class Writer:
         self._state = "aborted"
         self._stop_header_pool()
         self._waiting.clear()
-        if self._path is not None:
-            try:
-                self._out.close()  # flushes what is buffered: may fail again on a full disk
-            except OSError:
-                pass
-            if self._tmp is not None:
-                try:
-                    self._tmp.unlink()
-                except OSError:  # already gone, or not ours to remove any more
-                    pass
-                self._tmp = None
+        if self._atomic is not None:
+            self._atomic.discard()
 
     def __enter__(self) -> "Writer":
         return self

@@ -49,12 +49,12 @@ sys.path.insert(0, str(HERE))
 
 import bbformat  # noqa: E402
 from bbformat import errors as bberr  # noqa: E402
-from bbformat.codec import encoder as bbenc  # noqa: E402
 from bbformat.codec import rotation as rot  # noqa: E402
 from bbformat.codec.dtypes import RawTensor  # noqa: E402
 from bbformat.codec.encoder import encode_chunk  # noqa: E402
 from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec  # noqa: E402
-from bbformat.codec.program import OP_PUSH, OP_SITE, SITE_PAPER, SITE_PLAIN, decode_program  # noqa: E402
+from bbformat.codec.decoder import decode_program  # noqa: E402
+from bbformat.container.program import OP_PUSH, OP_SITE, SITE_PAPER, SITE_PLAIN  # noqa: E402
 from bbformat.codec.sections import (  # noqa: E402
     KIND_ANCHOR_PATCHES,
     KIND_PAYLOAD,
@@ -266,19 +266,7 @@ def separated(rng: np.random.Generator, rows: int, d: int, lo: float = 1.0, hi: 
 def encode(layout: ChunkLayout, tensors: dict, scheme: str, tol: float, force: bool = False, band: bool = False):  # type: ignore[no-untyped-def]
     """encode_chunk; with force, a site is not made PLAIN for side information that does not pay.
     band=False (the default) is the 1.1 encoder: the bytes of every vector before 1.2."""
-    if not force:
-        return encode_chunk(layout, tensors, {}, scheme, tol, band=band)
-    orig = bbenc._encode_once
-
-    def once(*a, **k):  # type: ignore[no-untyped-def]
-        enc, _newly = orig(*a, **k)
-        return enc, {}
-
-    bbenc._encode_once = once
-    try:
-        return encode_chunk(layout, tensors, {}, scheme, tol, band=band)
-    finally:
-        bbenc._encode_once = orig
+    return encode_chunk(layout, tensors, {}, scheme, tol, band=band, demote=not force)
 
 
 def site_flags(enc) -> list[int]:  # type: ignore[no-untyped-def]
@@ -942,7 +930,7 @@ def tiny_model(arch: str, scheme: str, seed: int, tol: float | None, dtype: str 
     """bbformat.api.pack of a tiny checkpoint: (the file's bytes, pack's report). format_version
     "1.1" (the default here) is what every vector before 1.2 was written with; entropy None is
     pack's default for the scheme ("auto" for "none")."""
-    from bbformat.adapters.tc_layout import write_checkpoint
+    from bbformat.checkpoint import write_checkpoint
     from bbformat.api import pack
 
     ck = tiny_checkpoint(arch, seed, dtype, layers)
@@ -2088,7 +2076,7 @@ def add_planes(S: Suite) -> None:  # noqa: C901 - one list of vectors
             "version 1.1 with PLANES set and no codec-2 payload", since=V)
     # the reference writer: pack --entropy planes / auto
     for mode in ("planes", "auto"):
-        from bbformat.adapters.tc_layout import write_checkpoint
+        from bbformat.checkpoint import write_checkpoint
         from bbformat.api import pack
         from bbformat.testing import make_tiny_checkpoint
 

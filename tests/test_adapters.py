@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bbformat.adapters import detect, plan
-from bbformat.adapters.tc_layout import Checkpoint, read_checkpoint, write_checkpoint
+from bbformat.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from bbformat.codec.layout import ModelLayout
 from bbformat.errors import InputError, UnsupportedModelError
 from bbformat.testing import make_tiny_checkpoint, reference_logits

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import bbformat
-from bbformat.adapters.tc_layout import read_checkpoint, write_checkpoint
+from bbformat.checkpoint import read_checkpoint, write_checkpoint
 from bbformat.testing import make_tiny_checkpoint, reference_logits
 
 SLOW = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -156,7 +156,7 @@ def test_scheme_none_gives_back_the_input_bits(tmp_path: Path) -> None:
     """--scheme none: no rotation, the entropy stage alone; unpack returns every tensor's bytes."""
     from safetensors.torch import load_file
 
-    from bbformat.adapters.tc_layout import write_checkpoint
+    from bbformat.checkpoint import write_checkpoint
     from bbformat.api import pack, unpack
     from bbformat.container import records as R
     from bbformat.errors import InputError

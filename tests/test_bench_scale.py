@@ -148,7 +148,7 @@ def test_compressed_copies_decompress_to_the_checkpoint(tmp_path: Path) -> None:
 
 def test_children_unpack_the_container_s_intent_and_failures_are_recorded(tmp_path: Path) -> None:
     import bbformat
-    from bbformat.adapters.tc_layout import read_checkpoint, write_checkpoint
+    from bbformat.checkpoint import read_checkpoint, write_checkpoint
     from bbformat.testing import make_tiny_checkpoint
 
     write_checkpoint(make_tiny_checkpoint("llama", seed=3, layers=2), tmp_path / "src")

@@ -10,7 +10,8 @@ from bbformat.codec import rotation as rot
 from bbformat.codec.dtypes import RawTensor, tensor_to_symbols
 from bbformat.codec.encoder import encode_chunk
 from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec
-from bbformat.codec.program import OP_SITE, decode_program
+from bbformat.codec.decoder import decode_program
+from bbformat.container.program import OP_SITE
 from bbformat.codec.sections import StoredCorrector, decoded_limit, decompress
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bbformat.adapters.tc_layout import write_checkpoint
+from bbformat.checkpoint import write_checkpoint
 from bbformat.cli import main
 from bbformat.testing import make_tiny_checkpoint
 
@@ -178,7 +178,7 @@ def test_closed_pipe_ends_quietly(model_dir: Path, tmp_path: Path) -> None:
 
 def test_import_and_cli_do_not_load_torch() -> None:
     """torch (seconds to import) loads only when a torch tensor or model is made."""
-    code = ("import sys, bbformat, bbformat.cli, bbformat.api, bbformat.inspect, bbformat.reader; "
+    code = ("import sys, bbformat, bbformat.cli, bbformat.api, bbformat.summary, bbformat.reader; "
             "assert 'torch' not in sys.modules, 'torch imported'; bbformat.load_model; assert 'torch' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bbformat.adapters.tc_layout import write_checkpoint
+from bbformat.checkpoint import write_checkpoint
 from bbformat.cli import main
 from bbformat.compat import legacy_reader_problems
 from bbformat.testing import make_tiny_checkpoint

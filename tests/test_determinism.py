@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bbformat.adapters.tc_layout import write_checkpoint
+from bbformat.checkpoint import write_checkpoint
 from bbformat.api import pack
 from bbformat.testing import make_tiny_checkpoint
 
@@ -59,7 +59,7 @@ def test_pipelined_pack_writes_the_sequential_bytes(tmp_path: Path, monkeypatch:
     """pack computes canonical directions ahead on a thread, compresses on a worker and the
     header on a third: the bytes are those of the plain chain (every canonical direction
     computed in turn, each chunk written before the next is encoded)."""
-    import bbformat.api as api
+    import bbformat.packing as packing
 
     ckpt = make_tiny_checkpoint("llama", seed=6, layers=3, hidden=96)
     src = tmp_path / "src"
@@ -69,11 +69,11 @@ def test_pipelined_pack_writes_the_sequential_bytes(tmp_path: Path, monkeypatch:
         pack(src, tmp_path / "p.bb", scheme=scheme, tolerance=tol)
         got[(scheme, tol)] = (tmp_path / "p.bb").read_bytes()
     from bbformat.adapters import plan
-    from bbformat.adapters.tc_layout import read_checkpoint
+    from bbformat.checkpoint import read_checkpoint
 
-    assert api._independent_anchors(plan(read_checkpoint(src), "symmetric"))  # there is something to compute ahead
-    monkeypatch.setattr(api, "_independent_anchors", lambda layout: set())
-    monkeypatch.setattr(api, "PACK_QUEUE", 0)
+    assert packing.independent_anchors(plan(read_checkpoint(src), "symmetric"))  # there is something to compute ahead
+    monkeypatch.setattr(packing, "CANONICAL_AHEAD", 0)
+    monkeypatch.setattr(packing, "PACK_QUEUE", 0)
     for scheme, tol in MODES:
         pack(src, tmp_path / "s.bb", scheme=scheme, tolerance=tol)
         assert (tmp_path / "s.bb").read_bytes() == got[(scheme, tol)], (scheme, tol)

@@ -112,7 +112,7 @@ def test_varint_bytes_is_the_encoded_length(values: list[int]) -> None:
 def test_byte_cursor_varint_agrees_with_decode_varints(data: bytes, start: int) -> None:
     """The group reader's scalar varint and the vectorised decoder accept, reject and read
     the same bytes."""
-    from bbformat.codec.sections import ByteCursor
+    from bbformat.bytecursor import ByteCursor
 
     cur = ByteCursor(data, "t")
     cur.pos = min(start, len(data))

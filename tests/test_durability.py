@@ -33,7 +33,7 @@ import pytest
 import torch
 
 import bbformat
-from bbformat.adapters.tc_layout import Checkpoint, read_checkpoint, write_checkpoint
+from bbformat.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from bbformat.codec.dtypes import RawTensor
 from bbformat.codec.encoder import encode_chunk
 from bbformat.codec.layout import ChunkLayout

@@ -180,7 +180,7 @@ def test_every_mode_decodes_to_the_same_tensors(entropy: str) -> None:
     base = _tensors(sample_container())
     data = sample_container(entropy=entropy)
     assert _tensors(data) == base
-    streamed = {n: t.tobytes() for b in list(iter_stream(io.BytesIO(data)))[1:] for n, t in b.tensors.items()}  # type: ignore[union-attr]
+    streamed = {n: t.tobytes() for b in iter_stream(io.BytesIO(data)) for n, t in b.tensors.items()}
     assert streamed == base
 
 
@@ -222,7 +222,7 @@ def test_pack_cli_entropy_auto(tmp_path: Path) -> None:
     """pack --entropy auto: a smaller 1.1 file that unpacks to the same files as --entropy none."""
     from bbformat.cli import main
 
-    from bbformat.adapters.tc_layout import write_checkpoint
+    from bbformat.checkpoint import write_checkpoint
     from bbformat.testing import make_tiny_checkpoint
 
     ck = make_tiny_checkpoint("llama", seed=3, layers=2, hidden=32, heads=4, kv_heads=2, vocab=64, max_positions=16)
@@ -233,7 +233,7 @@ def test_pack_cli_entropy_auto(tmp_path: Path) -> None:
     (tmp_path / "a1.1.bb").rename(tmp_path / "a.bb")
     assert main(["pack", str(tmp_path / "m"), str(tmp_path / "n.bb"), "--quiet", "--format-version", "1.1"]) == 0
     assert (tmp_path / "a.bb").stat().st_size < (tmp_path / "n.bb").stat().st_size
-    from bbformat.inspect import inspect
+    from bbformat.summary import inspect
 
     assert inspect(tmp_path / "a1.2.bb")["version"] == "1.2"
     info = inspect(tmp_path / "a.bb")
@@ -257,7 +257,7 @@ def test_pack_refuses_an_unknown_mode_with_a_usage_error(tmp_path: Path, capsys:
 
 
 def test_pack_refuses_an_unknown_mode_before_any_file(tmp_path: Path) -> None:
-    from bbformat.adapters.tc_layout import write_checkpoint
+    from bbformat.checkpoint import write_checkpoint
     from bbformat.api import pack
     from bbformat.testing import make_tiny_checkpoint
 

@@ -118,7 +118,7 @@ def test_block_budget_at_the_limit_and_one_below() -> None:
     raised before any section is decompressed."""
     data = (CONF / "valid" / "large_d.bb").read_bytes()
     with Reader(io.BytesIO(data), max_block_bytes=None) as r:
-        raw = r._read_at(r.entries[0].offset, r.entries[0].length)
+        raw = r.read_chunk_bytes(0)
         need = working_set_bytes(r.read_chunk(0).program, len(raw))
     with Reader(io.BytesIO(data), max_block_bytes=need) as r:
         r.decode_block(0)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import bbformat
-from bbformat.adapters.tc_layout import write_checkpoint
+from bbformat.checkpoint import write_checkpoint
 from bbformat.codec import encoder
 from bbformat.codec import rotation as rot
 from bbformat.codec.dtypes import RawTensor

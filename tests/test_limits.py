@@ -13,7 +13,7 @@ import pytest
 import zstandard
 
 from bbformat.container import records as R
-from bbformat.container.chunks import MAX_FOLLOWERS_PER_CHUNK
+from bbformat.constants import MAX_FOLLOWERS_PER_CHUNK
 from bbformat.errors import BBFormatError
 from bbformat.fuzz import read_random, read_stream
 from bbformat.reader import Reader, iter_stream

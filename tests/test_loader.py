@@ -108,7 +108,7 @@ def test_load_model_runs_sliced_opt(tmp_path: Path, dtype: str) -> None:
     """OPT through load_model, from the checkpoint and from a container: logits equal the
     independent float64 forward of bbformat.testing, and generate() runs with its cache."""
     import bbformat
-    from bbformat.adapters.tc_layout import read_checkpoint, write_checkpoint
+    from bbformat.checkpoint import read_checkpoint, write_checkpoint
     from bbformat.loader import load_model
     from bbformat.testing import make_tiny_checkpoint, reference_logits
 

@@ -1,4 +1,4 @@
-"""pack's input is mapped, not read (adapters/tc_layout.py, MappedWeights): tensors keep their
+"""pack's input is mapped, not read (bbformat/checkpoint/mapped.py, MappedWeights): tensors keep their
 values after their pages are released, released pages leave the resident set, and nothing but
 the file's own mappings is ever released."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from bbformat.adapters.tc_layout import MappedWeights, read_checkpoint, release_mapped, write_checkpoint
+from bbformat.checkpoint import MappedWeights, read_checkpoint, release_mapped, write_checkpoint
 from bbformat.testing import make_tiny_checkpoint
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page release is Linux-only (madvise)")

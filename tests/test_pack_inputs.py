@@ -21,7 +21,7 @@ import torch
 
 import bbformat
 from bbformat.adapters import plan
-from bbformat.adapters.tc_layout import Checkpoint, read_checkpoint, write_checkpoint
+from bbformat.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from bbformat.container import records
 from bbformat.errors import BBFormatError, InputError, UnsupportedModelError
 from bbformat.testing import make_tiny_checkpoint

@@ -13,7 +13,7 @@ import torch
 
 import bbformat
 from bbformat.adapters import detect, plan
-from bbformat.adapters.tc_layout import Checkpoint, read_checkpoint, write_checkpoint
+from bbformat.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from bbformat.errors import UnsupportedModelError
 from bbformat.testing import make_tiny_checkpoint, reference_logits
 

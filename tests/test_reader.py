@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from bbformat import FormatError, Reader, iter_stream
 from bbformat.container.framing import Header
-from bbformat.inspect import inspect
+from bbformat.summary import inspect
 
 from conftest import sample_container
 
@@ -54,10 +54,10 @@ def _tensors(blocks) -> dict:  # type: ignore[no-untyped-def]
 @given(step=st.integers(1, 4096), scheme=st.sampled_from(["symmetric", "paper"]), into=st.booleans())
 def test_stream_reads_across_every_boundary(step: int, scheme: str, into: bool) -> None:
     data = sample_container(scheme, 0.0 if scheme == "symmetric" else 0.005)
-    items = list(iter_stream((DribbleInto if into else Dribble)(data, step)))  # type: ignore[arg-type]
-    assert isinstance(items[0], Header)
+    stream = iter_stream((DribbleInto if into else Dribble)(data, step))  # type: ignore[arg-type]
+    assert isinstance(stream.header, Header) and stream.header.chunk_count == len(Reader(io.BytesIO(data)))
     ref = _tensors(Reader(io.BytesIO(data)).iter_blocks())
-    got = _tensors(items[1:])
+    got = _tensors(list(stream))
     assert ref.keys() == got.keys() and all(ref[n].equal(got[n]) for n in ref)
 
 

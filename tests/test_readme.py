@@ -32,7 +32,7 @@ def test_walkthrough_commands(tmp_path: Path) -> None:
 
 
 def test_python_api_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from bbformat.adapters.tc_layout import write_checkpoint
+    from bbformat.checkpoint import write_checkpoint
     from bbformat.testing import make_tiny_checkpoint
 
     write_checkpoint(make_tiny_checkpoint("llama", seed=0, layers=2), tmp_path / "demo" / "model")
@@ -45,7 +45,7 @@ def test_python_api_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap
 
 def test_untrusted_files_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import bbformat
-    from bbformat.adapters.tc_layout import write_checkpoint
+    from bbformat.checkpoint import write_checkpoint
     from bbformat.testing import make_tiny_checkpoint
 
     write_checkpoint(make_tiny_checkpoint("llama", seed=0, layers=2), tmp_path / "demo" / "model")

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import bbformat
-from bbformat.adapters.tc_layout import read_checkpoint, write_checkpoint
+from bbformat.checkpoint import read_checkpoint, write_checkpoint
 from bbformat.codec.dtypes import RawTensor, bits_to_f64, f64_to_bits
 from bbformat.codec.encoder import encode_chunk
 from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec
-from bbformat.codec.program import decode_program
+from bbformat.codec.decoder import decode_program
 from bbformat.codec.rounding import function_error, quantize_moment, round_feedback
 from bbformat.codec.sections import StoredCorrector, decoded_limit, decompress
 from bbformat.testing import make_tiny_checkpoint, reference_logits
@@ -139,14 +139,14 @@ def test_calibration_rejects_non_llama(tmp_path: Path) -> None:
 def test_feedback_cache_keys_on_rotations_of_every_axis() -> None:
     """A tensor re-rounded under different rotations (a second planning pass) must not
     come back from the cache rounded under the old ones."""
-    from bbformat.codec.encoder import _rounded
+    from bbformat.codec.encoder import round_rotated
 
     rng = np.random.default_rng(6)
     x = rng.normal(0, 0.05, (12, 10))
     r1 = np.linalg.qr(rng.normal(size=(10, 10)))[0]
     base_h = {"t": (0, _moment(rng, 12, 10.0))}
     cache: dict = {}
-    first = _rounded("t", x @ r1, [(1, r1)], "float16", base_h, cache)
-    second = _rounded("t", x, [], "float16", base_h, cache)
+    first = round_rotated("t", x @ r1, [(1, r1)], "float16", base_h, cache)
+    second = round_rotated("t", x, [], "float16", base_h, cache)
     assert np.array_equal(second.bits, round_feedback(x, 0, base_h["t"][1], "float16"))
     assert not np.array_equal(first.bits, second.bits)

@@ -2,9 +2,16 @@
 input with one line."""
 from __future__ import annotations
 
+import ast
+import importlib
+import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 
@@ -79,3 +86,124 @@ def test_crosscheck_runs_two_cells_on_a_tiny_container(tmp_path: Path) -> None:
 
     replace_section(report, ["## 8. Exact on every reader (format 1.2): the cross-reader matrix", "", "again"])
     assert report.read_text() == "# Benchmarks\n\n## 7. Before\n\nkept\n\n## 8. Exact on every reader (format 1.2): the cross-reader matrix\n\nagain\n"
+
+
+# ---------------------------------------------------------------- tools/bench (the package)
+
+ROOT = TOOLS.parent
+
+
+def _bench(module: str) -> ModuleType:
+    """tools.bench.<module>, imported without writing bytecode into tools/."""
+    saved = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    try:
+        return importlib.import_module(f"tools.bench.{module}")
+    finally:
+        sys.dont_write_bytecode = saved
+
+
+def _bbformat_names(tree: ast.AST) -> set[str]:
+    """Names a module binds to bbformat modules or to anything imported from them."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.split(".")[0] == "bbformat"}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "bbformat":
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def _attribute_targets(tree: ast.AST) -> list[ast.Attribute]:
+    targets: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets += node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets.append(node.target)
+        elif isinstance(node, ast.Delete):
+            targets += node.targets
+    return [t for t in targets if isinstance(t, ast.Attribute)]
+
+
+def test_bench_package_imports_and_patches_no_bbformat_module() -> None:
+    """Every module of tools/bench imports; none calls setattr, mentions monkeypatching, or assigns
+    an attribute of a bbformat module (it times the codec through rotation.linalg_clock)."""
+    files = sorted((TOOLS / "bench").glob("*.py"))
+    assert {f.stem for f in files} >= {"__init__", "__main__", "cli", "common", "report", "child", "smollm2", "table1", "scaling",
+                                       "entropy", "speed", "residuals"}
+    for f in files:
+        if f.stem not in ("__init__", "__main__"):
+            _bench(f.stem)
+        text = f.read_text()
+        assert "setattr(" not in text and "monkeypatch" not in text.lower() and "__dict__" not in text, f
+        tree = ast.parse(text)
+        bb = _bbformat_names(tree)
+        patched = [ast.unparse(t) for t in _attribute_targets(tree) if isinstance(t.value, ast.Name) and t.value.id in bb]
+        assert not patched, f"{f.name} assigns {patched}"
+    assert len((TOOLS / "bench.py").read_text().splitlines()) <= 12  # the entry point only
+
+
+def test_bench_refuses_an_unknown_section_from_the_package_entry_point(tmp_path: Path) -> None:
+    r = _tool(str(TOOLS / "bench"), "--sections", "table1,bogus", "--work", str(tmp_path / "w"))
+    assert r.returncode == 2 and "unknown bogus" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "w").exists()
+
+
+def test_bench_report_keeps_other_tools_sections(tmp_path: Path) -> None:
+    """The committed results rewrite sections 1 to 6 and the goals; sections the tool does not
+    write (7 onward) stay, after the goals."""
+    report = _bench("report")
+    res = json.loads((TOOLS / "bench_results.json").read_text())
+    out = tmp_path / "B.md"
+    out.write_text("# Benchmarks\n\nold header\n\n## 1. Old\n\ngone\n\n## 7. Scale\n\nkept 7\n## 8. Other\n\nkept 8\n")
+    report.write_report(out, res, res["argv"])
+    text = out.read_text()
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert [h[:5] for h in headings] == ["## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6.", "## Go", "## 7.", "## 8."]
+    assert "gone" not in text and "old header" not in text
+    assert text.rstrip("\n").endswith("\n\n## 7. Scale\n\nkept 7\n\n## 8. Other\n\nkept 8")
+    assert text.startswith(f"# Benchmarks\n\nMachine: {res['machine']}.\n\nCommand: `python tools/bench.py {' '.join(res['argv'])}`")
+
+
+def test_linalg_clock_times_pack_and_changes_no_byte(tmp_path: Path) -> None:
+    """rotation.linalg_clock (what the speed section's `pack linalg s` reads) sees the codec's linear
+    algebra in every thread of pack, and the container is the same byte for byte with it on."""
+    from bbformat.checkpoint import write_checkpoint
+    from bbformat.codec import rotation as rot
+    from bbformat.testing import make_tiny_checkpoint
+
+    import bbformat
+
+    speed = _bench("speed")
+    src = tmp_path / "src"
+    write_checkpoint(make_tiny_checkpoint("llama", seed=3, layers=2), src)
+    bbformat.pack(src, tmp_path / "plain.bb", entropy="none")
+    seconds = speed.pack_linalg_seconds(src, tmp_path / "clocked.bb", "none")
+    assert (tmp_path / "plain.bb").read_bytes() == (tmp_path / "clocked.bb").read_bytes()
+    assert seconds > 0
+    names: list[str] = []
+    with rot.linalg_clock(lambda name, s: names.append(name)):
+        with pytest.raises(RuntimeError, match="already active"):
+            with rot.linalg_clock(lambda name, s: None):
+                pass
+        rot.regenerate(*rot.eigh(rot.gram(np.eye(3))), False)
+    rot.gram(np.eye(2))  # off again: not recorded
+    assert names == ["gram", "eigh", "regenerate"]
+
+
+def test_bench_child_runs_as_a_module(tmp_path: Path) -> None:
+    """child.py's tasks are a module run with -m from the repository root, not code strings."""
+    from conftest import sample_container
+
+    path = tmp_path / "s.bb"
+    path.write_bytes(sample_container())
+    r = subprocess.run([sys.executable, "-m", "tools.bench.child", "stream-peak", str(path)], capture_output=True, text=True,
+                       timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["model"] > 0 and 0 < got["largest_block"] <= got["model"] and got["growth"] >= 0
+    r = subprocess.run([sys.executable, "-m", "tools.bench.child"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 2 and "usage" in r.stderr

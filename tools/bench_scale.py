@@ -296,7 +296,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def decode_site_times(anchor: Any, axis: int, mu: Any, paper: bool) -> Json:
-    """What the decoder cannot avoid for one site (codec/program.py decode_program): the
+    """What the decoder cannot avoid for one site (codec/decoder.py decode_program): the
     anchor's Gram, one eigh, the rebuild E·diag(μ)·Eᵀ, and for paper sites the un-rotation M·E."""
     from bbformat.codec import rotation as rot
 
@@ -313,7 +313,7 @@ def encode_site_times(tensors: list[tuple[Any, int]], x: Any, mu: Any) -> Json:
     (Gram + eigh of the anchor, off the chain), the eigh of the popped block, R = U0·Vᵀ, the
     rotation of every touched axis (anchor first), the decoder's simulation (Gram, eigh, rebuild)
     on the rotated anchor, and format 1.2's band: a second eigh of that Gram (upper triangle) and
-    its rebuild (codec/program.py SimulatingCorrector.note_basis)."""
+    its rebuild (codec/simulate.py SimulatingCorrector.note_basis)."""
     from bbformat.codec import rotation as rot
 
     anchor, axis = tensors[0]

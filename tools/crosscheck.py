@@ -138,7 +138,7 @@ def decode_one(path: Path, ref: Path, write_ref: bool) -> dict[str, Any]:
 
     class RecordingRef(Recording):
         """The reference also decomposes each Gram matrix a second time, as the encoder does for
-        its band (codec/program.py SimulatingCorrector.note_basis), to recompute delta."""
+        its band (codec/simulate.py SimulatingCorrector.note_basis), to recompute delta."""
 
         def note_basis(self, site: int, g: np.ndarray, e: np.ndarray, mu: np.ndarray, m: np.ndarray | None) -> None:
             self._alt = getattr(self, "_alt", {})
@@ -507,7 +507,7 @@ def build_containers(work: Path, smollm2: bool, dims: list[int], dtypes: list[st
                 made(cid, path, ["--make-synthetic", str(d), dt, str(path), "--format-version", ver],
                      {"family": "synthetic", "dtype": dt, "dim": d, "tolerance": 0.0, "version": ver, "how": how})
     for c in out:
-        from bbformat.inspect import inspect
+        from bbformat.summary import inspect
 
         t = inspect(c["path"])["totals"]
         c["inspect"] = {k: t[k] for k in ("plain_bytes", "container_bytes", "metadata_bytes", "weights_bytes", "saved_bits", "rotations",

@@ -15,7 +15,7 @@ Shapes: TC's ConstSlicingScheduler, do_slice_head=False: every residual width is
 d = int((1 - sparsity) * hidden) rounded down to a multiple of 8 (7B: 3072, 13B: 3840),
 except the last layer's MLP output and the head's input, which keep the full hidden size.
 Key order: bbformat.testing.make_tiny_checkpoint's (`--key-order tiny`, the default), or
-torch's state_dict order of TC's modules as bbformat/adapters/tc_layout.py describes it
+torch's state_dict order of TC's modules as bbformat/checkpoint/__init__.py describes it
 (`--key-order tc`: each layer's mlp_shortcut_Q and attn_shortcut_Q first; OPT k, v, q).
 
 Values, float64 then cast, seeded per tensor name (same seed, same bytes on one machine):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bbformat.adapters.tc_layout import write_checkpoint  # noqa: E402
+from bbformat.checkpoint import write_checkpoint  # noqa: E402
 from bbformat.errors import BBFormatError  # noqa: E402
 from bbformat.testing import make_tiny_checkpoint  # noqa: E402
 

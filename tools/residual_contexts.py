@@ -27,7 +27,7 @@ import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bbformat.codec import program as P  # noqa: E402
+from bbformat.codec import decoder as P  # noqa: E402
 from bbformat.codec import rotation as rot  # noqa: E402
 from bbformat.codec.dtypes import bits_to_f64  # noqa: E402
 from bbformat.codec.sections import KIND_X_PATCHES, KIND_X_RESIDUALS, StoredCorrector, decode_patches, decode_residuals, residual_contexts  # noqa: E402

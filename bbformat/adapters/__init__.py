@@ -3,15 +3,15 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..checkpoint import Checkpoint
 from ..codec.layout import ModelLayout
-from ..errors import InputError, UnsupportedModelError
+from ..constants import ROTATION_SCHEMES
+from ..errors import UnsupportedModelError, check_choice
 from . import llama, opt, phi2, phi3
-from .tc_layout import Checkpoint
 
 PLANNERS: dict[str, Callable[[Checkpoint, str], ModelLayout]] = {
     "llama": llama.plan, "opt": opt.plan, "phi": phi2.plan, "phi3": phi3.plan,
 }
-SCHEMES = ("paper", "symmetric")
 
 
 def detect(hf_config: dict[str, Any]) -> str:
@@ -24,8 +24,7 @@ def detect(hf_config: dict[str, Any]) -> str:
 
 def plan(ckpt: Checkpoint, scheme: str) -> ModelLayout:
     """Validate the checkpoint against its configs and lay it out for `scheme`."""
-    if scheme not in SCHEMES:
-        raise InputError(f"unknown scheme {scheme!r} (choose 'paper' or 'symmetric')")
+    check_choice("scheme", scheme, ROTATION_SCHEMES)
     return PLANNERS[detect(ckpt.hf_config)](ckpt, scheme)
 
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
+from ..checkpoint import Checkpoint, MappedWeights
 from ..codec.layout import AxisRef, ChunkLayout, ModelLayout, SiteSpec
 from ..errors import InputError, UnsupportedModelError
-from .tc_layout import Checkpoint, MappedWeights
 
 # Derived buffers some transformers versions keep in state dicts: stored as-is.
 IGNORABLE = re.compile(r".*rotary_emb\.inv_freq$")
@@ -43,6 +43,14 @@ class Names:
     # bias of each role, layer-relative; optional in the state dict, checked when present
     biases: dict[str, str] = field(default_factory=dict)
 
+    def prefix(self, i: int) -> str:
+        """Layer i's prefix, e.g. "model.layers.3."."""
+        return self.layer.format(i=i)
+
+    def at(self, i: int, rel: str) -> str:
+        """The full name of layer i's tensor `rel` (a layer-relative name, e.g. self.o)."""
+        return self.prefix(i) + rel
+
 
 @dataclass
 class Dims:
@@ -53,7 +61,7 @@ class Dims:
     head: int
 
 
-def config_int(hf: dict, key: str, default: int | None = None) -> int:
+def config_int(hf: dict[str, Any], key: str, default: int | None = None) -> int:
     """A positive integer field of config.json (null or absent: `default`, if there is one)."""
     v = hf.get(key)
     if v is None and default is not None:
@@ -65,7 +73,7 @@ def config_int(hf: dict, key: str, default: int | None = None) -> int:
     return v
 
 
-def config_bool(cfg: dict, key: str, where: str) -> bool | None:
+def config_bool(cfg: dict[str, Any], key: str, where: str) -> bool | None:
     v = cfg.get(key)
     if v is not None and not isinstance(v, bool):
         raise UnsupportedModelError(f"{where} field {key} must be true or false, not {v!r}")
@@ -100,7 +108,7 @@ def _int(v: Any, what: str) -> int:
     return v
 
 
-def _dim_map(sc: dict, key: str, n: int, default: int | None) -> list[int]:
+def _dim_map(sc: dict[str, Any], key: str, n: int, default: int | None) -> list[int]:
     raw = sc.get(key)
     if not raw:  # absent or {}: TC then slices with const_dimension (or keeps the full width)
         if default is None:
@@ -110,12 +118,12 @@ def _dim_map(sc: dict, key: str, n: int, default: int | None) -> list[int]:
         raise UnsupportedModelError(f"SlicingConfig field {key} must map layer index to dimension")
     out = []
     for i in range(n):
-        v = raw.get(str(i), raw.get(i))  # type: ignore[call-overload]
+        v = raw.get(str(i), raw.get(i))
         out.append(_int(v, f"{key}[{i}]"))
     return out
 
 
-def _check_block_kind(sc: dict, parallel: bool) -> None:
+def _check_block_kind(sc: dict[str, Any], parallel: bool) -> None:
     """SlicingConfig's parallel_blocks must match the architecture (absent: either)."""
     said = config_bool(sc, "parallel_blocks", "SlicingConfig")
     if said is True and not parallel:
@@ -126,7 +134,7 @@ def _check_block_kind(sc: dict, parallel: bool) -> None:
                                     "parallel (TransformerCompression writes true for them)")
 
 
-def _parallel_inner(sc: dict, d_in: list[int], d_out: list[int]) -> tuple[list[int], list[int]]:
+def _parallel_inner(sc: dict[str, Any], d_in: list[int], d_out: list[int]) -> tuple[list[int], list[int]]:
     """(attention output, MLP input) widths of parallel blocks: the layer's output and input
     widths. TC records neither (both {}); entries that are present must agree."""
     for key, want, what in (("attention_output_dimensions", d_out, "mlp_output"), ("mlp_input_dimensions", d_in, "attention_input")):
@@ -152,7 +160,7 @@ def slicing_dims(ckpt: Checkpoint, n_layers: int, hidden: int, n_embeddings: int
     emb = _dim_map(sc, "embedding_dimensions", 1, const)[0]
     raw = sc.get("embedding_dimensions") or {}
     for j in range(1, n_embeddings):
-        v = raw.get(str(j), raw.get(j)) if isinstance(raw, dict) else None  # type: ignore[call-overload]
+        v = raw.get(str(j), raw.get(j)) if isinstance(raw, dict) else None
         if v is not None and _int(v, f"embedding_dimensions[{j}]") != emb:
             raise UnsupportedModelError(f"SlicingConfig embedding_dimensions differ between embeddings ({emb} vs {v})")
     d_in = _dim_map(sc, "attention_input_dimensions", n_layers, const)
@@ -287,7 +295,7 @@ def check_state_dict(sd: Mapping[str, torch.Tensor], expected: dict[str, tuple[i
 def add_optional_biases(expected: dict[str, tuple[int, ...]], sd: Mapping[str, torch.Tensor], names: Names, i: int,
                         shapes: dict[str, tuple[int, ...]]) -> None:
     """Expect the bias of each role that is present (shape from `shapes`)."""
-    p = names.layer.format(i=i)
+    p = names.prefix(i)
     for role, rel in names.biases.items():
         if p + rel in sd and role in shapes:
             expected[p + rel] = shapes[role]
@@ -303,7 +311,7 @@ class _Layers:
     present: frozenset[str]
 
     def name(self, i: int, rel: str) -> str:
-        return self.names.layer.format(i=i) + rel
+        return self.names.at(i, rel)
 
     def bias(self, i: int, role: str) -> list[str]:
         rel = self.names.biases.get(role)

@@ -1,10 +1,12 @@
 """Llama (RoPE, grouped-query attention, untied head, optional biases) after SliceGPT."""
 from __future__ import annotations
 
+from typing import Any
+
+from ..checkpoint import Checkpoint
 from ..codec.layout import ModelLayout
 from ..errors import UnsupportedModelError
 from .base import Names, add_optional_biases, build_layout, check_layer_count, check_state_dict, config_bool, config_int, slicing_dims
-from .tc_layout import Checkpoint
 
 NAMES = Names(
     embed="model.embed_tokens.weight", positions=None, head="lm_head.weight", head_bias=None, layer="model.layers.{i}.",
@@ -16,7 +18,7 @@ NAMES = Names(
 )
 
 
-def shapes(hf: dict, arch: str = "Llama") -> tuple[int, int, int, int, int, int, int]:
+def shapes(hf: dict[str, Any], arch: str = "Llama") -> tuple[int, int, int, int, int, int, int]:
     """(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab) from config.json (Llama's
     fields, which Phi-3 shares)."""
     hidden, n, heads = config_int(hf, "hidden_size"), config_int(hf, "num_hidden_layers"), config_int(hf, "num_attention_heads")
@@ -36,7 +38,7 @@ def plan(ckpt: Checkpoint, scheme: str) -> ModelLayout:
     d = slicing_dims(ckpt, n, hidden)
     exp: dict[str, tuple[int, ...]] = {NAMES.embed: (vocab, d.emb), NAMES.head: (vocab, d.head)}
     for i in range(n):
-        p = NAMES.layer.format(i=i)
+        p = NAMES.prefix(i)
         for w, rows in zip(NAMES.attn_in, (heads * hd, kv * hd, kv * hd)):
             exp[p + w] = (rows, d.d_in[i])
         exp[p + NAMES.o] = (d.d_attn[i], heads * hd)

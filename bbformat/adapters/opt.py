@@ -1,14 +1,18 @@
 """OPT (biases, learned positions, ReLU MLP, pre-norm) after SliceGPT."""
 from __future__ import annotations
 
+from typing import Any
+
+from ..checkpoint import Checkpoint
 from ..codec.layout import ModelLayout
 from ..errors import UnsupportedModelError
 from .base import Names, add_optional_biases, build_layout, check_layer_count, check_state_dict, config_bool, config_int, slicing_dims
-from .tc_layout import Checkpoint
 
+POSITIONS = "model.decoder.embed_positions.weight"
+HEAD_BIAS = "lm_head.bias"  # TC adds it when fusing the final LayerNorm's bias
 NAMES = Names(
-    embed="model.decoder.embed_tokens.weight", positions="model.decoder.embed_positions.weight", head="lm_head.weight",
-    head_bias="lm_head.bias", layer="model.decoder.layers.{i}.",
+    embed="model.decoder.embed_tokens.weight", positions=POSITIONS, head="lm_head.weight",
+    head_bias=HEAD_BIAS, layer="model.decoder.layers.{i}.",
     attn_in=("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"), o="self_attn.out_proj.weight",
     up=("fc1.weight",), down="fc2.weight",
     layer_norms=("self_attn_layer_norm.weight", "self_attn_layer_norm.bias", "final_layer_norm.weight", "final_layer_norm.bias"),
@@ -19,7 +23,7 @@ NAMES = Names(
 POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding: position ids start at 2
 
 
-def shapes(hf: dict) -> tuple[int, int, int, int, int, int]:
+def shapes(hf: dict[str, Any]) -> tuple[int, int, int, int, int, int]:
     """(hidden, layers, heads, ffn_dim, vocab, max_positions) from config.json; refuses variants."""
     hidden, n, heads = config_int(hf, "hidden_size"), config_int(hf, "num_hidden_layers"), config_int(hf, "num_attention_heads")
     ffn, vocab, maxpos = config_int(hf, "ffn_dim"), config_int(hf, "vocab_size"), config_int(hf, "max_position_embeddings")
@@ -39,11 +43,11 @@ def plan(ckpt: Checkpoint, scheme: str) -> ModelLayout:
     check_layer_count(sd, NAMES, n)
     d = slicing_dims(ckpt, n, hidden, n_embeddings=2)
     exp: dict[str, tuple[int, ...]] = {NAMES.embed: (vocab, d.emb), NAMES.head: (vocab, d.head)}
-    exp[NAMES.positions] = (maxpos + POSITION_OFFSET, d.emb)  # type: ignore[index]
-    if NAMES.head_bias in sd:  # TC adds it when fusing the final LayerNorm's bias
-        exp[NAMES.head_bias] = (vocab,)  # type: ignore[index]
+    exp[POSITIONS] = (maxpos + POSITION_OFFSET, d.emb)
+    if HEAD_BIAS in sd:
+        exp[HEAD_BIAS] = (vocab,)
     for i in range(n):
-        p = NAMES.layer.format(i=i)
+        p = NAMES.prefix(i)
         for w in NAMES.attn_in:
             exp[p + w] = (hidden, d.d_in[i])
         exp[p + NAMES.o] = (d.d_attn[i], hidden)

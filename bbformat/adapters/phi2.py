@@ -39,13 +39,16 @@ anchor); `symmetric` the readers q/k/v and fc1 first, the shortcut last.
 """
 from __future__ import annotations
 
+from typing import Any
+
+from ..checkpoint import Checkpoint
 from ..codec.layout import ModelLayout
 from ..errors import UnsupportedModelError
 from .base import Dims, Names, build_layout, check_layer_count, check_state_dict, config_bool, config_int, slicing_dims
-from .tc_layout import Checkpoint
 
+HEAD_BIAS = "lm_head.bias"  # TC fuses the final LayerNorm's bias into the head: always there
 NAMES = Names(
-    embed="model.embed_tokens.weight", positions=None, head="lm_head.weight", head_bias="lm_head.bias", layer="model.layers.{i}.",
+    embed="model.embed_tokens.weight", positions=None, head="lm_head.weight", head_bias=HEAD_BIAS, layer="model.layers.{i}.",
     attn_in=("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"), o="self_attn.dense.weight",
     up=("mlp.fc1.weight",), down="mlp.fc2.weight", parallel=True,
     layer_norms=("input_layernorm.weight", "input_layernorm.bias"),
@@ -55,7 +58,7 @@ NAMES = Names(
 )
 
 
-def shapes(hf: dict) -> tuple[int, int, int, int, int, int, int]:
+def shapes(hf: dict[str, Any]) -> tuple[int, int, int, int, int, int, int]:
     """(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab) from config.json; refuses variants."""
     hidden, n, heads = config_int(hf, "hidden_size"), config_int(hf, "num_hidden_layers"), config_int(hf, "num_attention_heads")
     kv = config_int(hf, "num_key_value_heads", heads)
@@ -68,17 +71,17 @@ def shapes(hf: dict) -> tuple[int, int, int, int, int, int, int]:
     return hidden, n, heads, kv, hidden // heads, ffn, vocab
 
 
-def expected_shapes(hf: dict, d: Dims) -> dict[str, tuple[int, ...]]:
+def expected_shapes(hf: dict[str, Any], d: Dims) -> dict[str, tuple[int, ...]]:
     """Every tensor TC's Phi-2 state dict holds (biases included: Phi's linears always have them)."""
     hidden, n, heads, kv, hd, ffn, vocab = shapes(hf)
     d_in, d_out = d.d_in, d.d_mlp
-    exp: dict[str, tuple[int, ...]] = {NAMES.embed: (vocab, d.emb), NAMES.head: (vocab, d.head), "lm_head.bias": (vocab,)}
+    exp: dict[str, tuple[int, ...]] = {NAMES.embed: (vocab, d.emb), NAMES.head: (vocab, d.head), HEAD_BIAS: (vocab,)}
     for i in range(n):
-        p = NAMES.layer.format(i=i)
+        p = NAMES.prefix(i)
         exp[p + NAMES.attn_q] = (d_in[i], d_out[i])
-        for w, rows in zip(NAMES.attn_in, (heads * hd, kv * hd, kv * hd)):
+        for w, role, rows in zip(NAMES.attn_in, ("q", "k", "v"), (heads * hd, kv * hd, kv * hd)):
             exp[p + w] = (rows, d_in[i])
-            exp[p + w.replace(".weight", ".bias")] = (rows,)
+            exp[p + NAMES.biases[role]] = (rows,)
         exp[p + NAMES.o], exp[p + NAMES.biases["o"]] = (d_out[i], heads * hd), (d_out[i],)
         exp[p + NAMES.up[0]], exp[p + NAMES.biases["up"]] = (ffn, d_in[i]), (ffn,)
         exp[p + NAMES.down], exp[p + NAMES.biases["down"]] = (d_out[i], ffn), (d_out[i],)

@@ -22,10 +22,12 @@ Llama has three (q, k, v) or two (up, gate). Per layer, as for Llama:
 """
 from __future__ import annotations
 
+from typing import Any
+
+from ..checkpoint import Checkpoint
 from ..codec.layout import ModelLayout
 from . import llama
 from .base import Names, build_layout, check_layer_count, check_state_dict, config_bool, slicing_dims
-from .tc_layout import Checkpoint
 
 NAMES = Names(
     embed="model.embed_tokens.weight", positions=None, head="lm_head.weight", head_bias=None, layer="model.layers.{i}.",
@@ -35,7 +37,7 @@ NAMES = Names(
 )
 
 
-def shapes(hf: dict) -> tuple[int, int, int, int, int, int, int]:
+def shapes(hf: dict[str, Any]) -> tuple[int, int, int, int, int, int, int]:
     """(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab): Llama's config fields."""
     return llama.shapes(hf, "Phi-3")
 
@@ -48,7 +50,7 @@ def plan(ckpt: Checkpoint, scheme: str) -> ModelLayout:
     d = slicing_dims(ckpt, n, hidden)
     exp: dict[str, tuple[int, ...]] = {NAMES.embed: (vocab, d.emb), NAMES.head: (vocab, d.head)}
     for i in range(n):
-        p = NAMES.layer.format(i=i)
+        p = NAMES.prefix(i)
         exp[p + NAMES.attn_in[0]] = ((heads + 2 * kv) * hd, d.d_in[i])
         exp[p + NAMES.o] = (d.d_attn[i], heads * hd)
         exp[p + NAMES.up[0]] = (2 * ffn, d.d_attn[i])

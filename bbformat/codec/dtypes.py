@@ -9,19 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..constants import DTYPE_BITS as DTYPE_BITS  # SPEC.md 6.1, re-exported for the codec's callers
+from ..constants import DTYPE_CODES as DTYPE_CODES
+from ..constants import DTYPE_NAMES as DTYPE_NAMES
+from ..container.program import bits_of as bits_of  # the one definition, beside the program model
 from ..errors import InputError
 
-DTYPE_CODES = {"float16": 1, "bfloat16": 2, "float32": 3}
-DTYPE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
-DTYPE_BITS = {"float16": 16, "bfloat16": 16, "float32": 32}
-_UINT = {16: np.dtype("<u2"), 32: np.dtype("<u4")}
-
-
-def bits_of(dtype: str) -> int:
-    try:
-        return DTYPE_BITS[dtype]
-    except KeyError:
-        raise InputError(f"unsupported element type {dtype!r}") from None
+_UINT: dict[int, np.dtype] = {16: np.dtype("<u2"), 32: np.dtype("<u4")}
 
 
 def uint_dtype(bits: int) -> np.dtype:

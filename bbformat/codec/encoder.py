@@ -4,32 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import InputError
+from ..constants import NO_SITE, ROTATION_SCHEMES, SectionKind
+from ..errors import InputError, check_choice
 from . import rotation as rot
 from .dtypes import RawTensor, bits_of, bits_to_f64, f64_to_bits, little_endian_bytes, symbols_view, uint_dtype, wide_dtype
 from .layout import ChunkLayout, SiteSpec
 from .rounding import round_feedback
-from .program import (
-    OP_PUSH,
-    OP_SITE,
-    SITE_PAPER,
-    SITE_PLAIN,
-    BlockProgram,
-    FollowerEntry,
-    Op,
-    SimulatingCorrector,
-    SiteEntry,
-    SiteFix,
-    TensorEntry,
-    decode_program,
-)
-from .sections import KIND_PAYLOAD, NO_SITE, Section, build_site_sections, side_cost_bound
+from .decoder import decode_program
+from ..container.program import OP_PUSH, OP_SITE, SITE_PAPER, SITE_PLAIN, BlockProgram, Op, SiteEntry, TensorEntry
+from .simulate import SimulatingCorrector, SiteFix
+from .sections import Section, build_site_sections, side_cost_bound
 from .stack import SymbolStack
 
-SCHEMES = ("paper", "symmetric")
 Rotations = dict[tuple[str, int], np.ndarray]
 # tensor name -> (axis, second moment E[x xᵀ] of that axis's inputs, in the input's basis)
 Moments = dict[str, tuple[int, np.ndarray]]
@@ -183,6 +173,7 @@ def encode_chunk(
     moments: Moments | None = None,
     defer: bool = False,
     band: bool = True,
+    demote: bool = True,
 ) -> EncodedChunk:
     """Encode one chunk. `tensors` may be a lazy mapping that reads a tensor on every access
     (pack's, so a block's inputs are not all held at once): each is read a few times and
@@ -200,78 +191,115 @@ def encode_chunk(
     band=True (format 1.2, the default) stores every regenerated value that another correct
     reader could round differently (codec/band.py), and may put x_residuals and x_patches on
     one site (the file must set FLAG_MIXED_CORRECTIONS); band=False writes what 1.1 readers
-    read, exact only under the reference numerics."""
+    read, exact only under the reference numerics.
+
+    demote=False keeps every usable site rotated even where its side information does not
+    pay for itself or another reader could decide its signs differently (conformance vectors
+    use it to exercise large corrections); such a file is valid but may be larger than plain."""
+    check_choice("scheme", scheme, ROTATION_SCHEMES)
     with rot.one_blas_thread():
-        return _encode_chunk(layout, tensors, incoming, scheme, tolerance, canonical, moments, defer, band)
+        return _encode_chunk(_ChunkContext.make(layout, tensors, incoming, scheme, tolerance, canonical, moments, defer, band), demote)
 
 
-def _encode_chunk(
-    layout: ChunkLayout,
-    tensors: Mapping[str, RawTensor],
-    incoming: Rotations,
-    scheme: str,
-    tolerance: float,
-    canonical: dict[str, np.ndarray] | None,
-    moments: Moments | None,
-    defer: bool,
-    band: bool,
-) -> EncodedChunk:
-    if scheme not in SCHEMES:
-        raise InputError(f"unknown scheme {scheme!r}")
-    canonical = {} if canonical is None else canonical
-    # A site that would have to pop before anything is pushed (the start of the
-    # symmetric chain) has no bits source: it is not a usable site and is left out.
-    dropped = [s for s in layout.sites if _first_touched(layout, s, scheme) == 0]
-    if dropped:
-        layout = ChunkLayout(layout.name, layout.tensors, tuple(s for s in layout.sites if s not in dropped))
-    entries = [TensorEntry(n, t.dtype, t.shape) for n in layout.tensors for t in (tensors[n],)]
-    sym_dtype = choose_symbol_dtype(entries)
-    w = bits_of(sym_dtype)
-    ops = plan_ops(layout, scheme)
-    index = {n: i for i, n in enumerate(layout.tensors)}
+@dataclass
+class _ChunkContext:
+    """What every encoding attempt of one chunk reads: its usable sites, its inputs with the
+    rotations of other chunks, and the rounding rules. Built once per chunk."""
 
-    # Inputs in float64 with rotations from other chunks already applied, made when needed
-    # and dropped after (a block's float64 copy whole would be 4x its fp16 size).
-    incoming_of = {n: [(ax, r) for (t, ax), r in incoming.items() if t == n] for n in layout.tensors}
-    rotated_in = {n for n, rots in incoming_of.items() if rots}
+    layout: ChunkLayout
+    dropped: list[SiteSpec]  # sites with no bits source (the start of the symmetric chain)
+    tensors: Mapping[str, RawTensor]
+    incoming_of: dict[str, list[tuple[int, np.ndarray]]]
+    entries: list[TensorEntry]
+    sym_dtype: str
+    ops: list[Op]
+    scheme: str
+    tolerance: float
+    canonical: dict[str, np.ndarray]
+    moments: Moments  # followed through the incoming rotations: H' = Rᵀ H R
+    defer: bool
+    band: bool
+    feedback_cache: dict[tuple[str, bytes], RawTensor] = field(default_factory=dict)
 
-    def base(n: str) -> np.ndarray:
-        return _rotate(tensors[n].to_f64(), incoming_of[n])
+    @classmethod
+    def make(cls, layout: ChunkLayout, tensors: Mapping[str, RawTensor], incoming: Rotations, scheme: str, tolerance: float,
+             canonical: dict[str, np.ndarray] | None, moments: Moments | None, defer: bool, band: bool) -> "_ChunkContext":
+        # A site that would have to pop before anything is pushed (the start of the
+        # symmetric chain) has no bits source: it is not a usable site and is left out.
+        dropped = [s for s in layout.sites if _first_touched(layout, s, scheme) == 0]
+        if dropped:
+            layout = ChunkLayout(layout.name, layout.tensors, tuple(s for s in layout.sites if s not in dropped))
+        entries = [TensorEntry(n, t.dtype, t.shape) for n in layout.tensors for t in (tensors[n],)]
+        incoming_of = {n: [(ax, r) for (t, ax), r in incoming.items() if t == n] for n in layout.tensors}
+        ctx = cls(layout, dropped, tensors, incoming_of, entries, choose_symbol_dtype(entries), plan_ops(layout, scheme), scheme,
+                  tolerance, {} if canonical is None else canonical, _moments_after(moments or {}, incoming, incoming_of), defer, band)
+        ctx.fill_canonical()
+        return ctx
 
-    # Second moments follow their axis through the incoming rotations: H' = Rᵀ H R.
-    base_h: Moments = {}
-    for n, (ax, h) in (moments or {}).items():
+    @property
+    def w(self) -> int:
+        return bits_of(self.sym_dtype)
+
+    @property
+    def paper(self) -> bool:
+        return self.scheme == "paper"
+
+    def index(self, name: str) -> int:
+        return self.layout.tensors.index(name)
+
+    def base(self, name: str) -> np.ndarray:
+        """The input in float64 with the other chunks' rotations applied, made when needed and
+        dropped after (a block's float64 copy whole would be 4x its fp16 size)."""
+        return _rotate(self.tensors[name].to_f64(), self.incoming_of[name])
+
+    def fill_canonical(self) -> None:
+        for s in self.layout.sites:
+            if s.name not in self.canonical:
+                a = s.anchor.tensor
+                self.canonical[s.name] = canonical_rotation(self.base(a), s.anchor.axis) if self.incoming_of[a] else \
+                    canonical_rotation_of(self.tensors[a], s.anchor.axis)
+
+
+def _moments_after(moments: Moments, incoming: Rotations, incoming_of: dict[str, list[tuple[int, np.ndarray]]]) -> Moments:
+    """Second moments follow their axis through the incoming rotations: H' = Rᵀ H R."""
+    out: Moments = {}
+    for n, (ax, h) in moments.items():
         if n in incoming_of:
             for (t, rax), r in incoming.items():
                 if t == n and rax == ax:
                     h = r.T @ h @ r
-            base_h[n] = (ax, h)
-    feedback_cache: dict[tuple[str, bytes], RawTensor] = {}
-    for s in layout.sites:
-        if s.name not in canonical:
-            a = s.anchor.tensor
-            canonical[s.name] = canonical_rotation(base(a), s.anchor.axis) if a in rotated_in else \
-                canonical_rotation_of(tensors[a], s.anchor.axis)
+            out[n] = (ax, h)
+    return out
 
+
+class _Attempt(NamedTuple):
+    enc: EncodedChunk
+    newly_plain: dict[int, str]  # sites this attempt found must be stored plainly, with why
+
+
+def _encode_chunk(ctx: _ChunkContext, demote: bool) -> EncodedChunk:
+    """Encode until no attempt finds another site to store plainly (at most one per site)."""
     plain: dict[int, str] = {}
-    for _ in range(len(layout.sites) + 1):
-        result = _encode_once(layout, tensors, base, incoming_of, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain,
-                              base_h, feedback_cache, defer, band)
-        newly = {k: v for k, v in result[1].items() if k not in plain}
+    for _ in range(len(ctx.layout.sites) + 1):
+        attempt = _encode_once(ctx, plain)
+        newly = {k: v for k, v in attempt.newly_plain.items() if k not in plain} if demote else {}
         if not newly:
-            enc = result[0]
-            enc.reports = [SiteReport(s.name, s.dim, "no bits source: start of the symmetric chain", 0, 0, 0, 0) for s in dropped] + enc.reports
+            enc = attempt.enc
+            no_source = "no bits source: start of the symmetric chain"
+            enc.reports = [SiteReport(s.name, s.dim, no_source, 0, 0, 0, 0) for s in ctx.dropped] + enc.reports
             return enc
         plain.update(newly)
     raise AssertionError("site planning did not converge")
 
 
-def _rounded(name, x, rots, dtype, base_h, cache):  # type: ignore[no-untyped-def]
-    """The rotated tensor in its dtype: with error feedback along the axis that has a
-    second moment, else nearest."""
-    if name not in base_h:
+def round_rotated(name: str, x: np.ndarray, rots: list[tuple[int, np.ndarray]], dtype: str, moments: Moments,
+                  cache: dict[tuple[str, bytes], RawTensor]) -> RawTensor:
+    """The rotated tensor x in its dtype: with error feedback along the axis that has a
+    second moment in `moments`, else nearest. `rots` are the rotations x has had in this
+    chunk; the feedback rounding is cached under them."""
+    if name not in moments:
         return RawTensor.from_f64(x, dtype)
-    ax, h = base_h[name]
+    ax, h = moments[name]
     # the rounding depends on every rotation of the tensor, on any axis
     key = (name, b"".join(a.to_bytes(1, "little") + np.ascontiguousarray(r).tobytes() for a, r in rots))
     if key not in cache:
@@ -295,145 +323,169 @@ def _eigen_of_top(stack: SymbolStack, n_pop: int, dim: int, sym_dtype: str, w: i
     return None, mu_w, v
 
 
-def _encode_once(layout, tensors, base, incoming_of, ops, index, entries, sym_dtype, w, scheme, tolerance, canonical, plain, base_h, cache, defer, band):  # type: ignore[no-untyped-def]
-    paper = scheme == "paper"
-    # room for every push up front: a doubling stack would hold up to 3x the block at a regrowth
-    stack = SymbolStack(w, capacity=sum(e.numel * bits_of(e.dtype) // w for e in entries) + sum(4 * s.dim for s in layout.sites))
-    anchor_rot: dict[int, np.ndarray] = {}
-    follower_rot: dict[int, np.ndarray | None] = {}
-    true_x: dict[int, np.ndarray] = {}
-    true_signs: dict[int, np.ndarray] = {}
-    true_anchor: dict[int, RawTensor] = {}
-    new_plain: dict[int, str] = dict(plain)
-    sites = layout.sites
+@dataclass
+class _Forward:
+    """One forward run of a chunk's program: the stack, and per site the rotations chosen
+    and the truth the decoder's simulation is checked against."""
 
-    paper_q: dict[int, np.ndarray] = {}
-    if paper:
+    stack: SymbolStack
+    plain: dict[int, str]  # site -> why it is stored plainly
+    anchor_rot: dict[int, np.ndarray] = field(default_factory=dict)
+    follower_rot: dict[int, np.ndarray | None] = field(default_factory=dict)
+    paper_q: dict[int, np.ndarray] = field(default_factory=dict)  # paper: the random rotation of the anchor
+    true_x: dict[int, np.ndarray] = field(default_factory=dict)
+    true_signs: dict[int, np.ndarray] = field(default_factory=dict)
+    true_anchor: dict[int, RawTensor] = field(default_factory=dict)
+
+
+def _final_value(ctx: _ChunkContext, fw: _Forward, name: str) -> RawTensor:
+    """Tensor `name` as pushed: every rotation of this chunk's sites (and the incoming ones)
+    applied and rounded; in the paper scheme an anchor also gets its random rotation Q."""
+    entry = ctx.entries[ctx.index(name)]
+    rots: list[tuple[int, np.ndarray]] = []
+    q: tuple[int, int] | None = None
+    for s_idx, s in enumerate(ctx.layout.sites):
+        for a in s.touched():
+            if a.tensor != name:
+                continue
+            if a == s.anchor:
+                if s_idx in fw.anchor_rot:
+                    rots.append((a.axis, fw.anchor_rot[s_idx]))
+                if s_idx in fw.paper_q:
+                    q = (s_idx, a.axis)
+            elif (r := fw.follower_rot.get(s_idx)) is not None:
+                rots.append((a.axis, r))
+    every = ctx.incoming_of[name] + rots
+    if len(every) == 1 and name not in ctx.moments and is_large_entry(entry):
+        t = rotate_rounded_blocks(ctx.tensors[name], *every[0])
+    elif every:
+        t = round_rotated(name, _rotate(ctx.base(name), rots), rots, entry.dtype, ctx.moments, ctx.feedback_cache)
+    else:
+        t = ctx.tensors[name]
+    if q is not None:
+        # paper: W' = fp(W_c Q) with the canonical W_c = fp(W U0) and Q = V (Alg. 1, 5)
+        fw.true_anchor[q[0]] = t
+        t = RawTensor.from_f64(rot.rotate_axis(t.to_f64(), q[1], fw.paper_q[q[0]]), entry.dtype)
+    return t
+
+
+def _run_forward(ctx: _ChunkContext, plain: dict[int, str]) -> _Forward:
+    """Run the ops in order: push each tensor as rotated, and at each usable site pop the
+    block X, push its eigenvalues and choose the rotation from X's eigenvectors (Alg. 1-3)."""
+    w = ctx.w
+    # room for every push up front: a doubling stack would hold up to 3x the block at a regrowth
+    capacity = sum(e.numel * bits_of(e.dtype) // w for e in ctx.entries) + sum(4 * s.dim for s in ctx.layout.sites)
+    fw = _Forward(SymbolStack(w, capacity=capacity), dict(plain))
+    if ctx.paper:
         # Alg. 1: the canonical direction is fixed before anything is pushed; the random
         # rotation Q touches only the anchor, which is pushed after its site.
-        for s_idx, s in enumerate(sites):
-            anchor_rot[s_idx] = follower_rot[s_idx] = canonical[s.name]
-
-    def final_value(name: str) -> RawTensor:
-        entry = entries[index[name]]
-        dtype = entry.dtype
-        rots: list[tuple[int, np.ndarray]] = []
-        q: tuple[int, int] | None = None
-        for s_idx, s in enumerate(sites):
-            for a in s.touched():
-                if a.tensor != name:
-                    continue
-                if a == s.anchor:
-                    if s_idx in anchor_rot:
-                        rots.append((a.axis, anchor_rot[s_idx]))
-                    if s_idx in paper_q:
-                        q = (s_idx, a.axis)
-                elif follower_rot.get(s_idx) is not None:
-                    rots.append((a.axis, follower_rot[s_idx]))  # type: ignore[arg-type]
-        every = incoming_of[name] + rots
-        if len(every) == 1 and name not in base_h and is_large_entry(entry):
-            t = rotate_rounded_blocks(tensors[name], *every[0])
-        elif every:
-            t = _rounded(name, _rotate(base(name), rots), rots, dtype, base_h, cache)
-        else:
-            t = tensors[name]
-        if q is not None:
-            # paper: W' = fp(W_c Q) with the canonical W_c = fp(W U0) and Q = V (Alg. 1, 5)
-            true_anchor[q[0]] = t
-            t = RawTensor.from_f64(rot.rotate_axis(t.to_f64(), q[1], paper_q[q[0]]), dtype)
-        return t
-
-    for op in ops:
+        for s_idx, s in enumerate(ctx.layout.sites):
+            fw.anchor_rot[s_idx] = fw.follower_rot[s_idx] = ctx.canonical[s.name]
+    for op in ctx.ops:
         if op.kind == OP_PUSH:
-            name = layout.tensors[op.index]
-            t = final_value(name)
-            stack.push(symbols_view(t, w))
-            continue
-        s_idx = op.index
-        s = sites[s_idx]
-        u0 = canonical[s.name]
-        reason = new_plain.get(s_idx)
-        n_pop = rot.block_size(s.dim)
-        if reason is None and len(stack) < n_pop:
-            reason = "no bits source" if len(stack) == 0 else "too few symbols below"
-        if reason is None:
-            reason, mu_w, v = _eigen_of_top(stack, n_pop, s.dim, sym_dtype, w)
-        if reason is not None:
-            new_plain[s_idx] = reason
-            # paper: the canonical direction is applied regardless (Alg. 1)
-            anchor_rot[s_idx] = u0 if paper else np.eye(s.dim)
-            follower_rot[s_idx] = u0 if paper else None
-            if not paper:
-                anchor_rot.pop(s_idx)
-            continue
-        true_x[s_idx] = stack.pop(n_pop)
-        stack.push(np.frombuffer(mu_w.tobytes(), dtype=uint_dtype(w)))
-        if paper:
-            true_signs[s_idx] = rot.paper_signs(v)
-            anchor_rot[s_idx] = u0
-            paper_q[s_idx] = v
-            follower_rot[s_idx] = u0
+            fw.stack.push(symbols_view(_final_value(ctx, fw, ctx.layout.tensors[op.index]), w))
         else:
-            anchor_rot[s_idx] = follower_rot[s_idx] = u0 @ v.T
-        del v, mu_w  # not held through the decoder's simulation below
+            _forward_site(ctx, fw, op.index)
+    return fw
 
-    program = BlockProgram(
-        layout.name,
-        sym_dtype,
-        entries,
-        [
-            SiteEntry(
-                s.name,
-                s.dim,
-                index[s.anchor.tensor],
-                s.anchor.axis,
-                (SITE_PAPER if paper else 0) | (SITE_PLAIN if i in new_plain else 0),
-                tuple(FollowerEntry(f.tensor, f.axis) for f in s.followers),
-            )
-            for i, s in enumerate(sites)
-        ],
-        list(ops),
-    )
+
+def _forward_site(ctx: _ChunkContext, fw: _Forward, s_idx: int) -> None:
+    s = ctx.layout.sites[s_idx]
+    u0 = ctx.canonical[s.name]
+    reason = fw.plain.get(s_idx)
+    n_pop = rot.block_size(s.dim)
+    if reason is None and len(fw.stack) < n_pop:
+        reason = "no bits source" if len(fw.stack) == 0 else "too few symbols below"
+    if reason is None:
+        reason, mu_w, v = _eigen_of_top(fw.stack, n_pop, s.dim, ctx.sym_dtype, ctx.w)
+    if reason is not None:
+        fw.plain[s_idx] = reason
+        # paper: the canonical direction is applied regardless (Alg. 1)
+        if ctx.paper:
+            fw.anchor_rot[s_idx] = fw.follower_rot[s_idx] = u0
+        else:
+            fw.anchor_rot.pop(s_idx, None)
+            fw.follower_rot[s_idx] = None
+        return
+    fw.true_x[s_idx] = fw.stack.pop(n_pop)
+    fw.stack.push(np.frombuffer(mu_w.tobytes(), dtype=uint_dtype(ctx.w)))
+    if ctx.paper:
+        fw.true_signs[s_idx] = rot.paper_signs(v)
+        fw.anchor_rot[s_idx] = fw.follower_rot[s_idx] = u0
+        fw.paper_q[s_idx] = v
+    else:
+        fw.anchor_rot[s_idx] = fw.follower_rot[s_idx] = u0 @ v.T
+
+
+def _program(ctx: _ChunkContext, plain: dict[int, str]) -> BlockProgram:
+    mode = SITE_PAPER if ctx.paper else 0
+    sites = [SiteEntry(s.name, s.dim, ctx.index(s.anchor.tensor), s.anchor.axis, mode | (SITE_PLAIN if i in plain else 0), s.followers)
+             for i, s in enumerate(ctx.layout.sites)]
+    return BlockProgram(ctx.layout.name, ctx.sym_dtype, ctx.entries, sites, list(ctx.ops))
+
+
+def _encode_once(ctx: _ChunkContext, plain: dict[int, str]) -> _Attempt:
+    """One attempt with the given sites stored plainly: run forwards, decode with the real
+    decoder (simulating the stored corrections), and judge each site by what it costs."""
+    fw = _run_forward(ctx, plain)
+    program = _program(ctx, fw.plain)
     # the payload's bytes once, and the symbols as a read-only view of them (not a second copy)
-    payload_bytes = little_endian_bytes(stack.take())
-    payload = np.frombuffer(payload_bytes, dtype=np.dtype(uint_dtype(w)).newbyteorder("<")).astype(uint_dtype(w), copy=False)
-    sim = SimulatingCorrector(sym_dtype, tolerance, true_x, true_signs, true_anchor, band=band)
+    payload_bytes = little_endian_bytes(fw.stack.take())
+    payload = np.frombuffer(payload_bytes, dtype=np.dtype(uint_dtype(ctx.w)).newbyteorder("<")).astype(uint_dtype(ctx.w), copy=False)
+    sim = SimulatingCorrector(ctx.sym_dtype, ctx.tolerance, fw.true_x, fw.true_signs, fw.true_anchor, band=ctx.band)
     intended = decode_program(program, payload, sim, reference=True)
-    sections = [Section(KIND_PAYLOAD, NO_SITE, payload_bytes)]
+    sections = [Section(SectionKind.PAYLOAD, NO_SITE, payload_bytes)]
     reports: list[SiteReport] = []
     newly: dict[int, str] = {}
     deferred: dict[int, SiteFix] = {}
-    for s_idx, s in enumerate(sites):
-        gain = (rot.block_size(s.dim) - 2 * s.dim) * w
-        if s_idx in new_plain:
-            reports.append(SiteReport(s.name, s.dim, new_plain[s_idx], 0, 0, 0, 0))
+    for s_idx, s in enumerate(ctx.layout.sites):
+        if s_idx in fw.plain:
+            reports.append(SiteReport(s.name, s.dim, fw.plain[s_idx], 0, 0, 0, 0))
             continue
-        if s_idx in sim.unsafe:
-            newly[s_idx] = sim.unsafe[s_idx]
-        fix = sim.fixes.get(s_idx)
-        if defer and fix is not None and side_cost_bound(program, s_idx, fix) * 8 < gain:
-            deferred[s_idx] = fix  # pays even stored raw: sections built in finish()
-            secs, side = [], 0
-        else:
-            secs = build_site_sections(program, s_idx, fix) if fix is not None else []
-            side = sum(c.cost for c in secs)
-        corrected = int(fix.x_mask.sum()) if fix is not None and fix.x_mask is not None else 0
-        if fix is not None and fix.anchor_mask is not None:
-            corrected += int(fix.anchor_mask.sum())
-        if side * 8 >= gain:
-            newly.setdefault(s_idx, f"side information ({side} B) would not pay for the {gain // 8} B saved")
-        reports.append(SiteReport(s.name, s.dim, None, gain, side, corrected, s.dim if paper else 0, fix.banded if fix is not None else 0))
+        secs, report, why = _judge_site(ctx, program, s_idx, sim, deferred)
+        if why is not None:
+            newly.setdefault(s_idx, why)
+        reports.append(report)
         sections.extend(secs)
-    outgoing: Rotations = {}
-    local = set(layout.tensors)
-    for s_idx, s in enumerate(sites):
-        r = follower_rot.get(s_idx)
+    enc = EncodedChunk(program, payload, [sec.finish(sec.kind != SectionKind.PAYLOAD) for sec in sections], intended,
+                       _outgoing(ctx, fw), reports, deferred)
+    _report_stored_sizes(enc, [i for i in range(len(ctx.layout.sites)) if i not in fw.plain and i not in deferred])
+    return _Attempt(enc, newly)
+
+
+def _judge_site(ctx: _ChunkContext, program: BlockProgram, s_idx: int, sim: SimulatingCorrector,
+                deferred: dict[int, SiteFix]) -> tuple[list[Section], SiteReport, str | None]:
+    """One rotated site's side sections (or its deferral), its report, and why it must be
+    stored plainly (unsafe, or side information that does not pay), or None."""
+    s = ctx.layout.sites[s_idx]
+    gain = (rot.block_size(s.dim) - 2 * s.dim) * ctx.w
+    why = sim.unsafe.get(s_idx)
+    fix = sim.fixes.get(s_idx)
+    if ctx.defer and fix is not None and side_cost_bound(program, s_idx, fix) * 8 < gain:
+        deferred[s_idx] = fix  # pays even stored raw: sections built in finish()
+        secs: list[Section] = []
+        side = 0
+    else:
+        secs = build_site_sections(program, s_idx, fix) if fix is not None else []
+        side = sum(c.cost for c in secs)
+    corrected = int(fix.x_mask.sum()) if fix is not None and fix.x_mask is not None else 0
+    if fix is not None and fix.anchor_mask is not None:
+        corrected += int(fix.anchor_mask.sum())
+    if why is None and side * 8 >= gain:
+        why = f"side information ({side} B) would not pay for the {gain // 8} B saved"
+    report = SiteReport(s.name, s.dim, None, gain, side, corrected, s.dim if ctx.paper else 0, fix.banded if fix is not None else 0)
+    return secs, report, why
+
+
+def _outgoing(ctx: _ChunkContext, fw: _Forward) -> Rotations:
+    """The rotations this chunk's sites give to followers in other chunks."""
+    out: Rotations = {}
+    local = set(ctx.layout.tensors)
+    for s_idx, s in enumerate(ctx.layout.sites):
+        r = fw.follower_rot.get(s_idx)
         if r is None:
             continue
         for f in s.followers:
             if f.tensor not in local:
-                outgoing[(f.tensor, f.axis)] = r
-    enc = EncodedChunk(program, payload, [sec.finish(sec.kind != KIND_PAYLOAD) for sec in sections], intended, outgoing, reports,
-                       deferred)
-    _report_stored_sizes(enc, [i for i in range(len(sites)) if i not in new_plain and i not in deferred])
-    return enc, newly
+                out[(f.tensor, f.axis)] = r
+    return out

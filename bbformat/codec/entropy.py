@@ -10,22 +10,22 @@ group each. The reader needs no model: contexts come from class maps stored in t
 from __future__ import annotations
 
 import numpy as np
-import zstandard
 
-from ..errors import FormatError, InputError, LimitError
+from ..bytecursor import ByteCursor
+from ..constants import ENTROPY_MODES as ENTROPY_MODES  # re-exported for writer.py, api.py
+from ..constants import MAX_PLANES_CLASSES, MAX_PLANES_SEGMENTS, Codec
+from ..errors import FormatError, LimitError, check_choice
+from ..zstdframe import PAYLOAD_LEVEL, PLANES_LEVEL, Buffer, Compressor, compress, compressor, decompress, frame_content_size
 from .dtypes import uint_dtype
-from .program import OP_PUSH, BlockProgram
-from .sections import CODEC_RAW, CODEC_ZSTD, Buffer, ByteCursor, decompress, encode_group, frame_content_size
-from .varint import encode_varints
+from ..container.program import OP_PUSH, BlockProgram
+from .varint import encode_group, encode_varints
 
-CODEC_PLANES = 2
-MAX_SEGMENTS = 1 << 16
-MAX_CLASSES = 16
-PLANE_ZSTD_LEVEL = 3  # measured: higher levels are no smaller on these planes (BENCHMARKS.md)
-PAYLOAD_ZSTD_LEVEL = 3
+# Short names of constants.py's and zstdframe.py's numbers, kept for the codec's callers.
+CODEC_RAW, CODEC_ZSTD, CODEC_PLANES = Codec.RAW, Codec.ZSTD, Codec.PLANES
+MAX_SEGMENTS, MAX_CLASSES = MAX_PLANES_SEGMENTS, MAX_PLANES_CLASSES
+PLANE_ZSTD_LEVEL, PAYLOAD_ZSTD_LEVEL = PLANES_LEVEL, PAYLOAD_LEVEL
 SMALL_GROUP = 64  # groups up to this size are stored raw without trying zstd
 UNPERMUTE_BYTES = 1 << 22  # the decoder un-permutes a top plane in pieces of about this size
-ENTROPY_MODES = ("none", "zstd", "planes", "auto")
 CLASS_CHOICES = (1, 4)  # classes per axis the encoder tries for each segment
 MIN_CONTEXT_SEGMENT = 4096  # below this many symbols a class map costs more than it saves
 
@@ -79,7 +79,7 @@ def _contexts(n: int, r: int, k: int, row_cls: np.ndarray, col_cls: np.ndarray) 
     return grid.reshape(-1)[:n]
 
 
-def _segment_top(top: np.ndarray, r: int, k: int, z: zstandard.ZstdCompressor) -> tuple[bytes, bytes]:
+def _segment_top(top: np.ndarray, r: int, k: int, z: Compressor) -> tuple[bytes, bytes]:
     """(class-map bytes, groups) of one segment's top plane with k classes per axis."""
     n = top.size
     if k == 1:
@@ -104,7 +104,7 @@ def _segment_top(top: np.ndarray, r: int, k: int, z: zstandard.ZstdCompressor) -
 
 def encode_planes(symbols: np.ndarray, symbol_bits: int, runs: list[tuple[int, int]]) -> bytes:
     """Codec 2 bytes for a payload (deterministic: per segment, the smallest of CLASS_CHOICES)."""
-    z = zstandard.ZstdCompressor(level=PLANE_ZSTD_LEVEL, write_content_size=True, write_checksum=False)
+    z = compressor(PLANE_ZSTD_LEVEL)
     sym = np.asarray(symbols).astype(uint_dtype(symbol_bits), copy=False)
     top = (sym >> (symbol_bits - 8)).astype(np.uint8)
     head = [encode_varints(np.array([len(runs)], np.uint64))]
@@ -128,14 +128,18 @@ def encode_planes(symbols: np.ndarray, symbol_bits: int, runs: list[tuple[int, i
     return b"".join(head) + encode_group(b"".join(maps), z, SMALL_GROUP) + b"".join(tops) + b"".join(lower)
 
 
+def check_entropy_mode(mode: str) -> None:
+    """An entropy mode (constants.ENTROPY_MODES: `pack --entropy`), else InputError."""
+    check_choice("entropy mode", mode, ENTROPY_MODES)
+
+
 def code_payload(program: BlockProgram, data: bytes, mode: str) -> tuple[int, bytes]:
     """(codec, stored bytes) of a payload under an entropy mode (`auto`: the smallest; ties
     go to the lower codec number)."""
-    if mode not in ENTROPY_MODES:
-        raise InputError(f"unknown entropy mode {mode!r} (choose {', '.join(ENTROPY_MODES)})")
+    check_entropy_mode(mode)
     cands = [(len(data), CODEC_RAW, data)]
     if mode in ("zstd", "auto") and data:
-        comp = zstandard.ZstdCompressor(level=PAYLOAD_ZSTD_LEVEL, write_content_size=True, write_checksum=False).compress(data)
+        comp = compress(data, PAYLOAD_ZSTD_LEVEL)
         cands.append((len(comp), CODEC_ZSTD, comp))
     if mode in ("planes", "auto") and data:
         w = program.symbol_bits
@@ -152,20 +156,19 @@ def code_payload(program: BlockProgram, data: bytes, mode: str) -> tuple[int, by
 # ----------------------------------------------------------------------------- decoder
 
 
-class _Cursor(ByteCursor):
-    def take(self, size: int, what: str) -> np.ndarray:
-        """One group (SPEC.md 8.6) decoding to exactly `size` bytes."""
-        codec, stored = self.group(what)
-        if codec == CODEC_ZSTD:
-            declared = frame_content_size(stored)
-            if declared != size:
-                raise FormatError(f"planes payload: {what} declares {declared} bytes, {size} expected", "E_SECTION_SIZE")
-        elif codec != CODEC_RAW:
-            raise FormatError(f"planes payload: {what} has unknown codec {codec}", "E_CODEC")
-        return np.frombuffer(decompress(stored, codec, size, size), np.uint8)
+def _take(cur: ByteCursor, size: int, what: str) -> np.ndarray:
+    """The next group (SPEC.md 8.6), which must decode to exactly `size` bytes."""
+    codec, stored = cur.group(what)
+    if codec == CODEC_ZSTD:
+        declared = frame_content_size(stored)
+        if declared != size:
+            raise FormatError(f"planes payload: {what} declares {declared} bytes, {size} expected", "E_SECTION_SIZE")
+    elif codec != CODEC_RAW:
+        raise FormatError(f"planes payload: {what} has unknown codec {codec}", "E_CODEC")
+    return np.frombuffer(decompress(stored, codec, size, size), np.uint8)
 
 
-def _read_contexts(cur: _Cursor, j: int, n: int, r: int, k: int, row_cls: np.ndarray, col_cls: np.ndarray, dest: np.ndarray) -> None:
+def _read_contexts(cur: ByteCursor, j: int, n: int, r: int, k: int, row_cls: np.ndarray, col_cls: np.ndarray, dest: np.ndarray) -> None:
     """The top plane of one segment from its k*k context groups, into `dest` (n bytes, may be
     strided). The full rows, sorted by class, against the columns, sorted by class, form one
     block per context: each group is copied as a block and the grid is un-permuted into
@@ -187,7 +190,7 @@ def _read_contexts(cur: _Cursor, j: int, n: int, r: int, k: int, row_cls: np.nda
         for b in range(k):
             m = int(rcount[a] * ccount[b])
             extra = int(tcount[b]) if a == tail_cls else 0
-            part = cur.take(m + extra, f"segment {j} context {a * k + b}")
+            part = _take(cur, m + extra, f"segment {j} context {a * k + b}")
             block[r0[a] : r0[a + 1], c0[b] : c0[b + 1]] = part[:m].reshape(int(rcount[a]), int(ccount[b]))
             if extra:
                 tail_sorted[t0[b] : t0[b + 1]] = part[m:]
@@ -203,7 +206,7 @@ def _read_contexts(cur: _Cursor, j: int, n: int, r: int, k: int, row_cls: np.nda
 
 def read_segments(data: Buffer, total: int) -> tuple[list[Segment], int]:
     """The segment table of a codec-2 payload and the offset after it (SPEC.md 8.6 checks)."""
-    cur = _Cursor(data, "planes payload")
+    cur = ByteCursor(data, "planes payload")
     count = cur.varint("segment count")
     if count > MAX_SEGMENTS:
         raise LimitError(f"planes payload has {count} segments; the limit is {MAX_SEGMENTS}", "E_LIMIT_COUNT")
@@ -231,10 +234,10 @@ def read_segments(data: Buffer, total: int) -> tuple[list[Segment], int]:
 def decode_planes(data: Buffer, total: int, symbol_bits: int) -> np.ndarray:
     """The payload symbols (uint16/uint32, `total` of them) from codec-2 bytes."""
     segs, start = read_segments(data, total)
-    cur = _Cursor(data, "planes payload")
+    cur = ByteCursor(data, "planes payload")
     cur.pos = start
     map_size = sum(-(-n // r) + r for n, r, k in segs if k > 1)
-    maps = cur.take(map_size, "class maps")
+    maps = _take(cur, map_size, "class maps")
     nb = symbol_bits // 8
     out = np.empty(total, np.dtype(uint_dtype(symbol_bits)).newbyteorder("<"))
     planes = out.view(np.uint8).reshape(total, nb)  # byte b of every symbol, written in place
@@ -242,7 +245,7 @@ def decode_planes(data: Buffer, total: int, symbol_bits: int) -> np.ndarray:
     for j, (n, r, k) in enumerate(segs):
         dest = planes[pos : pos + n, nb - 1]
         if k == 1:
-            dest[:] = cur.take(n, f"segment {j} top plane")
+            dest[:] = _take(cur, n, f"segment {j} top plane")
         else:
             rows = -(-n // r)
             row_cls, col_cls = maps[mpos : mpos + rows], maps[mpos + rows : mpos + rows + r]
@@ -252,7 +255,7 @@ def decode_planes(data: Buffer, total: int, symbol_bits: int) -> np.ndarray:
             _read_contexts(cur, j, n, r, k, row_cls, col_cls, dest)
         pos += n
     for b in range(nb - 2, -1, -1):
-        planes[:, b] = cur.take(total, f"plane {b}")
+        planes[:, b] = _take(cur, total, f"plane {b}")
     if not cur.done:
         raise FormatError("planes payload: bytes after the last group", "E_SECTION_CONTENT")
     return out

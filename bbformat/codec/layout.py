@@ -10,11 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True)
-class AxisRef:
-    tensor: str
-    axis: int
+from ..container.program import AxisRef
 
 
 @dataclass(frozen=True)

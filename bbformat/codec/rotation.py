@@ -2,6 +2,9 @@
 
 All linear algebra is float64. eigh returns ascending eigenvalues and
 orthonormal eigenvectors as columns.
+
+Instrumentation: `linalg_clock(record)` reports the seconds spent in gram, eigh, eigh_upper,
+rotate_axis and regenerate (tools/bench's "pack linalg s"); see its docstring.
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from functools import lru_cache
+from time import perf_counter
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -27,12 +31,48 @@ def from_axis_matrix(m: np.ndarray, shape: tuple[int, ...], axis: int) -> np.nda
     return np.moveaxis(m.reshape(moved), -1, axis)
 
 
+# The record function of the active linalg_clock, or None (the default).
+_clock: Callable[[str, float], None] | None = None
+
+
+@contextmanager
+def linalg_clock(record: Callable[[str, float], None]) -> Iterator[None]:
+    """Instrumentation for measurement tools (tools/bench): while active, each call of gram,
+    eigh, eigh_upper, rotate_axis and regenerate ends with record(name, seconds), in the thread
+    that made the call (so record must be thread-safe). One clock per process at a time.
+
+    Off, each of those functions tests one module global. The clock sees no array and returns
+    nothing to the codec: it cannot change a result."""
+    global _clock
+    if _clock is not None:
+        raise RuntimeError("a linalg_clock is already active")
+    _clock = record
+    try:
+        yield
+    finally:
+        _clock = None
+
+
+def _record(name: str, t0: float) -> None:
+    clock = _clock
+    if clock is not None:
+        clock(name, perf_counter() - t0)
+
+
 def rotate_axis(x: np.ndarray, axis: int, r: np.ndarray) -> np.ndarray:
-    return from_axis_matrix(axis_matrix(x, axis) @ r, x.shape, axis)
+    t0 = perf_counter() if _clock is not None else None
+    out = from_axis_matrix(axis_matrix(x, axis) @ r, x.shape, axis)
+    if t0 is not None:
+        _record("rotate_axis", t0)
+    return out
 
 
 def gram(m: np.ndarray) -> np.ndarray:
-    return m.T @ m
+    t0 = perf_counter() if _clock is not None else None
+    g: np.ndarray = m.T @ m
+    if t0 is not None:
+        _record("gram", t0)
+    return g
 
 
 Eigensolver = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -40,14 +80,20 @@ Eigensolver = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 def eigh(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The reference eigensolver (SPEC.md 7.5): numpy.linalg.eigh, LAPACK dsyevd on the lower triangle."""
+    t0 = perf_counter() if _clock is not None else None
     w, v = np.linalg.eigh(a)
+    if t0 is not None:
+        _record("eigh", t0)
     return w, v
 
 
 def eigh_upper(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The same driver on the upper triangle: a different reduction (from the last column),
     so different rounding. The encoder's second opinion for its band (codec/band.py)."""
+    t0 = perf_counter() if _clock is not None else None
     w, v = np.linalg.eigh(a, UPLO="U")
+    if t0 is not None:
+        _record("eigh_upper", t0)
     return w, v
 
 
@@ -135,9 +181,11 @@ def regenerate(e: np.ndarray, mu: np.ndarray, paper: bool) -> np.ndarray:
     symmetric: X~ = E diag(mu) E^T      (insensitive to eigenvector signs)
     paper:     X~ = E^T diag(mu) E      (Q~ = E^T, X = Q diag(mu) Q^T)
     """
-    if paper:
-        return (e.T * mu) @ e
-    return (e * mu) @ e.T
+    t0 = perf_counter() if _clock is not None else None
+    x: np.ndarray = (e.T * mu) @ e if paper else (e * mu) @ e.T
+    if t0 is not None:
+        _record("regenerate", t0)
+    return x
 
 
 def paper_signs(v: np.ndarray) -> np.ndarray:

@@ -1,11 +1,12 @@
-"""Vectorised LEB128 varints and zigzag, used by correction sections."""
+"""Vectorised LEB128 varints and zigzag, used by correction sections, and the group that
+bytecursor.ByteCursor.group reads back (SPEC.md 8.4, 8.6)."""
 from __future__ import annotations
 
 import numpy as np
 
+from ..constants import MAX_VARINT_BYTES, Codec
 from ..errors import FormatError
-
-MAX_VARINT_BYTES = 10
+from ..zstdframe import Compressor
 
 
 def zigzag(v: np.ndarray) -> np.ndarray:
@@ -69,3 +70,14 @@ def decode_varints(data: bytes | bytearray | memoryview, count: int) -> np.ndarr
         active = lens > k
         out[active] |= (b[starts[active] + k].astype(np.uint64) & np.uint64(0x7F)) << np.uint64(7 * k)
     return out
+
+
+def encode_group(raw: bytes, z: Compressor, zstd_above: int = 0) -> bytes:
+    """One group, as bytecursor.ByteCursor.group reads it: varint L, codec byte, L bytes; zstd where that is
+    smaller than raw (tried only for groups longer than zstd_above bytes)."""
+    codec, data = Codec.RAW, raw
+    if len(raw) > zstd_above:
+        comp = z.compress(raw)
+        if len(comp) < len(raw):
+            codec, data = Codec.ZSTD, comp
+    return encode_varints(np.array([len(data)], np.uint64)) + bytes([codec]) + data

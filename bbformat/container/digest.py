@@ -2,15 +2,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 import numpy as np
 
-from ..codec.dtypes import RawTensor
-from ..codec.program import BlockProgram
 from .crc import crc32c
+from .program import BlockProgram
 
 
-def content_crc(program: BlockProgram, tensors: Mapping[str, RawTensor]) -> int:
+class DecodedTensor(Protocol):
+    """A decoded tensor (codec.dtypes.RawTensor): its elements as little-endian unsigned ints."""
+
+    def little_endian(self) -> np.ndarray: ...
+
+
+def content_crc(program: BlockProgram, tensors: Mapping[str, DecodedTensor]) -> int:
     """CRC32C of the decoded tensors' little-endian element bytes, in tensor-record order."""
     value = 0
     for entry in program.tensors:

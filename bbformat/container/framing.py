@@ -5,10 +5,20 @@ import json
 from dataclasses import dataclass
 
 import construct
-import zstandard
 
-from ..codec.sections import Buffer
-from ..errors import FormatError, InputError, IntegrityError, LimitError
+from ..constants import (
+    BYTE_CODECS,
+    CRC_SIZE,
+    FOOTER_CRC_OFFSET,
+    FORMAT_VERSIONS,
+    MAGIC_SIZE,
+    METADATA_ZSTD_ABOVE,
+    MIN_CHUNK_LENGTH,
+    Codec,
+    minor_for,
+)
+from ..errors import FormatError, InputError, IntegrityError, LimitError, check_choice
+from ..zstdframe import METADATA_LEVEL, Buffer, compress, decompress, frame_content_size
 from . import records as R
 from .crc import crc32c
 
@@ -24,11 +34,9 @@ class Header:
     required_flags: int = 0
 
 
-def minor_for(required_flags: int) -> int:
-    """The lowest minor version whose features a file with these flags uses."""
-    if required_flags & (R.FLAG_DIGESTS | R.FLAG_MIXED_CORRECTIONS):
-        return 2
-    return 1 if required_flags & R.FLAG_PLANES else 0
+def check_format_version(format_version: str) -> None:
+    """A version a writer can be asked to write (constants.FORMAT_VERSIONS), else InputError."""
+    check_choice("format version", format_version, FORMAT_VERSIONS)
 
 
 @dataclass(frozen=True)
@@ -62,11 +70,11 @@ def check_header(scheme: str, chunk_count: int, metadata: dict, required_flags: 
 
 def seal_header(h: HeaderFields) -> bytes:
     """The header bytes of a checked header: metadata zstd-19 compressed where that is smaller."""
-    meta, required_flags, codec = h.metadata_json, h.required_flags, 0
-    if len(meta) > 4096:
-        packed = zstandard.ZstdCompressor(level=19, write_content_size=True, write_checksum=False).compress(meta)
+    meta, required_flags, codec = h.metadata_json, h.required_flags, Codec.RAW
+    if len(meta) > METADATA_ZSTD_ABOVE:
+        packed = compress(meta, METADATA_LEVEL)
         if len(packed) < len(meta):
-            meta, codec = packed, 1
+            meta, codec = packed, Codec.ZSTD
     fixed = R.HEADER_FIXED.build(
         dict(
             major=R.VERSION_MAJOR,
@@ -81,7 +89,7 @@ def seal_header(h: HeaderFields) -> bytes:
         )
     )
     body = fixed + meta
-    return body + crc32c(body).to_bytes(4, "little")
+    return body + crc32c(body).to_bytes(CRC_SIZE, "little")
 
 
 def check_version(major: int, minor: int) -> None:
@@ -92,13 +100,13 @@ def check_version(major: int, minor: int) -> None:
 def parse_header_fixed(data: Buffer) -> construct.Container:
     if len(data) < R.HEADER_FIXED_SIZE:
         raise FormatError("file is too short for a header", "E_TRUNCATED")
-    if data[:8] != R.FILE_MAGIC:
+    if data[:MAGIC_SIZE] != R.FILE_MAGIC:
         raise FormatError("not a bbformat file (bad leading magic)", "E_MAGIC")
     h = R.HEADER_FIXED.parse(data[: R.HEADER_FIXED_SIZE])
     check_version(h.major, h.minor)
     if h.required_flags & ~R.REQUIRED_FLAGS_KNOWN:
         raise FormatError(f"unknown required flags 0x{h.required_flags:08x}", "E_REQUIRED_FLAG")
-    if h.metadata_codec not in (0, 1):
+    if h.metadata_codec not in BYTE_CODECS:
         raise FormatError(f"unknown metadata codec {h.metadata_codec}", "E_CODEC")
     if h.reserved1:
         raise FormatError("reserved header field is not zero", "E_RESERVED")
@@ -112,7 +120,7 @@ def parse_header_fixed(data: Buffer) -> construct.Container:
 
 
 def header_length(fixed: construct.Container) -> int:
-    return R.HEADER_FIXED_SIZE + fixed.metadata_length + 4
+    return R.HEADER_FIXED_SIZE + fixed.metadata_length + CRC_SIZE
 
 
 def parse_header(data: Buffer) -> Header:
@@ -121,17 +129,14 @@ def parse_header(data: Buffer) -> Header:
     n = header_length(h)
     if len(data) != n:
         raise FormatError("header is truncated", "E_TRUNCATED")
-    if crc32c(data[:-4]) != int.from_bytes(data[-4:], "little"):
+    if crc32c(data[:-CRC_SIZE]) != int.from_bytes(data[-CRC_SIZE:], "little"):
         raise IntegrityError("header CRC32C mismatch", "E_CRC_HEADER")
-    raw: Buffer = data[R.HEADER_FIXED_SIZE:-4]
-    if h.metadata_codec == 1:
-        from ..codec.sections import decompress, frame_content_size
-
+    raw: Buffer = data[R.HEADER_FIXED_SIZE:-CRC_SIZE]
+    if h.metadata_codec == Codec.ZSTD:
         declared = frame_content_size(raw)
         if declared > R.MAX_METADATA:
             raise LimitError("metadata decompresses past 64 MiB", "E_LIMIT_METADATA")
-
-        raw = decompress(raw, 1, declared, R.MAX_METADATA)
+        raw = decompress(raw, Codec.ZSTD, declared, R.MAX_METADATA)
     try:
         meta = json.loads(str(raw, "utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -158,7 +163,7 @@ def build_index(entries: list[IndexEntry]) -> bytes:
 
 
 def parse_index(data: bytes, chunk_count: int, first_offset: int, index_offset: int) -> list[IndexEntry]:
-    if len(data) < R.INDEX_FIXED_SIZE or data[:4] != R.INDEX_MAGIC:
+    if len(data) < R.INDEX_FIXED_SIZE or data[: len(R.INDEX_MAGIC)] != R.INDEX_MAGIC:
         raise FormatError("bad index magic", "E_MAGIC")
     n = R.INDEX_FIXED.parse(data[: R.INDEX_FIXED_SIZE]).chunk_count
     if n != chunk_count:
@@ -172,7 +177,7 @@ def parse_index(data: bytes, chunk_count: int, first_offset: int, index_offset: 
         e = R.INDEX_ENTRY.parse(data[off : off + R.INDEX_ENTRY_SIZE])
         if e.reserved:
             raise FormatError("reserved index field is not zero", "E_RESERVED")
-        if e.offset != pos or e.length < 36 or e.length > index_offset - pos:
+        if e.offset != pos or e.length < MIN_CHUNK_LENGTH or e.length > index_offset - pos:
             raise FormatError(f"index entry {i} is out of bounds or overlapping", "E_BOUNDS")
         pos += e.length
         out.append(IndexEntry(e.offset, e.length, e.crc))
@@ -194,19 +199,25 @@ def build_footer(index_offset: int, index: bytes, minor: int = 0) -> bytes:
             magic=R.FOOTER_MAGIC,
         )
     )
-    crc = crc32c(part[:28])
-    return part[:28] + crc.to_bytes(4, "little") + R.FOOTER_MAGIC
+    crc = crc32c(part[:FOOTER_CRC_OFFSET])
+    return part[:FOOTER_CRC_OFFSET] + crc.to_bytes(CRC_SIZE, "little") + R.FOOTER_MAGIC
 
 
 def parse_footer(data: Buffer) -> construct.Container:
     if len(data) != R.FOOTER_SIZE:
         raise FormatError("file is too short for a footer", "E_TRUNCATED")
-    if data[-8:] != R.FOOTER_MAGIC:
+    if data[-MAGIC_SIZE:] != R.FOOTER_MAGIC:
         raise FormatError("bad trailing magic (truncated or not a bbformat file)", "E_MAGIC")
     f = R.FOOTER.parse(data)
-    if crc32c(data[:28]) != f.footer_crc:
+    if crc32c(data[:FOOTER_CRC_OFFSET]) != f.footer_crc:
         raise IntegrityError("footer CRC32C mismatch", "E_CRC_FOOTER")
     check_version(f.major, f.minor)
     if f.reserved:
         raise FormatError("reserved footer field is not zero", "E_RESERVED")
     return f
+
+
+def check_footer_version(header: Header, footer: construct.Container) -> None:
+    """The footer's version must be the header's (SPEC.md 11.2, E_VERSION)."""
+    if footer.major != header.major or footer.minor != header.minor:
+        raise FormatError("header and footer versions differ", "E_VERSION")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..constants import CRC_SIZE, FOOTER_CRC_OFFSET, FOOTER_INDEX_CRC_OFFSET
 from . import records as R
 from .crc import crc32c
 from .framing import IndexEntry, build_footer, build_index
@@ -18,7 +19,7 @@ class Parts:
 def split(data: bytes) -> Parts:
     """Trusting split of a well-formed container (for crafting only)."""
     fixed = R.HEADER_FIXED.parse(data[: R.HEADER_FIXED_SIZE])
-    hlen = R.HEADER_FIXED_SIZE + fixed.metadata_length + 4
+    hlen = R.HEADER_FIXED_SIZE + fixed.metadata_length + CRC_SIZE
     chunks = []
     pos = hlen
     for _ in range(fixed.chunk_count):
@@ -29,18 +30,18 @@ def split(data: bytes) -> Parts:
 
 
 def reseal_header(header: bytes) -> bytes:
-    return header[:-4] + crc32c(header[:-4]).to_bytes(4, "little")
+    return header[:-CRC_SIZE] + crc32c(header[:-CRC_SIZE]).to_bytes(CRC_SIZE, "little")
 
 
 def reseal_chunk(chunk: bytes) -> bytes:
-    return chunk[:-4] + crc32c(chunk[:-4]).to_bytes(4, "little")
+    return chunk[:-CRC_SIZE] + crc32c(chunk[:-CRC_SIZE]).to_bytes(CRC_SIZE, "little")
 
 
 def join(parts: Parts) -> bytes:
     entries = []
     pos = len(parts.header)
     for c in parts.chunks:
-        entries.append(IndexEntry(pos, len(c), int.from_bytes(c[-4:], "little")))
+        entries.append(IndexEntry(pos, len(c), int.from_bytes(c[-CRC_SIZE:], "little")))
         pos += len(c)
     index = build_index(entries)
     minor = R.HEADER_FIXED.parse(parts.header[: R.HEADER_FIXED_SIZE]).minor
@@ -53,6 +54,6 @@ def reseal_footer(data: bytes, index_crc: bool = True) -> bytes:
     footer = bytearray(data[-R.FOOTER_SIZE :])
     if index_crc:
         index_offset = int.from_bytes(footer[0:8], "little")
-        footer[16:20] = crc32c(data[index_offset : -R.FOOTER_SIZE]).to_bytes(4, "little")
-    footer[28:32] = crc32c(bytes(footer[:28])).to_bytes(4, "little")
+        footer[FOOTER_INDEX_CRC_OFFSET : FOOTER_INDEX_CRC_OFFSET + CRC_SIZE] = crc32c(data[index_offset : -R.FOOTER_SIZE]).to_bytes(CRC_SIZE, "little")
+    footer[FOOTER_CRC_OFFSET : FOOTER_CRC_OFFSET + CRC_SIZE] = crc32c(bytes(footer[:FOOTER_CRC_OFFSET])).to_bytes(CRC_SIZE, "little")
     return bytes(data[: -R.FOOTER_SIZE]) + bytes(footer)

@@ -1,4 +1,5 @@
-"""A readable summary of a container, computed from its bytes alone."""
+"""A readable summary of a container, computed from its bytes alone: `bbformat.inspect` and
+`bbformat inspect` (the module is not called inspect, so that the function does not shadow it)."""
 from __future__ import annotations
 
 import base64
@@ -6,32 +7,18 @@ import binascii
 import os
 from typing import Any
 
-import numpy as np
-
 from .codec.dtypes import bits_of
-from .codec.sections import count_residual_corrections, KIND_ANCHOR_PATCHES, KIND_NAMES, KIND_SIGNS, KIND_X_PATCHES, KIND_X_RESIDUALS
-from .codec.varint import decode_varints
-from .container.chunks import parse_chunk
-from .container import records as R
-from .container.crc import crc32c
+from .codec.entropy import decode_planes
+from .codec.section_kinds import SECTION_KINDS, SiteContext
 from .compat import legacy_reader_problems
-from .errors import FormatError
+from .constants import CODEC_NAMES, CRC_SIZE, SECTION_KIND_NAMES, RequiredFlag, SectionKind
+from .container.chunks import parse_chunk
+from .container.crc import crc32c
 from .reader import Reader, resolve_budget
-
-CODEC_NAMES = {0: "raw", 1: "zstd", 2: "planes"}
-
-
-def _count_corrections(kind: int, data: bytes, n: int) -> int:
-    if kind == KIND_X_RESIDUALS:
-        return count_residual_corrections(data)
-    if kind in (KIND_X_PATCHES, KIND_ANCHOR_PATCHES):
-        end = next(i for i, b in enumerate(data) if not b & 0x80)
-        return int(decode_varints(data[: end + 1], 1)[0])
-    return 0
 
 
 def _side_files(meta: dict[str, Any]) -> dict[str, bytes]:
-    files = meta.get("files")
+    files: Any = meta.get("files")
     out = {}
     for name in ("config.json", "tokenizer_config.json", "tokenizer.json"):
         try:
@@ -50,10 +37,10 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
         blocks = []
         tot_plain = tot_bound = 0
         for i, e in enumerate(r.entries):
-            raw = r._read_at(e.offset, e.length)
-            crc_ok = crc32c(raw[:-4]) == int.from_bytes(raw[-4:], "little") == e.crc
+            raw = r.read_chunk_bytes(i)
+            crc_ok = crc32c(raw[:-CRC_SIZE]) == int.from_bytes(raw[-CRC_SIZE:], "little") == e.crc
             ch = parse_chunk(raw, expected_index=i, check_crc=False, max_block_bytes=budget, max_site_dim=max_site_dim,
-                             required_flags=r.header.required_flags)
+                             required_flags=r.header.required_flags, decode_planes=decode_planes)
             p = ch.program
             w = p.symbol_bits
             plain = sum(t.numel * bits_of(t.dtype) // 8 for t in p.tensors)
@@ -61,17 +48,16 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
             sign_bits = corrections = corr_bytes = 0
             per_site = {k: {"corrections": 0, "correction_bytes": 0} for k in range(len(p.sites))}
             for sec in ch.sections:
-                if sec["kind"] == KIND_SIGNS:
-                    sign_bits += p.sites[sec["site"]].dim
-                elif sec["kind"] in (KIND_X_RESIDUALS, KIND_X_PATCHES, KIND_ANCHOR_PATCHES):
-                    s = p.sites[sec["site"]]
-                    n = s.n_pop if sec["kind"] != KIND_ANCHOR_PATCHES else p.tensors[s.anchor].numel
-                    c = _count_corrections(sec["kind"], ch.side[(sec["kind"], sec["site"])], n)
-                    corrections += c
+                if sec["kind"] == SectionKind.PAYLOAD:  # not side information
+                    continue
+                tally = SECTION_KINDS[sec["kind"]].tally(SiteContext(p, sec["site"]), ch.side[(sec["kind"], sec["site"])])
+                sign_bits += tally.sign_bits
+                if tally.corrections is not None:
+                    corrections += tally.corrections
                     corr_bytes += sec["stored_length"]
-                    per_site[sec["site"]]["corrections"] += c
+                    per_site[sec["site"]]["corrections"] += tally.corrections
                     per_site[sec["site"]]["correction_bytes"] += sec["stored_length"]
-            payload = next(s for s in ch.sections if s["kind"] == 1)
+            payload = next(s for s in ch.sections if s["kind"] == SectionKind.PAYLOAD)
             blocks.append(
                 {
                     "index": i,
@@ -97,7 +83,8 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
                     "corrections": corrections,
                     "correction_bytes": corr_bytes,
                     "sections": [
-                        {"kind": KIND_NAMES[s["kind"]], "codec": CODEC_NAMES[s["codec"]], "site": s["site"] if s["kind"] != 1 else None,
+                        {"kind": SECTION_KIND_NAMES[s["kind"]], "codec": CODEC_NAMES[s["codec"]],
+                         "site": s["site"] if s["kind"] != SectionKind.PAYLOAD else None,
                          "stored_bytes": s["stored_length"], "decoded_bytes": s["decoded_length"]}
                         for s in ch.sections
                     ],
@@ -118,7 +105,7 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
         "architecture": meta.get("architecture"),
         "scheme": r.header.scheme,
         "tolerance": meta.get("tolerance"),
-        "content_digests": bool(r.header.required_flags & R.FLAG_DIGESTS),
+        "content_digests": bool(r.header.required_flags & RequiredFlag.DIGESTS),
         "warnings": legacy_reader_problems(_side_files(meta)),
         "dtypes": sorted({t["dtype"] for b in blocks for t in b["tensors"]}),
         "blocks": blocks,

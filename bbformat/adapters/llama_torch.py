@@ -1,0 +1,79 @@
+"""The torch model of a sliced Llama (transformers' LlamaForCausalLM with compressed layers):
+what load_model fills and calibration runs. Imports torch; adapters/llama.py names its tensors."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedModelError
+from .torch_base import RMSN, finish, head_width, hf_config, linear, shortcut, width
+
+
+class SlicedLlamaDecoderLayer(nn.Module):
+    """x -> x Q_att + attn(norm(x)) -> h Q_mlp + mlp(norm(h))."""
+
+    def __init__(self, config: Any, layer_idx: int, d_in: int, d_attn: int, d_mlp: int) -> None:
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP
+
+        self.self_attn = LlamaAttention(config, layer_idx)
+        a = self.self_attn
+        hd = a.head_dim
+        bias = bool(getattr(config, "attention_bias", False))
+        a.q_proj = linear(d_in, config.num_attention_heads * hd, bias)
+        a.k_proj = linear(d_in, config.num_key_value_heads * hd, bias)
+        a.v_proj = linear(d_in, config.num_key_value_heads * hd, bias)
+        a.o_proj = linear(config.num_attention_heads * hd, d_attn, bias)
+        self.mlp = LlamaMLP(config)
+        mb = bool(getattr(config, "mlp_bias", False))
+        self.mlp.gate_proj = linear(d_attn, config.intermediate_size, mb)
+        self.mlp.up_proj = linear(d_attn, config.intermediate_size, mb)
+        self.mlp.down_proj = linear(config.intermediate_size, d_mlp, mb)
+        self.input_layernorm = RMSN(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSN(config.hidden_size, config.rms_norm_eps)
+        self.attn_shortcut_Q = shortcut(d_in, d_attn)
+        self.mlp_shortcut_Q = shortcut(d_attn, d_mlp)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: Any = None, position_ids: Any = None,
+                past_key_values: Any = None, use_cache: Any = False, position_embeddings: Any = None, **kwargs: Any) -> torch.Tensor:
+        residual = hidden_states
+        h, _ = self.self_attn(
+            hidden_states=self.input_layernorm(hidden_states),
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+        h = torch.matmul(residual, self.attn_shortcut_Q.to(residual.dtype)) + h
+        residual = h
+        h = self.mlp(self.post_attention_layernorm(h))
+        out: torch.Tensor = torch.matmul(residual, self.mlp_shortcut_Q.to(residual.dtype)) + h
+        return out
+
+
+def build_model(config_json: dict[str, Any], slicing_config: dict[str, Any], dtype: torch.dtype = torch.float32,
+                names: Iterable[str] | None = None) -> nn.Module:
+    """An empty (uninitialised) sliced Llama with the shapes of `slicing_config` (`names`,
+    the checkpoint's tensor names, is not needed: Llama's biases follow config.json)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    if config_json.get("model_type") != "llama":
+        raise UnsupportedModelError(f"load_model supports Llama models; this is {config_json.get('model_type')!r}")
+    config = hf_config(LlamaConfig, config_json)
+    hidden = config.hidden_size
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+        model.model.embed_tokens = nn.Embedding(config.vocab_size, width(slicing_config, "embedding_dimensions", 0, hidden))
+        model.model.layers = nn.ModuleList(
+            SlicedLlamaDecoderLayer(config, i, width(slicing_config, "attention_input_dimensions", i, hidden),
+                                    width(slicing_config, "attention_output_dimensions", i, hidden),
+                                    width(slicing_config, "mlp_output_dimensions", i, hidden))
+            for i in range(config.num_hidden_layers))
+        model.model.norm = RMSN(hidden, config.rms_norm_eps)
+        model.lm_head = nn.Linear(head_width(slicing_config, hidden), config.vocab_size, bias=False)
+    return finish(model, dtype, lambda: LlamaRotaryEmbedding(config=config))

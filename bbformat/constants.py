@@ -1,0 +1,313 @@
+"""The numbers SPEC.md gives the format, in one place: the ground floor of the package.
+
+Pure Python with no imports from bbformat (and no numpy), so every layer may use it and
+`import bbformat` stays fast. Every value here is part of the format or of the reference
+writer's output: changing one changes bytes on disk. Section references are to SPEC.md.
+
+The enums are IntEnums (not IntFlags, even for bit values): their members are ints, so
+they are written, compared and combined exactly as the plain ints read from a file are,
+and `~` gives the plain two's-complement mask that the reserved-bit checks need.
+"""
+from __future__ import annotations
+
+from enum import IntEnum
+
+# ----------------------------------------------------------------------------- versions
+
+FORMAT_MAJOR = 1
+"""Header and footer `major` (SPEC.md 4, 10.2); any other value is E_VERSION."""
+FORMAT_MINOR = 2
+"""The newest minor this code knows; a writer writes the lowest its file needs (minor_for)."""
+FORMAT_VERSIONS = ("1.2", "1.1")
+"""What a writer can be asked to write (`pack --format-version`), the default first; "1.1"
+writes minor 0 unless the payloads may use codec 2."""
+
+# ----------------------------------------------------------------------------- magics
+
+FILE_MAGIC = b"\x89BBF\r\n\x1a\n"
+"""Header offset 0 (SPEC.md 4)."""
+FOOTER_MAGIC = b"BBFEND\r\n"
+"""The last 8 bytes of the footer (SPEC.md 10.2)."""
+CHUNK_MAGIC = b"BBCK"
+"""Chunk offset 0 (SPEC.md 5)."""
+INDEX_MAGIC = b"BBIX"
+"""Index offset 0 (SPEC.md 10.1)."""
+ZSTD_FRAME_MAGIC = b"\x28\xb5\x2f\xfd"
+"""The first 4 bytes of a zstd frame (RFC 8878); a skippable frame is E_ZSTD (SPEC.md 8.2)."""
+MAGIC_SIZE = 8
+"""Bytes of the file and footer magics (SPEC.md 4, 10.2)."""
+
+# ----------------------------------------------------------------------------- fixed sizes
+
+CRC_SIZE = 4
+"""Every CRC32C is a u32 (SPEC.md 3)."""
+HEADER_FIXED_SIZE = 32
+"""The header's fixed part, magic to metadata_length (SPEC.md 4)."""
+HEADER_MIN_SIZE = HEADER_FIXED_SIZE + CRC_SIZE
+"""36: the header without metadata; H = 36 + M (SPEC.md 4)."""
+CHUNK_FIXED_SIZE = 32
+"""The chunk's fixed header, magic to reserved (SPEC.md 5)."""
+MIN_CHUNK_LENGTH = CHUNK_FIXED_SIZE + CRC_SIZE
+"""36: chunk_length >= 36 (SPEC.md 5, 10.1, 10.3)."""
+SECTION_ENTRY_SIZE = 32
+"""One section table entry (SPEC.md 5.3): the section table is 32 * S bytes."""
+INDEX_FIXED_SIZE = 8
+"""Index magic and chunk_count (SPEC.md 10.1)."""
+INDEX_ENTRY_SIZE = 24
+"""One index entry (SPEC.md 10.1): the index is 8 + 24 * N bytes."""
+FOOTER_SIZE = 40
+"""The footer (SPEC.md 10.2)."""
+FOOTER_INDEX_CRC_OFFSET = 16
+"""index_crc's offset in the footer (SPEC.md 10.2)."""
+FOOTER_CRC_OFFSET = 28
+"""footer_crc's offset in the footer; it covers footer bytes [0, 28) (SPEC.md 10.2)."""
+MIN_FILE_SIZE = HEADER_MIN_SIZE + INDEX_FIXED_SIZE + FOOTER_SIZE
+"""84: no container is shorter (SPEC.md 10.2)."""
+TENSOR_RECORD_MIN_SIZE = 6
+"""A tensor record with an empty name and ndim 0 (SPEC.md 5.1, 11.3)."""
+SITE_RECORD_MIN_SIZE = 18
+"""A site record with an empty name and no followers (SPEC.md 5.1, 11.3)."""
+FOLLOWER_RECORD_MIN_SIZE = 4
+"""A follower record with an empty name (SPEC.md 5.1, 11.3)."""
+OP_RECORD_SIZE = 8
+"""One op record (SPEC.md 5.1)."""
+NO_SITE = 0xFFFFFFFF
+"""The payload section's site field (SPEC.md 5.3, 8.1)."""
+MAX_VARINT_BYTES = 10
+"""The longest varint (SPEC.md 1)."""
+
+# ----------------------------------------------------------------------------- limits (SPEC.md 11.1)
+
+MAX_CHUNKS = 1 << 16
+"""Chunks per file (E_LIMIT_COUNT)."""
+MAX_METADATA = 64 << 20
+"""Metadata bytes, stored and decoded (E_LIMIT_METADATA)."""
+MAX_DESCRIPTOR = 16 << 20
+"""Descriptor length Ld (E_LIMIT_COUNT)."""
+MAX_SECTIONS_PER_CHUNK = 1 << 14
+"""Sections per chunk (E_LIMIT_COUNT)."""
+MAX_TENSORS_PER_CHUNK = 1 << 16
+"""Tensors per chunk (E_LIMIT_COUNT)."""
+MAX_SITES_PER_CHUNK = 1 << 12
+"""Sites per chunk (E_LIMIT_COUNT)."""
+MAX_NDIM = 8
+"""Tensor rank (E_LIMIT_NDIM)."""
+MAX_TENSOR_ELEMENTS = 1 << 40
+"""Elements per tensor (E_LIMIT_TENSOR)."""
+MAX_SITE_DIM = 1 << 15
+"""Site dimension D (E_LIMIT_DIM)."""
+MIN_SITE_DIM = 2
+"""D >= 2 (SPEC.md 5.1, E_SITE)."""
+MAX_FOLLOWERS_PER_CHUNK = 1 << 16
+"""The reference reader's own limit on followers per chunk (SPEC.md 11.4, E_LIMIT_COUNT)."""
+MAX_PLANES_SEGMENTS = 1 << 16
+"""Segments of a codec-2 payload (SPEC.md 8.6, E_LIMIT_COUNT)."""
+MAX_PLANES_CLASSES = 16
+"""Classes per axis of a codec-2 segment, K (SPEC.md 8.6)."""
+
+# ----------------------------------------------------------------------------- header fields
+
+
+class RequiredFlag(IntEnum):
+    """Bits of the header's required_flags (SPEC.md 4); any other set bit is E_REQUIRED_FLAG."""
+
+    PLANES = 0x1  # 1.1: payload sections may use codec 2 (SPEC.md 8.6)
+    DIGESTS = 0x2  # 1.2: every chunk records content_crc of its decoded tensors (SPEC.md 5.4)
+    MIXED_CORRECTIONS = 0x4  # 1.2: x_residuals and x_patches may share a symmetric-mode site (SPEC.md 8.4)
+
+
+REQUIRED_FLAGS_KNOWN = int(RequiredFlag.PLANES | RequiredFlag.DIGESTS | RequiredFlag.MIXED_CORRECTIONS)
+"""Every required flag this code understands (SPEC.md 4, 11.2 item 4)."""
+OPTIONAL_FLAGS_KNOWN = 0x0
+"""None are defined; readers ignore optional_flags (SPEC.md 4)."""
+
+
+class Scheme(IntEnum):
+    """The header's scheme byte (SPEC.md 4, 12.2); any other value is E_SCHEME."""
+
+    PAPER = 1
+    SYMMETRIC = 2
+    NONE = 3  # 1.2: no sites, the entropy stage alone
+
+
+SCHEME_CODES: dict[str, Scheme] = {s.name.lower(): s for s in Scheme}
+"""Scheme name ("paper", "symmetric", "none") -> header code."""
+SCHEME_NAMES: dict[int, str] = {int(code): name for name, code in SCHEME_CODES.items()}
+"""Header code -> scheme name."""
+PACK_SCHEMES = ("symmetric", "paper", "none")
+"""The schemes `pack` writes, its default first (SPEC.md 12.2)."""
+ROTATION_SCHEMES = ("symmetric", "paper")
+"""The schemes that take bits back at rotation sites, the default first: what adapters and the
+encoder lay out ("none" is packed as symmetric chunks without sites)."""
+
+
+class Codec(IntEnum):
+    """How stored bytes become decoded bytes (SPEC.md 8.2): section codecs, and the codec byte
+    of the metadata (SPEC.md 4), of residual groups (8.4) and of planes groups (8.6)."""
+
+    RAW = 0
+    ZSTD = 1  # exactly one zstd frame declaring its content size
+    PLANES = 2  # 1.1, payload only, in a file with RequiredFlag.PLANES (SPEC.md 8.6)
+
+
+CODEC_NAMES: dict[int, str] = {int(c): c.name.lower() for c in Codec}
+"""Codec -> its name as `bbformat inspect` prints it."""
+BYTE_CODECS = (Codec.RAW, Codec.ZSTD)
+"""The codecs of metadata, residual groups and planes groups; other values are E_CODEC."""
+
+# ----------------------------------------------------------------------------- chunk contents
+
+
+class SectionKind(IntEnum):
+    """A section table entry's kind (SPEC.md 8.1); any other value is E_SECTION_KIND."""
+
+    PAYLOAD = 1  # the final stack (SPEC.md 6.3)
+    SIGNS = 2  # sign bitmap of a PAPER site (SPEC.md 8.3)
+    X_RESIDUALS = 3  # residuals of a symmetric-mode site's regenerated block (SPEC.md 8.4)
+    X_PATCHES = 4  # patches of the regenerated block (SPEC.md 8.5)
+    ANCHOR_PATCHES = 5  # patches of a PAPER site's un-rotated anchor (SPEC.md 8.5)
+
+
+SECTION_KIND_NAMES: dict[int, str] = {int(k): k.name.lower() for k in SectionKind}
+"""Kind -> its name in SPEC.md 8.1 ("payload", "signs", "x_residuals", ...)."""
+
+
+class OpKind(IntEnum):
+    """An op record's kind (SPEC.md 5.1); any other value is E_DESCRIPTOR."""
+
+    PUSH = 1
+    SITE = 2
+
+
+class SiteFlag(IntEnum):
+    """Bits of a site record's flags (SPEC.md 5.1); bits 2-7 are reserved (E_RESERVED)."""
+
+    PLAIN = 0x1  # no bits taken back: no pop, no push, no sections
+    PAPER = 0x2  # paper mode: sign bits, X~ = E^T diag(mu) E, anchor un-rotated
+
+
+SITE_FLAGS_KNOWN = int(SiteFlag.PLAIN | SiteFlag.PAPER)
+"""Every site flag bit (SPEC.md 5.1, 5.2 rule 3)."""
+
+
+class Dtype(IntEnum):
+    """Element type codes of tensor records and symbol_dtype (SPEC.md 6.1); other E_DTYPE."""
+
+    FLOAT16 = 1
+    BFLOAT16 = 2
+    FLOAT32 = 3
+
+
+DTYPE_CODES: dict[str, Dtype] = {d.name.lower(): d for d in Dtype}
+"""Dtype name ("float16", "bfloat16", "float32") -> code."""
+DTYPE_NAMES: dict[int, str] = {int(code): name for name, code in DTYPE_CODES.items()}
+"""Code -> dtype name."""
+DTYPE_BITS = {"float16": 16, "bfloat16": 16, "float32": 32}
+"""Bits per element (SPEC.md 6.1); a symbol dtype's bits are the chunk's W."""
+EXPONENT_FIELD = {"float16": (10, 5), "bfloat16": (7, 8), "float32": (23, 8)}
+"""(shift, width) of each dtype's exponent field: the contexts of SPEC.md 8.4."""
+
+# ----------------------------------------------------------------------------- the reference writer's choices
+
+METADATA_ZSTD_ABOVE = 4096
+"""The writer tries zstd on metadata longer than this (SPEC.md 4.1, informative)."""
+ENTROPY_MODES = ("none", "zstd", "planes", "auto")
+"""How a writer stores payloads (`pack --entropy`, SPEC.md 8.6): raw, one zstd frame, codec 2,
+or the smallest of the three per chunk."""
+PLANES_ENTROPY_MODES = ("planes", "auto")
+"""The entropy modes whose payloads may use codec 2: a file written so sets RequiredFlag.PLANES."""
+
+
+def required_flags_for(format_version: str, entropy: str) -> int:
+    """The required flags of a file written as `format_version` ("1.2" or "1.1") with payloads
+    stored by `entropy` (SPEC.md 4): 1.2 records digests and may mix corrections; planes and
+    auto may use codec 2."""
+    flags = int(RequiredFlag.PLANES) if entropy in PLANES_ENTROPY_MODES else 0
+    if format_version == "1.2":
+        flags |= RequiredFlag.DIGESTS | RequiredFlag.MIXED_CORRECTIONS
+    return flags
+
+
+def minor_for(required_flags: int) -> int:
+    """The lowest minor version whose features a file with these flags uses (SPEC.md 4,
+    Versions): 2 with DIGESTS or MIXED_CORRECTIONS, else 1 with PLANES, else 0."""
+    if required_flags & (RequiredFlag.DIGESTS | RequiredFlag.MIXED_CORRECTIONS):
+        return 2
+    return 1 if required_flags & RequiredFlag.PLANES else 0
+
+
+def written_version(format_version: str, entropy: str) -> str:
+    """The version ("1.2", "1.1" or "1.0") of a file written as `format_version` with `entropy`."""
+    return f"{FORMAT_MAJOR}.{minor_for(required_flags_for(format_version, entropy))}"
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+class ExitStatus(IntEnum):
+    """The CLI's exit status for each kind of error (README, Exit codes)."""
+
+    OK = 0
+    ERROR = 1  # any other bbformat error
+    INPUT = 2  # bad input: paths, options, checkpoint files
+    UNSUPPORTED_MODEL = 3
+    FORMAT = 4  # the container violates SPEC.md
+    INTEGRITY = 5  # a CRC32C mismatch
+    LIMIT = 6  # a reader limit exceeded
+    VERIFY = 7  # pack --verify found a difference
+    OUTPUT = 8  # the output could not be written (E_OUTPUT, E_NO_SPACE)
+    DIGEST = 9  # a chunk decoded to other values than its digest records
+    USAGE = 64  # command-line usage error
+    INTERNAL = 70  # a bug
+    INTERRUPTED = 130  # 128 + SIGINT
+    BROKEN_PIPE = 141  # 128 + SIGPIPE: stdout's reader went away
+
+
+ERROR_CODES: dict[str, ExitStatus] = {
+    # SPEC.md 11.2, in its order: the container violates the format
+    "E_MAGIC": ExitStatus.FORMAT,
+    "E_TRUNCATED": ExitStatus.FORMAT,
+    "E_VERSION": ExitStatus.FORMAT,
+    "E_REQUIRED_FLAG": ExitStatus.FORMAT,
+    "E_RESERVED": ExitStatus.FORMAT,
+    "E_SCHEME": ExitStatus.FORMAT,
+    "E_CODEC": ExitStatus.FORMAT,
+    "E_ZSTD": ExitStatus.FORMAT,
+    "E_METADATA": ExitStatus.FORMAT,
+    "E_CRC_HEADER": ExitStatus.INTEGRITY,
+    "E_CRC_CHUNK": ExitStatus.INTEGRITY,
+    "E_CRC_INDEX_ENTRY": ExitStatus.INTEGRITY,
+    "E_CRC_INDEX": ExitStatus.INTEGRITY,
+    "E_CRC_FOOTER": ExitStatus.INTEGRITY,
+    "E_BOUNDS": ExitStatus.FORMAT,
+    "E_INDEX": ExitStatus.FORMAT,
+    "E_CHUNK_ORDER": ExitStatus.FORMAT,
+    "E_DESCRIPTOR": ExitStatus.FORMAT,
+    "E_DTYPE": ExitStatus.FORMAT,
+    "E_SITE": ExitStatus.FORMAT,
+    "E_SECTION_KIND": ExitStatus.FORMAT,
+    "E_SECTION_DUPLICATE": ExitStatus.FORMAT,
+    "E_SECTION_MISSING": ExitStatus.FORMAT,
+    "E_SECTION_SIZE": ExitStatus.FORMAT,
+    "E_SECTION_CONTENT": ExitStatus.FORMAT,
+    "E_SYMBOL_COUNT": ExitStatus.FORMAT,
+    "E_LIMIT_COUNT": ExitStatus.LIMIT,
+    "E_LIMIT_METADATA": ExitStatus.LIMIT,
+    "E_LIMIT_NDIM": ExitStatus.LIMIT,
+    "E_LIMIT_TENSOR": ExitStatus.LIMIT,
+    "E_LIMIT_DIM": ExitStatus.LIMIT,
+    "E_LIMIT_SECTION": ExitStatus.LIMIT,
+    "E_LIMIT_MEMORY": ExitStatus.LIMIT,  # the reader's memory budget (SPEC.md 11.4, 11.5)
+    "E_TRAILING": ExitStatus.FORMAT,
+    "E_DIGEST": ExitStatus.DIGEST,
+    # not about container validity (SPEC.md 11.2, last paragraph)
+    "E_INPUT": ExitStatus.INPUT,
+    "E_UNSUPPORTED_MODEL": ExitStatus.UNSUPPORTED_MODEL,
+    "E_VERIFY": ExitStatus.VERIFY,
+    "E_WRITER_STATE": ExitStatus.ERROR,
+    "E_OUTPUT": ExitStatus.OUTPUT,
+    "E_NO_SPACE": ExitStatus.OUTPUT,
+}
+"""Every error code bbformat's checks report (SPEC.md 11.2), with the CLI exit status it ends
+with. The exception classes of errors.py carry a default code of their own (E_BBFORMAT,
+E_FORMAT, E_CRC, E_LIMIT), which no check relies on."""

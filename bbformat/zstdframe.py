@@ -1,0 +1,85 @@
+"""zstd frames as the format stores them: the one place compressors and decompressors are built.
+
+Every frame bbformat writes declares its content size and has no checksum (SPEC.md 4.1,
+8.2: chunk_crc covers the bytes). Every frame it reads is checked in SPEC.md's order
+(frame header, declared size against the caller's limit, exactly one frame, decompression)
+and the decoder is bounded by the declared size, so a decompression bomb costs at most the
+limit. The levels are the reference writer's: changing one changes the bytes it writes.
+"""
+from __future__ import annotations
+
+import zstandard
+
+from .constants import ZSTD_FRAME_MAGIC, Codec
+from .errors import FormatError, LimitError
+
+Buffer = bytes | bytearray | memoryview
+"""What the parsers read through: sections and groups are views of a chunk, not copies."""
+
+SECTION_LEVEL = 19
+"""Side sections and residual groups (SPEC.md 12.4, informative)."""
+METADATA_LEVEL = 19
+"""Header metadata (SPEC.md 4.1, informative)."""
+PAYLOAD_LEVEL = 3
+"""A payload stored as one frame, codec 1 (`--entropy zstd`/`auto`)."""
+PLANES_LEVEL = 3
+"""Groups of a codec-2 payload (SPEC.md 8.6; measured: higher levels are no smaller, BENCHMARKS.md)."""
+
+
+Compressor = zstandard.ZstdCompressor
+
+
+def compressor(level: int) -> Compressor:
+    """A compressor whose frames declare their content size and carry no checksum."""
+    return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
+
+
+def compress(data: Buffer, level: int) -> bytes:
+    """One frame of `data` (see compressor)."""
+    return compressor(level).compress(data)
+
+
+def frame_content_size(data: Buffer) -> int:
+    """Frame_Content_Size of the zstd frame that `data` starts with (2^64 - 1 when the header
+    has none). Anything but a zstd frame header, including a skippable frame, is E_ZSTD."""
+    if bytes(data[:4]) != ZSTD_FRAME_MAGIC:
+        raise FormatError("not a zstd frame (bad frame magic; skippable frames are not allowed)", "E_ZSTD")
+    try:
+        return int(zstandard.get_frame_parameters(data).content_size)
+    except zstandard.ZstdError as exc:
+        raise FormatError(f"bad zstd frame: {exc}", "E_ZSTD") from None
+
+
+def decompress_frame(stored: Buffer) -> bytes:
+    """The bytes of `stored`, which must be exactly one complete zstd frame (else E_ZSTD). The
+    caller checks the frame's declared content size against its limit first (frame_content_size,
+    or decompress, which does both): libzstd refuses data that decodes past the declared size."""
+    try:
+        dobj = zstandard.ZstdDecompressor().decompressobj()
+        data = dobj.decompress(stored)
+        if not dobj.eof or dobj.unused_data:
+            raise FormatError("zstd section is not exactly one frame", "E_ZSTD")
+    except zstandard.ZstdError as exc:
+        raise FormatError(f"bad zstd data: {exc}", "E_ZSTD") from None
+    return data
+
+
+def decompress(stored: Buffer, codec: int, declared: int, limit: int) -> Buffer:
+    """The decoded bytes of a raw or zstd field that declares `declared` decoded bytes, at most
+    `limit` (SPEC.md 8.2 order: limit, E_LIMIT_SECTION; raw length or frame content size,
+    E_SECTION_SIZE; one frame and its data, E_ZSTD; the decoded size, E_SECTION_SIZE). A raw
+    field is returned as given (a view stays a view)."""
+    if declared > limit:
+        raise LimitError(f"section declares {declared} decoded bytes, limit is {limit}", "E_LIMIT_SECTION")
+    if codec == Codec.RAW:
+        if len(stored) != declared:
+            raise FormatError("raw section length differs from its declared size", "E_SECTION_SIZE")
+        return stored
+    if codec != Codec.ZSTD:
+        raise FormatError(f"unknown section codec {codec}", "E_CODEC")
+    if frame_content_size(stored) != declared:
+        raise FormatError("zstd frame content size differs from the declared size", "E_SECTION_SIZE")
+    data = decompress_frame(stored)
+    if len(data) != declared:
+        raise FormatError("zstd section decodes to a size other than declared", "E_SECTION_SIZE")
+    return data
