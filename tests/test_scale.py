@@ -2,7 +2,8 @@
 model much larger than any of its blocks, each in a fresh process, must stay far below what
 holding the model would cost.
 
-The model: 32 layers at hidden 1024 -> 768 (fp16, ~720 MB of weights, ~22 MB per layer). The
+Two models: 32 layers at hidden 1024 -> 768 (fp16, ~720 MB of weights, ~22 MB per layer), and
+the real Llama-2-7B shape cut to 8 layers (test_real_shape_streams, ~3.0 GiB). The
 bound on each process's growth (VmHWM minus the RSS after imports) is BOUND x the weights: a
 process that held the whole model, or read the whole file into memory, grows by at least the
 weights and cannot meet it. Measured on the development machine: pack grew by 0.35x the weights
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import bbformat
-from bbformat.adapters.tc_layout import write_checkpoint
+from bbformat.checkpoint import write_checkpoint
 from bbformat.testing import make_tiny_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -110,3 +111,56 @@ def test_verify_and_load_model_are_bounded(big: tuple[Path, int]) -> None:
     # load_model holds the model (float16, as stored) and a few blocks, not a float32 copy
     growth = _growth("load", str(src))
     assert growth < weights * 3 // 2, f"load_model grew by {growth:,} B for {weights:,} B of weights"
+
+
+# The real Llama-2-7B shape (hidden 4096 -> 3072, FFN 11008, vocabulary 32000), cut to 8 layers
+# by tools/make_large.py: ~3.0 GiB of float16 weights, so a process that held the model whole
+# grows by more than BOUND x the weights, while the largest blocks (embedding and head, whose
+# float64 working copies are ~1 GiB each) are those of the full 32-layer model. About 15 minutes
+# on 2 cores, nearly all of it pack's eigendecompositions.
+REAL_LAYERS = 8
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    root = tmp_path_factory.mktemp("real")
+    subprocess.run([sys.executable, str(ROOT / "tools" / "make_large.py"), str(root / "st"), "--preset", "llama-2-7b",
+                    "--layers", str(REAL_LAYERS), "--format", "safetensors", "--key-order", "tc"], check=True, cwd=ROOT,
+                   capture_output=True)
+    import safetensors
+
+    (st,) = (root / "st").glob("*.safetensors")
+    with safetensors.safe_open(str(st), "np") as f:
+        weights = 0
+        for k in f.keys():
+            sl = f.get_slice(k)
+            n = 1
+            for d in sl.get_shape():
+                n *= d
+            weights += n * 2  # float16
+    return root, weights
+
+
+def test_real_shape_streams(real: tuple[Path, int]) -> None:
+    root, weights = real
+    assert weights > 2.9 * 2**30, weights  # larger than the blocks' working sets, so holding it would show
+    src = root / "m.bb"
+    growth = {"pack": _growth("cli", "pack", str(root / "st"), str(src), "--quiet")}
+    growth["verify --workers 2"] = _growth("cli", "verify", str(src), "--workers", "2")
+    for fmt in ("safetensors", "pt"):
+        growth[f"unpack --format {fmt}"] = _growth("cli", "unpack", str(src), str(root / f"out_{fmt}"), "--format", fmt, "--quiet")
+    over = {k: v for k, v in growth.items() if v >= BOUND * weights}
+    assert not over, f"grew by more than {BOUND} x {weights:,} B of weights: {over}"
+    import safetensors.torch
+    import torch
+
+    (ref,) = (root / "st").glob("*.safetensors")
+    (got_st,) = (root / "out_safetensors").glob("*.safetensors")
+    (got_pt,) = (root / "out_pt").glob("*.pt")
+    a = safetensors.torch.load_file(str(ref), device="cpu")
+    b = safetensors.torch.load_file(str(got_st), device="cpu")
+    c = torch.load(got_pt, weights_only=True, mmap=True)
+    assert sorted(a) == sorted(b) == sorted(c)
+    for k in a:
+        assert a[k].shape == b[k].shape == c[k].shape and a[k].dtype == b[k].dtype == c[k].dtype, k
+        assert torch.equal(b[k], c[k]), k  # both outputs hold the same decoded values
