@@ -10,7 +10,7 @@ PKG = Path(__file__).resolve().parent.parent / "bbformat"
 LAZY_LIBRARIES = {"torch", "transformers", "safetensors", "scipy", "tokenizers"}
 # Layers, lowest first: a module may import its own layer and the ones below, never above.
 LAYERS = [
-    {"constants", "errors", "zstdframe", "fsutil"},
+    {"constants", "errors", "zstdframe", "fsutil", "bytecursor"},
     {"container"},
     {"codec"},
     {"checkpoint", "adapters", "compat", "tensors", "stream_writers"},

@@ -15,15 +15,16 @@ from hypothesis import strategies as st
 from bbformat.codec.dtypes import bits_of, uint_dtype
 from bbformat.codec.section_kinds import SECTION_KINDS, Patches, SectionCodec, SiteContext, section_codec
 from bbformat.codec.sections import Section
-from bbformat.constants import DTYPE_CODES, NO_SITE, SectionKind, SiteFlag
+from bbformat.constants import DTYPE_CODES, NO_SITE, OpKind, SectionKind, SiteFlag
 from bbformat.container import records as R
-from bbformat.container.program import BlockProgram, Op, OpKind, SiteEntry, TensorEntry
+from bbformat.container.program import BlockProgram, Op, SiteEntry, TensorEntry
 from bbformat.container.section_rules import SECTION_RULES, rules_of, site_sections_limit
 from bbformat.errors import BBFormatError, FormatError
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DTYPES = ("float16", "bfloat16", "float32")
 SITE_MODES = (0, SiteFlag.PAPER)  # symmetric, paper
+Draw = Callable[..., Any]  # st.DrawFn, or st.DataObject.draw
 
 
 def program(dtype: str, dim: int, rows: int, flags: int) -> BlockProgram:
@@ -44,29 +45,29 @@ def contexts(draw: st.DrawFn, codec: SectionCodec[Any]) -> SiteContext:
     return SiteContext(p, NO_SITE if codec.allowed(None) else 0)
 
 
-def bit_patterns(draw: st.DrawFn, n: int, bits: int) -> np.ndarray:
+def bit_patterns(draw: Draw, n: int, bits: int) -> np.ndarray:
     seed = draw(st.integers(0, 2**32 - 1))
     return np.random.default_rng(seed).integers(0, 1 << bits, n, dtype=np.uint64).astype(uint_dtype(bits))
 
 
-def mask(draw: st.DrawFn, n: int) -> np.ndarray:
+def mask(draw: Draw, n: int) -> np.ndarray:
     return np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=bool)
 
 
-def patches(draw: st.DrawFn, ctx: SiteContext, n: int, bits: int) -> Patches:
+def patches(draw: Draw, ctx: SiteContext, n: int, bits: int) -> Patches:
     return Patches.of(mask(draw, n), bit_patterns(draw, n, bits))
 
 
-def block_patches(draw: st.DrawFn, ctx: SiteContext) -> Patches:
+def block_patches(draw: Draw, ctx: SiteContext) -> Patches:
     return patches(draw, ctx, ctx.program.sites[ctx.site].n_pop, ctx.program.symbol_bits)
 
 
-def anchor_patches(draw: st.DrawFn, ctx: SiteContext) -> Patches:
+def anchor_patches(draw: Draw, ctx: SiteContext) -> Patches:
     anchor = ctx.program.tensors[ctx.program.sites[ctx.site].anchor]
     return patches(draw, ctx, anchor.numel, bits_of(anchor.dtype))
 
 
-def residuals(draw: st.DrawFn, ctx: SiteContext) -> tuple[SiteContext, np.ndarray]:
+def residuals(draw: Draw, ctx: SiteContext) -> tuple[SiteContext, np.ndarray]:
     """Residuals of a block (0 off the residual positions), with the block they correct."""
     w, n = ctx.program.symbol_bits, ctx.program.sites[ctx.site].n_pop
     keep = mask(draw, n) if draw(st.booleans()) else None
@@ -79,20 +80,20 @@ def residuals(draw: st.DrawFn, ctx: SiteContext) -> tuple[SiteContext, np.ndarra
     return ctx, deltas
 
 
-def payload(draw: st.DrawFn, ctx: SiteContext) -> np.ndarray:
+def payload(draw: Draw, ctx: SiteContext) -> np.ndarray:
     return bit_patterns(draw, ctx.program.payload_symbols(), ctx.program.symbol_bits)
 
 
-def signs(draw: st.DrawFn, ctx: SiteContext) -> np.ndarray:
+def signs(draw: Draw, ctx: SiteContext) -> np.ndarray:
     return mask(draw, ctx.program.sites[ctx.site].dim)
 
 
-def plain(make: Callable[[st.DrawFn, SiteContext], Any]) -> Callable[[st.DrawFn, SiteContext], tuple[SiteContext, Any]]:
+def plain(make: Callable[[Draw, SiteContext], Any]) -> Callable[[Draw, SiteContext], tuple[SiteContext, Any]]:
     return lambda draw, ctx: (ctx, make(draw, ctx))
 
 
 # A value of each kind, where it is read (a kind without an entry here fails the tests)
-VALUES: dict[SectionKind, Callable[[st.DrawFn, SiteContext], tuple[SiteContext, Any]]] = {
+VALUES: dict[SectionKind, Callable[[Draw, SiteContext], tuple[SiteContext, Any]]] = {
     SectionKind.PAYLOAD: plain(payload),
     SectionKind.SIGNS: plain(signs),
     SectionKind.X_RESIDUALS: residuals,
@@ -208,8 +209,10 @@ def descriptor_records(draw: st.DrawFn) -> dict[str, Any]:
     def tensor(dims: list[int]) -> dict[str, Any]:
         return dict(name=draw(NAMES), dtype=draw(st.sampled_from(sorted(DTYPE_CODES.values()))), ndim=len(dims), reserved=draw(u16), dims=dims)
 
+    def followers() -> list[dict[str, Any]]:
+        return [dict(tensor=draw(NAMES), axis=draw(u8), reserved=draw(u8)) for _ in range(draw(st.integers(0, 2)))]
+
     tensors = [tensor(draw(st.lists(u64, max_size=3))) for _ in range(draw(st.integers(0, 3)))]
-    followers = lambda: [dict(tensor=draw(NAMES), axis=draw(u8), reserved=draw(u8)) for _ in range(draw(st.integers(0, 2)))]  # noqa: E731
     sites = [dict(name=draw(NAMES), dim=draw(u32), anchor=draw(u32), anchor_axis=draw(u8), flags=draw(u8), reserved=draw(u16),
                   followers=followers()) for _ in range(draw(st.integers(0, 2)))]
     ops = [dict(kind=draw(u8), reserved0=draw(u8), reserved1=draw(u16), index=draw(u32))
