@@ -76,9 +76,9 @@ def test_render_section():
 
 def test_replace_section_appends_then_replaces():
     text = "# T\n\n## 10. Ten\n\nbody\n"
-    once = tc_interop.replace_section(text, tc_interop.SECTION + "\n\nv1\n")
+    once = tc_interop.replace_section(text, tc_interop.SECTION + "\n\nv1\n", tc_interop.SECTION)
     assert once == text + "\n" + tc_interop.SECTION + "\n\nv1\n"
-    twice = tc_interop.replace_section(once + "\n## 12. Later\n\nkeep\n", tc_interop.SECTION + "\n\nv2\n")
+    twice = tc_interop.replace_section(once + "\n## 12. Later\n\nkeep\n", tc_interop.SECTION + "\n\nv2\n", tc_interop.SECTION)
     assert twice == text + "\n" + tc_interop.SECTION + "\n\nv2\n\n## 12. Later\n\nkeep\n"
 
 

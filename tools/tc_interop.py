@@ -68,6 +68,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_scale import replace_section  # the one markdown-section replacer of the tools (tools/ is on sys.path)
+
 TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent
 DATA = ROOT.parent / "shared" / "data"
@@ -271,22 +273,9 @@ def render_section(res: Json) -> str:
     return "\n".join(L).rstrip() + "\n"
 
 
-def replace_section(text: str, section: str, heading: str = SECTION) -> str:
-    """TEXT with the level-2 section HEADING replaced by SECTION (up to the next '## ' line),
-    or SECTION appended at the end; every other line kept as it was."""
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip("\n") == heading), None)
-    if start is None:
-        sep = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
-        return text + sep + section
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    tail = "".join(lines[end:])
-    return "".join(lines[:start]) + section + ("\n" + tail if tail else "")
-
-
 def write_report(path: Path, res: Json) -> None:
     text = path.read_text(encoding="utf-8") if path.is_file() else ""
-    path.write_text(replace_section(text, render_section(res)), encoding="utf-8")
+    path.write_text(replace_section(text, render_section(res), SECTION), encoding="utf-8")
 
 
 # ---------------------------------------------------------------- TC side (runs under --tc-python)
