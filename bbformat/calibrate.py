@@ -60,7 +60,7 @@ def calibration_tokens(ckpt: Checkpoint, text_path: str | os.PathLike[str], samp
             tok = AutoTokenizer.from_pretrained(d)
         except Exception as exc:  # noqa: BLE001 - any tokenizer failure is a bad input
             raise InputError(f"cannot load the checkpoint's tokenizer: {exc}") from None
-    ids = tok(text, return_tensors="pt").input_ids[0]
+    ids: torch.Tensor = tok(text, return_tensors="pt").input_ids[0]
     need = samples * seqlen
     if ids.numel() < need:
         raise InputError(f"calibration text has {ids.numel()} tokens, fewer than {samples} x {seqlen}")

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -104,7 +104,7 @@ def _cmd_pack(a: argparse.Namespace) -> int:
     return 0
 
 
-def _larger_than_plain(t: dict) -> str:
+def _larger_than_plain(t: dict[str, Any]) -> str:
     """One line when the whole container is not smaller than the plain weights (a tiny model
     whose side files outweigh what bits-back saves), else ""."""
     if t["container_bytes"] < t["plain_bytes"]:

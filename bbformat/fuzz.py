@@ -14,7 +14,23 @@ import traceback
 import tracemalloc
 from dataclasses import dataclass, field
 
-from .constants import CRC_SIZE, FOOTER_CRC_OFFSET, FOOTER_INDEX_CRC_OFFSET, MAGIC_SIZE, MIN_CHUNK_LENGTH
+from .constants import (
+    CHUNK_FIXED_SIZE,
+    CHUNK_MAGIC,
+    CRC_SIZE,
+    FILE_MAGIC,
+    FOOTER_CRC_OFFSET,
+    FOOTER_INDEX_CRC_OFFSET,
+    FOOTER_SIZE,
+    HEADER_FIXED_SIZE,
+    INDEX_ENTRY_SIZE,
+    INDEX_FIXED_SIZE,
+    MAGIC_SIZE,
+    MAX_DESCRIPTOR,
+    MAX_METADATA,
+    MIN_CHUNK_LENGTH,
+    SECTION_ENTRY_SIZE,
+)
 from .container import records as R
 from .container.chunks import parse_descriptor, working_set_bytes
 from .container.crc import crc32c
@@ -44,19 +60,19 @@ def _field_offsets(data: bytes) -> list[tuple[int, int]]:
     pos = len(parts.header)
     for c in parts.chunks:
         out += [(pos + 4, 4), (pos + 8, 8), (pos + 16, 4), (pos + 20, 4), (pos + 24, 4), (pos + 28, 4)]
-        if len(c) >= R.CHUNK_FIXED_SIZE:
-            head = R.CHUNK_FIXED.parse(c[: R.CHUNK_FIXED_SIZE])
-            table = pos + R.CHUNK_FIXED_SIZE + head.descriptor_length
+        if len(c) >= CHUNK_FIXED_SIZE:
+            head = R.CHUNK_FIXED.parse(c[: CHUNK_FIXED_SIZE])
+            table = pos + CHUNK_FIXED_SIZE + head.descriptor_length
             for k in range(head.section_count):
-                e = table + R.SECTION_ENTRY_SIZE * k
+                e = table + SECTION_ENTRY_SIZE * k
                 out += [(e, 1), (e + 1, 1), (e + 2, 2), (e + 4, 4), (e + 8, 8), (e + 16, 8), (e + 24, 8)]
         pos += len(c)
     idx = pos
     out += [(idx + 4, 4)]
     for k in range(len(parts.chunks)):
-        e = idx + R.INDEX_FIXED_SIZE + k * R.INDEX_ENTRY_SIZE
+        e = idx + INDEX_FIXED_SIZE + k * INDEX_ENTRY_SIZE
         out += [(e, 8), (e + 8, 8), (e + 16, 4), (e + 20, 4)]
-    f = len(data) - R.FOOTER_SIZE
+    f = len(data) - FOOTER_SIZE
     out += [(f, 8), (f + 8, 8), (f + 16, 4), (f + 20, 2), (f + 22, 2), (f + 24, 4), (f + 28, 4)]
     return [(o, w) for o, w in out if o + w <= len(data)]
 
@@ -110,7 +126,7 @@ def mutate(data: bytes, rng: random.Random) -> tuple[str, bytes]:
         fill = rng.choice([bytes(m), b"\xff" * m, rng.randbytes(m)])
         return f"overwrite {a}+{m}", data[:a] + fill + data[a + m :]
     if kind == "append":
-        tail = rng.choice([rng.randbytes(rng.randint(1, 64)), data[-R.FOOTER_SIZE :], data[: rng.randint(1, 64)]])
+        tail = rng.choice([rng.randbytes(rng.randint(1, 64)), data[-FOOTER_SIZE :], data[: rng.randint(1, 64)]])
         return f"append {len(tail)}", data + tail
     if kind == "splice" and n:
         a = rng.randrange(n)
@@ -122,7 +138,7 @@ def mutate(data: bytes, rng: random.Random) -> tuple[str, bytes]:
         off, width = rng.choice(fields)
         out = _set_field(data, off, width, rng)
         if kind == "field_resealed":
-            out = reseal_footer(_reseal_all(out)) if len(out) >= R.FOOTER_SIZE else out
+            out = reseal_footer(_reseal_all(out)) if len(out) >= FOOTER_SIZE else out
         return f"{kind} @{off}/{width}", out
     if kind == "chunk_resealed":
         # edit a byte inside a chunk's descriptor or sections, then fresh CRCs, index and footer
@@ -135,14 +151,14 @@ def mutate(data: bytes, rng: random.Random) -> tuple[str, bytes]:
             chunk = bytearray(parts.chunks[k])
             if len(chunk) > MIN_CHUNK_LENGTH:
                 for _ in range(rng.randint(1, 4)):
-                    i = rng.randrange(len(R.CHUNK_MAGIC), len(chunk) - CRC_SIZE)
+                    i = rng.randrange(len(CHUNK_MAGIC), len(chunk) - CRC_SIZE)
                     chunk[i] = rng.choice([0, 1, 0xFF, 0x80, 0x7F, chunk[i] ^ (1 << rng.randrange(8)), rng.randrange(256)])
             parts.chunks[k] = reseal_chunk(bytes(chunk))
             return f"chunk_resealed {k}", join(parts)
-    if kind == "index_resealed" and n >= R.FOOTER_SIZE:
-        idx = int.from_bytes(data[-R.FOOTER_SIZE : -R.FOOTER_SIZE + 8], "little")
-        if 0 <= idx < n - R.FOOTER_SIZE:
-            off = rng.randrange(idx, n - R.FOOTER_SIZE)
+    if kind == "index_resealed" and n >= FOOTER_SIZE:
+        idx = int.from_bytes(data[-FOOTER_SIZE : -FOOTER_SIZE + 8], "little")
+        if 0 <= idx < n - FOOTER_SIZE:
+            off = rng.randrange(idx, n - FOOTER_SIZE)
             b = bytearray(data)
             b[off] = rng.randrange(256)
             return f"index_resealed @{off}", reseal_footer(bytes(b))
@@ -166,22 +182,22 @@ def declared_bytes(data: bytes) -> int:
     """What SPEC.md 11.5 lets a reader spend on this file: the largest declared working set
     of a chunk whose descriptor parses, plus the declared metadata size."""
     worst = 0
-    if len(data) >= R.HEADER_FIXED_SIZE and data[:MAGIC_SIZE] == R.FILE_MAGIC:
-        fixed = R.HEADER_FIXED.parse(data[: R.HEADER_FIXED_SIZE])
-        worst = R.MAX_METADATA if fixed.metadata_codec else min(fixed.metadata_length, R.MAX_METADATA)
-    pos = data.find(R.CHUNK_MAGIC)
+    if len(data) >= HEADER_FIXED_SIZE and data[:MAGIC_SIZE] == FILE_MAGIC:
+        fixed = R.HEADER_FIXED.parse(data[: HEADER_FIXED_SIZE])
+        worst = MAX_METADATA if fixed.metadata_codec else min(fixed.metadata_length, MAX_METADATA)
+    pos = data.find(CHUNK_MAGIC)
     while pos >= 0:
-        head = data[pos : pos + R.CHUNK_FIXED_SIZE]
-        if len(head) == R.CHUNK_FIXED_SIZE:
+        head = data[pos : pos + CHUNK_FIXED_SIZE]
+        if len(head) == CHUNK_FIXED_SIZE:
             h = R.CHUNK_FIXED.parse(head)
-            end = pos + R.CHUNK_FIXED_SIZE + h.descriptor_length
-            if h.descriptor_length <= R.MAX_DESCRIPTOR and end <= len(data):
+            end = pos + CHUNK_FIXED_SIZE + h.descriptor_length
+            if h.descriptor_length <= MAX_DESCRIPTOR and end <= len(data):
                 try:
-                    program = parse_descriptor(data[pos + R.CHUNK_FIXED_SIZE : end])
+                    program = parse_descriptor(data[pos + CHUNK_FIXED_SIZE : end])
                     worst = max(worst, working_set_bytes(program, min(h.chunk_length, len(data))))
                 except BBFormatError:
                     pass
-        pos = data.find(R.CHUNK_MAGIC, pos + 1)
+        pos = data.find(CHUNK_MAGIC, pos + 1)
     return worst
 
 
@@ -273,8 +289,8 @@ def crc_coverage(data: bytes) -> list[str]:
     covered("header", parts.header[:-4], parts.header[-4:])
     for k, c in enumerate(parts.chunks):
         covered(f"chunk {k}", c[:-4], c[-4:])
-    footer = data[-R.FOOTER_SIZE :]
-    index = data[len(cover) : len(data) - R.FOOTER_SIZE]
+    footer = data[-FOOTER_SIZE :]
+    index = data[len(cover) : len(data) - FOOTER_SIZE]
     index_crc = footer[FOOTER_INDEX_CRC_OFFSET : FOOTER_INDEX_CRC_OFFSET + CRC_SIZE]
     assert crc32c(index) == int.from_bytes(index_crc, "little"), "index"
     cover.extend(["index"] * len(index))

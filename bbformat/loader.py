@@ -23,7 +23,7 @@ from torch import nn
 from .adapters.torch_models import build_model
 from .api import InexactBlocks
 from .checkpoint import Checkpoint, read_checkpoint
-from .codec.dtypes import bits_of
+from .container.program import bits_of
 from .errors import InputError
 from .reader import DecodedBlock, Reader, decode_workers
 from .tensors import raw_to_torch, torch_dtype

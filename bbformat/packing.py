@@ -18,7 +18,8 @@ import numpy as np
 
 from .codec.dtypes import RawTensor
 from .codec.encoder import EncodedChunk, Moments, canonical_rotation_of, encode_chunk
-from .codec.layout import AxisRef, ChunkLayout, ModelLayout
+from .codec.layout import ChunkLayout, ModelLayout
+from .container.program import AxisRef
 from .errors import InputError
 
 # Chunks encoded ahead of the compression worker (memory: about this many chunks).

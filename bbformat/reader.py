@@ -9,7 +9,6 @@ import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from .codec.dtypes import RawTensor
@@ -18,7 +17,19 @@ from .codec.decoder import decode_program
 from .container.program import BlockProgram, TensorEntry
 from .codec.rotation import decoder_blas_threads
 from .codec.sections import StoredCorrector
-from .constants import FILE_MAGIC, MAGIC_SIZE, MIN_CHUNK_LENGTH, MIN_FILE_SIZE
+from .constants import (
+    CHUNK_FIXED_SIZE,
+    CHUNK_MAGIC,
+    FILE_MAGIC,
+    FOOTER_MAGIC,
+    FOOTER_SIZE,
+    HEADER_FIXED_SIZE,
+    INDEX_FIXED_SIZE,
+    MAGIC_SIZE,
+    MIN_CHUNK_LENGTH,
+    MIN_FILE_SIZE,
+    RequiredFlag,
+)
 from .container import records as R
 from .container.chunks import ParsedChunk, descriptor_extent, parse_chunk, parse_descriptor
 from .container.crc import crc32c
@@ -34,7 +45,7 @@ from .container.framing import (
     parse_header_fixed,
     parse_index,
 )
-from .errors import DigestError, FormatError, IntegrityError, InputError
+from .errors import DigestError, FormatError, InputError, IntegrityError
 
 
 AUTO = "auto"
@@ -158,17 +169,17 @@ class Reader:
             raise FormatError("not a bbformat file (bad leading magic)", "E_MAGIC")
         if size < MIN_FILE_SIZE:
             raise FormatError("file is too short to be a container", "E_TRUNCATED")
-        tail = self._read_at(size - R.FOOTER_SIZE, R.FOOTER_SIZE)
-        if tail[-MAGIC_SIZE:] != R.FOOTER_MAGIC:
+        tail = self._read_at(size - FOOTER_SIZE, FOOTER_SIZE)
+        if tail[-MAGIC_SIZE:] != FOOTER_MAGIC:
             raise FormatError("no footer magic at the end: the file is truncated or its footer is damaged", "E_TRUNCATED")
-        fixed = parse_header_fixed(self._read_at(0, R.HEADER_FIXED_SIZE))
+        fixed = parse_header_fixed(self._read_at(0, HEADER_FIXED_SIZE))
         hlen = header_length(fixed)
-        if hlen > size - R.FOOTER_SIZE - R.INDEX_FIXED_SIZE:
+        if hlen > size - FOOTER_SIZE - INDEX_FIXED_SIZE:
             raise FormatError("header runs past the end of the file", "E_BOUNDS")
         self.header: Header = parse_header(self._read_at(0, hlen))
         footer = parse_footer(tail)
         check_footer_version(self.header, footer)
-        end = size - R.FOOTER_SIZE
+        end = size - FOOTER_SIZE
         if footer.index_offset < hlen or footer.index_length > end - footer.index_offset or footer.index_offset + footer.index_length != end:
             raise FormatError("index offset or length out of bounds", "E_BOUNDS")
         index = self._read_at(footer.index_offset, footer.index_length)
@@ -200,7 +211,7 @@ class Reader:
             raise IndexError(i)
         e = self.entries[i]
         try:
-            off, n = descriptor_extent(self._read_at(e.offset, R.CHUNK_FIXED_SIZE), e.length)
+            off, n = descriptor_extent(self._read_at(e.offset, CHUNK_FIXED_SIZE), e.length)
             return parse_descriptor(self._read_at(e.offset + off, n))
         except FormatError:
             self.read_chunk(i)  # a damaged chunk is reported as such (E_CRC_CHUNK) ...
@@ -221,7 +232,7 @@ class Reader:
     @property
     def has_digests(self) -> bool:
         """Whether every chunk records the digest of its decoded tensors (format 1.2, DIGESTS)."""
-        return bool(self.header.required_flags & R.FLAG_DIGESTS)
+        return bool(self.header.required_flags & RequiredFlag.DIGESTS)
 
     def decode_block(self, i: int) -> DecodedBlock:
         return decode_parsed(self.read_chunk(i), self._allow_inexact)
@@ -296,9 +307,9 @@ class StreamReader:
         self._budget = resolve_budget(max_block_bytes)
         self._max_dim = check_max_site_dim(max_site_dim)
         self._allow_inexact = allow_inexact
-        fixed_bytes = _read_exact(f, R.HEADER_FIXED_SIZE, "header")
+        fixed_bytes = _read_exact(f, HEADER_FIXED_SIZE, "header")
         self._header_length = header_length(parse_header_fixed(fixed_bytes))
-        self.header: Header = parse_header(fixed_bytes + _read_exact(f, self._header_length - R.HEADER_FIXED_SIZE, "header"))
+        self.header: Header = parse_header(fixed_bytes + _read_exact(f, self._header_length - HEADER_FIXED_SIZE, "header"))
         self._started = False
 
     def __iter__(self) -> Iterator[DecodedBlock]:
@@ -313,13 +324,13 @@ class StreamReader:
         entries: list[IndexEntry] = []
         seen: dict[str, int] = {}
         for i in range(header.chunk_count):
-            head = _read_exact(f, R.CHUNK_FIXED_SIZE, "chunk header")
-            if head[:4] != R.CHUNK_MAGIC:
+            head = _read_exact(f, CHUNK_FIXED_SIZE, "chunk header")
+            if head[: len(CHUNK_MAGIC)] != CHUNK_MAGIC:
                 raise FormatError("bad chunk magic", "E_MAGIC")
             length = R.CHUNK_FIXED.parse(head).chunk_length
             if length < MIN_CHUNK_LENGTH:
                 raise FormatError("chunk length too small", "E_BOUNDS")
-            data = _read_exact(f, length - R.CHUNK_FIXED_SIZE, "chunk", prefix=head)
+            data = _read_exact(f, length - CHUNK_FIXED_SIZE, "chunk", prefix=head)
             chunk = parse_chunk(data, expected_index=i, max_block_bytes=self._budget, max_site_dim=self._max_dim,
                                 required_flags=header.required_flags, decode_planes=decode_planes)
             entries.append(IndexEntry(pos, length, chunk.crc))
@@ -332,7 +343,7 @@ class StreamReader:
 
     def _check_tail(self, pos: int, entries: list[IndexEntry]) -> None:
         index = build_index(entries)
-        got = _read_exact(self._f, len(index) + R.FOOTER_SIZE, "index and footer")
+        got = _read_exact(self._f, len(index) + FOOTER_SIZE, "index and footer")
         if got[: len(index)] != index:
             raise FormatError("index disagrees with the chunks read", "E_INDEX")
         footer = parse_footer(got[len(index) :])

@@ -63,6 +63,18 @@ def _dense(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+def _writable(name: str, tensor: torch.Tensor, writer: str, ended: str | None, known: bool, written: bool) -> torch.Tensor:
+    """The tensor, dense, if `name` may be written now: the writer has not ended ("finished",
+    "closed"), `name` is one of its tensors and has not been written yet."""
+    if ended:
+        raise InputError(f"{name!r}: the {writer} is already {ended}")
+    if not known:
+        raise InputError(f"{name!r} is not one of the {writer}'s tensors")
+    if written:
+        raise InputError(f"{name!r} was already written")
+    return _dense(name, tensor)
+
+
 def _flat(t: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor as 1-D with stride 1 (a size-1 dim may carry any stride), no copy."""
     return t.as_strided((t.numel(),), (1,))
@@ -195,13 +207,9 @@ class SafetensorsWriter:
     def write(self, name: str, tensor: torch.Tensor) -> None:
         """Write one tensor's bytes at its offset; it must match its spec exactly."""
         slot = self._slots.get(name)
-        if self._closed:
-            raise InputError(f"{name!r}: the safetensors writer is already finished")
-        if slot is None:
-            raise InputError(f"{name!r} is not one of the file's tensors")
-        if name in self._written:
-            raise InputError(f"{name!r} was already written")
-        t = _dense(name, tensor)
+        t = _writable(name, tensor, "safetensors writer", "finished" if self._closed else None, slot is not None,
+                      name in self._written)
+        assert slot is not None
         if t.dtype != slot.dtype or tuple(t.shape) != slot.shape:
             raise InputError(f"{name!r}: expected {slot.dtype} {list(slot.shape)}, got {t.dtype} {list(t.shape)}")
         if slot.nbytes:
@@ -336,13 +344,8 @@ class TorchZipWriter:
     def write(self, name: str, tensor: torch.Tensor) -> None:
         """Write one tensor's storage record now; it is pickled in finish()."""
         index = self._index.get(name)
-        if self._closed:
-            raise InputError(f"{name!r}: the torch zip writer is already closed")
-        if index is None:
-            raise InputError(f"{name!r} is not one of the archive's tensors")
-        if name in self._stubs:
-            raise InputError(f"{name!r} was already written")
-        t = _dense(name, tensor)
+        t = _writable(name, tensor, "torch zip writer", "closed" if self._closed else None, index is not None, name in self._stubs)
+        assert index is not None
         if t.dtype not in _STORAGE:
             raise InputError(f"{name!r}: dtype {t.dtype} is not supported (one of {', '.join(map(str, _STORAGE))})")
         self._record(f"data/{index}", t)

@@ -7,7 +7,7 @@ import binascii
 import os
 from typing import Any
 
-from .codec.dtypes import bits_of
+from .container.program import bits_of
 from .codec.entropy import decode_planes
 from .codec.section_kinds import SECTION_KINDS, SiteContext
 from .compat import legacy_reader_problems

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ def _gauss(rng: np.random.Generator) -> Callable[..., np.ndarray]:
     return g
 
 
-def _phi2_config(hidden: int, layers: int, heads: int, ffn: int, vocab: int, max_positions: int) -> dict:
+def _phi2_config(hidden: int, layers: int, heads: int, ffn: int, vocab: int, max_positions: int) -> dict[str, Any]:
     """config.json as transformers 4.41 writes microsoft/phi-2's (tiny sizes)."""
     return {"model_type": "phi", "architectures": ["PhiForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
             "eos_token_id": 2, "embd_pdrop": 0.0, "hidden_act": "gelu_new", "hidden_size": hidden, "initializer_range": 0.02,
@@ -40,7 +41,7 @@ def _phi2_config(hidden: int, layers: int, heads: int, ffn: int, vocab: int, max
             "vocab_size": vocab}
 
 
-def _phi3_config(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int, max_positions: int) -> dict:
+def _phi3_config(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int, max_positions: int) -> dict[str, Any]:
     """config.json as transformers 4.41 writes microsoft/Phi-3-mini-4k-instruct's (tiny sizes; its
     sliding window, 2047 of 4096 positions, scaled to max_positions // 2 - 1)."""
     return {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
@@ -67,13 +68,17 @@ def _phi3_layers(sd: dict[str, np.ndarray], g: Callable[..., np.ndarray], q_attn
         sd[p + n.down] = g(d_mlp[i], ffn)
 
 
+def _random_width(rng: np.random.Generator, hidden: int) -> int:
+    """A sliced width: hidden less a random multiple of 8."""
+    return int(hidden - 8 * rng.integers(1, max(2, hidden // 32) + 1))
+
+
 def _tiny_phi2(rng: np.random.Generator, layers: int, hidden: int, heads: int, ffn: int, vocab: int, max_positions: int,
                dtype: str, do_slice_head: bool, dims: int | Sequence[int] | None) -> Checkpoint:
     """Phi-2 as TC leaves it: one shortcut per layer, biases on every linear and the head,
     parallel_blocks=true with attention_output / mlp_input dimensions left empty."""
-    widths = lambda: int(hidden - 8 * rng.integers(1, max(2, hidden // 32) + 1))  # noqa: E731
     if dims is None:
-        seq = [widths() for _ in range(layers + 1)]
+        seq = [_random_width(rng, hidden) for _ in range(layers + 1)]
     else:
         seq = [int(dims)] * (layers + 1) if isinstance(dims, int) else [int(x) for x in dims]
         if len(seq) != layers + 1 or not all(0 < x <= hidden for x in seq):
@@ -105,7 +110,7 @@ def _tiny_phi2(rng: np.random.Generator, layers: int, hidden: int, heads: int, f
     return _tiny_checkpoint("phi2", sd, slicing, _phi2_config(hidden, layers, heads, ffn, vocab, max_positions), dtype)
 
 
-def _tiny_checkpoint(arch: str, sd: dict[str, np.ndarray], slicing: dict, cfg: dict, dtype: str) -> Checkpoint:
+def _tiny_checkpoint(arch: str, sd: dict[str, np.ndarray], slicing: dict[str, Any], cfg: dict[str, Any], dtype: str) -> Checkpoint:
     cfg["torch_dtype"] = dtype
     stem = f"tiny-{arch}_0.25"
     # config.json as transformers writes it; <stem>.json as TC's SlicingConfig.to_json_string (one line)
@@ -146,11 +151,10 @@ def make_tiny_checkpoint(
         return _tiny_phi2(rng, layers, hidden, heads, ffn, vocab, max_positions, dtype, do_slice_head, dims)
     if arch == "opt":
         kv_heads = heads
-    widths = lambda: int(hidden - 8 * rng.integers(1, max(2, hidden // 32) + 1))  # noqa: E731
     if dims is None:
-        d_emb = widths()
-        d_attn = [widths() for _ in range(layers)]
-        d_mlp = [widths() for _ in range(layers)]
+        d_emb = _random_width(rng, hidden)
+        d_attn = [_random_width(rng, hidden) for _ in range(layers)]
+        d_mlp = [_random_width(rng, hidden) for _ in range(layers)]
     else:
         seq = [int(dims)] * (2 * layers + 1) if isinstance(dims, int) else [int(x) for x in dims]
         if len(seq) != 2 * layers + 1 or not all(0 < x <= hidden for x in seq):
@@ -225,7 +229,8 @@ def make_tiny_checkpoint(
 
 
 def _rmsn(x: np.ndarray, mean_dim: int, eps: float) -> np.ndarray:
-    return x / np.sqrt((x * x).sum(-1, keepdims=True) / mean_dim + eps)
+    out: np.ndarray = x / np.sqrt((x * x).sum(-1, keepdims=True) / mean_dim + eps)
+    return out
 
 
 def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int | None = None) -> np.ndarray:
@@ -238,7 +243,8 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int | None =
         seen &= np.triu(np.ones((t, t), bool), -window)
     s = np.where(seen, s, -np.inf)
     s = np.exp(s - s.max(-1, keepdims=True))
-    return (s / s.sum(-1, keepdims=True)) @ v
+    out: np.ndarray = (s / s.sum(-1, keepdims=True)) @ v
+    return out
 
 
 def _rope(x: np.ndarray, theta: float, dims: int | None = None) -> np.ndarray:
@@ -252,23 +258,27 @@ def _rope(x: np.ndarray, theta: float, dims: int | None = None) -> np.ndarray:
     cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
     half = hd // 2
     rot = np.concatenate([-x[..., half:], x[..., :half]], -1)
-    return x * cos + rot * sin
+    out: np.ndarray = x * cos + rot * sin
+    return out
 
 
 def _gelu_new(x: np.ndarray) -> np.ndarray:
     """The tanh approximation of GELU (transformers' "gelu_new", Phi-2's activation)."""
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+    out: np.ndarray = 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+    return out
 
 
 def _silu(x: np.ndarray) -> np.ndarray:
-    return x / (1 + np.exp(-x))
+    out: np.ndarray = x / (1 + np.exp(-x))
+    return out
 
 
 def _lin(sd: dict[str, np.ndarray], x: np.ndarray, w: str) -> np.ndarray:
     """x Wᵀ (+ b): W = sd[w], b its bias (the same name ending in .bias) if the state dict has one."""
     y = x @ sd[w].T
     b = w.removesuffix(".weight") + ".bias"
-    return y + sd[b] if b in sd else y
+    out: np.ndarray = y + sd[b] if b in sd else y
+    return out
 
 
 def _heads(x: np.ndarray, nh: int, hd: int) -> np.ndarray:
@@ -287,7 +297,7 @@ def _gqa(q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int | None = None)
     return _merge(_attention(q, np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1), window))
 
 
-def _rope_config(c: dict, partial_default: float) -> tuple[float, float]:
+def _rope_config(c: dict[str, Any], partial_default: float) -> tuple[float, float]:
     """(rope_theta, partial_rotary_factor) from config.json (transformers 4.x or 5.x spelling);
     RoPE scaling is refused."""
     rp = c.get("rope_parameters") or {}
@@ -298,7 +308,7 @@ def _rope_config(c: dict, partial_default: float) -> tuple[float, float]:
     return float(theta), float(partial)
 
 
-def _phi2_logits(sd: dict[str, np.ndarray], c: dict, ids: np.ndarray) -> np.ndarray:
+def _phi2_logits(sd: dict[str, np.ndarray], c: dict[str, Any], ids: np.ndarray) -> np.ndarray:
     """Phi-2 as TC leaves it: y = x Q + dense(attn(n)) + fc2(gelu_new(fc1(n))), n = RMSN(x);
     partial rotary on the first int(head_dim * partial_rotary_factor) features of q and k."""
     hidden, heads, n = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"]
@@ -323,7 +333,7 @@ def _phi2_logits(sd: dict[str, np.ndarray], c: dict, ids: np.ndarray) -> np.ndar
     return _lin(sd, _rmsn(h, hidden, RMSN_EPS), names.head)
 
 
-def _phi3_logits(sd: dict[str, np.ndarray], c: dict, ids: np.ndarray) -> np.ndarray:
+def _phi3_logits(sd: dict[str, np.ndarray], c: dict[str, Any], ids: np.ndarray) -> np.ndarray:
     """Phi-3 as TC leaves it (Llama's sequential layer with fused projections): qkv_proj rows
     q | k | v, gate_up_proj rows gate | up, mlp = down(up * silu(gate)); 4.41's sliding window."""
     hidden, heads, n = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"]
@@ -347,7 +357,7 @@ def _phi3_logits(sd: dict[str, np.ndarray], c: dict, ids: np.ndarray) -> np.ndar
     return _lin(sd, _rmsn(h, hidden, RMSN_EPS), names.head)
 
 
-def _llama_logits(sd: dict[str, np.ndarray], c: dict, ids: np.ndarray) -> np.ndarray:
+def _llama_logits(sd: dict[str, np.ndarray], c: dict[str, Any], ids: np.ndarray) -> np.ndarray:
     hidden, heads, n = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"]
     if c.get("rope_scaling"):
         raise UnsupportedModelError("reference_logits does not implement rope_scaling")
@@ -370,7 +380,7 @@ def _llama_logits(sd: dict[str, np.ndarray], c: dict, ids: np.ndarray) -> np.nda
     return _lin(sd, _rmsn(h, hidden, RMSN_EPS), names.head)
 
 
-def _opt_logits(sd: dict[str, np.ndarray], c: dict, ids: np.ndarray) -> np.ndarray:
+def _opt_logits(sd: dict[str, np.ndarray], c: dict[str, Any], ids: np.ndarray) -> np.ndarray:
     hidden, heads, n = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"]
     hd, t = hidden // heads, ids.shape[1]
     names = opt.NAMES

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 from .codec.entropy import check_entropy_mode, code_payload
 from .constants import RequiredFlag, SectionKind, minor_for, required_flags_for
@@ -39,7 +39,7 @@ class WriterStateError(BBFormatError):
 
 
 class Writer:
-    def __init__(self, dest: str | os.PathLike[str] | BinaryIO, scheme: str, chunk_count: int, metadata: dict,
+    def __init__(self, dest: str | os.PathLike[str] | BinaryIO, scheme: str, chunk_count: int, metadata: dict[str, Any],
                  entropy: str = "none", background_header: bool = False, format_version: str = "1.2") -> None:
         """entropy: how add_chunk stores each payload (SPEC.md 8.6): "none" raw, "zstd" one
         zstd frame, "planes" codec 2, "auto" the smallest of the three per chunk. "planes" and
@@ -105,7 +105,7 @@ class Writer:
             return len(self._header.result())
         return self._header_bytes
 
-    def _write(self, data: bytes | memoryview) -> None:
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
         try:
             self._out.write(data)
         except OSError as exc:

@@ -48,26 +48,29 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 import bbformat  # noqa: E402
+from bbformat.constants import (  # noqa: E402
+    CHUNK_MAGIC,
+    FILE_MAGIC,
+    FOOTER_MAGIC,
+    INDEX_MAGIC,
+    NO_SITE,
+    OpKind,
+    RequiredFlag,
+    SectionKind,
+    SiteFlag,
+)
 from bbformat import errors as bberr  # noqa: E402
 from bbformat.codec import rotation as rot  # noqa: E402
 from bbformat.codec.dtypes import RawTensor  # noqa: E402
 from bbformat.codec.encoder import encode_chunk  # noqa: E402
-from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec  # noqa: E402
+from bbformat.codec.layout import ChunkLayout, SiteSpec  # noqa: E402
+from bbformat.container.program import AxisRef  # noqa: E402
 from bbformat.codec.decoder import decode_program  # noqa: E402
-from bbformat.container.program import OP_PUSH, OP_SITE, SITE_PAPER, SITE_PLAIN  # noqa: E402
-from bbformat.codec.sections import (  # noqa: E402
-    KIND_ANCHOR_PATCHES,
-    KIND_PAYLOAD,
-    KIND_SIGNS,
-    KIND_X_PATCHES,
-    KIND_X_RESIDUALS,
-    NO_SITE,
-    StoredCorrector,
-    residual_contexts,
-)
+from bbformat.codec.sections import StoredCorrector  # noqa: E402
+from bbformat.codec.section_kinds import residual_contexts  # noqa: E402
 from bbformat.codec.varint import encode_varints, zigzag  # noqa: E402
 from bbformat.container import records as R  # noqa: E402
-from bbformat.container.chunks import _program_to_record, parse_chunk  # noqa: E402
+from bbformat.container.chunks import parse_chunk, program_record  # noqa: E402
 from bbformat.container.crc import crc32c  # noqa: E402
 from bbformat.container.digest import content_crc  # noqa: E402
 from bbformat.reader import Reader, iter_stream  # noqa: E402
@@ -77,7 +80,6 @@ import run as runner  # noqa: E402
 
 SPEC_VERSION = "1.2"  # of the manifest; each vector records the version that introduced it
 U64 = (1 << 64) - 1
-FILE_MAGIC, CHUNK_MAGIC, INDEX_MAGIC, FOOTER_MAGIC = R.FILE_MAGIC, R.CHUNK_MAGIC, R.INDEX_MAGIC, R.FOOTER_MAGIC
 ZSTD = zstandard.ZstdCompressor(level=19, write_content_size=True, write_checksum=False)
 
 
@@ -152,7 +154,7 @@ class Chk:
 
 def chk_from(enc) -> Chk:  # type: ignore[no-untyped-def]
     """An encoder's EncodedChunk as an editable Chk."""
-    return Chk(_program_to_record(enc.program), [Sec(s.kind, s.site, s.stored, len(s.data), s.codec) for s in enc.sections])
+    return Chk(program_record(enc.program), [Sec(s.kind, s.site, s.stored, len(s.data), s.codec) for s in enc.sections])
 
 
 def meta_bytes(meta: dict) -> bytes:
@@ -355,7 +357,7 @@ def regenerated(program) -> dict[str, int]:  # type: ignore[no-untyped-def]
     counts: dict[str, int] = {}
     paper_anchor: set[int] = set()
     for op in reversed(program.ops):
-        if op.kind == OP_PUSH:
+        if op.kind == OpKind.PUSH:
             te = program.tensors[op.index]
             k = te.symbols(w)
             flags = stack[n - k : n]
@@ -874,7 +876,7 @@ def base_sym() -> BB:
     an x_residuals section, and a float32 chunk without sites. The base of most invalid vectors."""
     for seed in range(101, 200):
         enc = site_chunk(seed, "symmetric", 0.0)
-        if nonplain(enc) and KIND_X_RESIDUALS in [s.kind for s in enc.sections]:
+        if nonplain(enc) and SectionKind.X_RESIDUALS in [s.kind for s in enc.sections]:
             break
     else:
         raise GenError("no seed gives an x_residuals site")
@@ -888,11 +890,11 @@ def base_paper() -> BB:
     (count-0 sections where the encoder needed none), then a float32 chunk."""
     enc = site_chunk(202, "paper", 0.005, D=12, rows=16, src_rows=10, force=True, follower=False)
     c = chk_from(enc)
-    assert c.secs[0].kind == KIND_PAYLOAD and c.secs[1].kind == KIND_SIGNS, kinds(c)
-    if KIND_X_PATCHES not in kinds(c):
-        c.secs.insert(2, raw_sec(KIND_X_PATCHES, 0, b"\x00"))
-    if KIND_ANCHOR_PATCHES not in kinds(c):
-        c.secs.append(raw_sec(KIND_ANCHOR_PATCHES, 0, b"\x00"))
+    assert c.secs[0].kind == SectionKind.PAYLOAD and c.secs[1].kind == SectionKind.SIGNS, kinds(c)
+    if SectionKind.X_PATCHES not in kinds(c):
+        c.secs.insert(2, raw_sec(SectionKind.X_PATCHES, 0, b"\x00"))
+    if SectionKind.ANCHOR_PATCHES not in kinds(c):
+        c.secs.append(raw_sec(SectionKind.ANCHOR_PATCHES, 0, b"\x00"))
     return BB([c, f32_chunk(8)], scheme=1, meta=meta("paper", 0.005))
 
 
@@ -913,7 +915,7 @@ def no_correction_chunk(scheme: str, D: int, tol: float) -> "tuple[Chk, object]"
         ts = {"src": t(rng, (D, D)), "anchor": t(rng, (D, D + 2))}
         lay = ChunkLayout("nocorr", ("src", "anchor"), (SiteSpec("site0", D, AxisRef("anchor", 0)),))
         enc = encode(lay, ts, scheme, tol, force=True)
-        if [s.kind for s in enc.sections] == ([KIND_PAYLOAD, KIND_SIGNS] if scheme == "paper" else [KIND_PAYLOAD]):
+        if [s.kind for s in enc.sections] == ([SectionKind.PAYLOAD, SectionKind.SIGNS] if scheme == "paper" else [SectionKind.PAYLOAD]):
             return chk_from(enc), enc
     raise GenError(f"no seed without corrections for {scheme} D={D}")
 
@@ -965,11 +967,11 @@ def edge_chunks() -> tuple[Chk, Chk]:
     rec = program_rec("edges", 1, [("scalar16", 1, []), ("scalar32", 3, []), ("empty", 1, [0]), ("empty3d", 1, [2, 0, 3]),
                                    ("empty32", 3, [0]), ("rank8", 1, [1, 2, 1, 2, 1, 2, 1, 3]), ("special", 1, [10]),
                                    ("special_bf16", 2, [4]), ("nan_f32", 3, [2])],
-                      [], [(OP_PUSH, i) for i in range(9)])
+                      [], [(OpKind.PUSH, i) for i in range(9)])
     payload = (np.array([0.5], np.float16).tobytes() + np.array([-1.25], "<f4").tobytes() + t(rng, (24,)).tobytes() + special.tobytes()
                + struct.pack("<4H", 0x7F80, 0xFF80, 0x7FC1, 0x0001) + struct.pack("<2I", 0x7FA00001, 0xFFC00000))
-    edges = Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, payload)])
-    empty = Chk(program_rec("", 1, [], [], []), [raw_sec(KIND_PAYLOAD, NO_SITE, b"")])
+    edges = Chk(rec, [raw_sec(SectionKind.PAYLOAD, NO_SITE, payload)])
+    empty = Chk(program_rec("", 1, [], [], []), [raw_sec(SectionKind.PAYLOAD, NO_SITE, b"")])
     return edges, empty
 
 
@@ -1009,16 +1011,16 @@ def add_valid(S: Suite) -> None:
     assert enc.program.sites[0].plain and enc.reports[0].plain_reason.startswith("side information"), enc.reports
     S.valid("plain_side_info", single(enc, "symmetric", 0.0).build(), "§12.3", "a site stored PLAIN by fallback: its corrections would cost more than the bits saved")
     enc = encode_chunk(ChunkLayout("plain3", ("src", "w"), (SiteSpec("s", 4, AxisRef("w", 0)),)), ts, {}, "paper", 0.0, band=False)
-    assert site_flags(enc) == [SITE_PLAIN | SITE_PAPER], site_flags(enc)
+    assert site_flags(enc) == [SiteFlag.PLAIN | SiteFlag.PAPER], site_flags(enc)
     S.valid("plain_paper_flags", single(enc, "paper", 0.0).build(), "§5.1", "a site with both PLAIN and PAPER flags (paper scheme fallback): no sections, no sign bitmap")
 
     c, enc = no_correction_chunk("symmetric", 4, 0.0)
     S.valid("sym_no_corrections", BB([c], meta=meta("symmetric", 0.0)).build(), "§8.1", "a non-plain symmetric site with no correction section at all (D=4, tolerance 0)")
     c2 = c.copy()
-    c2.secs.append(raw_sec(KIND_X_PATCHES, 0, b"\x00"))
+    c2.secs.append(raw_sec(SectionKind.X_PATCHES, 0, b"\x00"))
     S.valid("sym_empty_x_patches", BB([c2], meta=meta("symmetric", 0.0)).build(), "§8.5", "an x_patches section with count 0 (1 byte)")
     c3 = c.copy()
-    c3.secs.append(raw_sec(KIND_X_RESIDUALS, 0, residual_section(approx_of(c)[0], "float16")))
+    c3.secs.append(raw_sec(SectionKind.X_RESIDUALS, 0, residual_section(approx_of(c)[0], "float16")))
     S.valid("sym_zero_residuals", BB([c3], meta=meta("symmetric", 0.0)).build(), "§8.4", "an x_residuals section whose residuals are all 0 (one group per exponent context)")
     cm = c.copy()
     mu_at = 4 * 4 - 10  # src has 16 symbols, the block took the last n(4) = 10, mu (4 float32) follows
@@ -1026,12 +1028,12 @@ def add_valid(S: Suite) -> None:
     mu = np.frombuffer(bytes(pay[2 * mu_at : 2 * mu_at + 16]), "<f4")
     assert np.all(np.diff(mu) > 0), mu
     pay[2 * mu_at : 2 * mu_at + 16] = mu[::-1].astype("<f4").tobytes()
-    cm.secs[0] = raw_sec(KIND_PAYLOAD, NO_SITE, bytes(pay))
+    cm.secs[0] = raw_sec(SectionKind.PAYLOAD, NO_SITE, bytes(pay))
     S.valid("sym_mu_descending", BB([cm], meta=meta("symmetric", 0.0)).build(), "§7.2", "eigenvalues mu stored in descending order (a reader must not rely on ascending mu)")
     ci = c.copy()
     pay = bytearray(ci.secs[0].stored)
     pay[2 * mu_at + 12 : 2 * mu_at + 16] = np.array([np.inf], "<f4").tobytes()  # the largest eigenvalue
-    ci.secs[0] = raw_sec(KIND_PAYLOAD, NO_SITE, bytes(pay))
+    ci.secs[0] = raw_sec(SectionKind.PAYLOAD, NO_SITE, bytes(pay))
     S.valid("sym_mu_infinite", BB([ci], meta=meta("symmetric", 0.0)).build(), "§7.2",
             "an eigenvalue mu = +infinity (non-finite mu are not rejected): regenerated values become infinities or NaNs")
     pc, penc = no_correction_chunk("paper", 6, 0.005)
@@ -1040,30 +1042,30 @@ def add_valid(S: Suite) -> None:
         x = ch.copy()
         pay = bytearray(x.secs[0].stored)
         pay[-2:] = b"\x00\x7c" if what == "+infinity" else b"\x00\x7e"  # the anchor is pushed last: its last element
-        x.secs[0] = raw_sec(KIND_PAYLOAD, NO_SITE, bytes(pay))
+        x.secs[0] = raw_sec(SectionKind.PAYLOAD, NO_SITE, bytes(pay))
         S.valid(vid, BB([x], scheme=1 if scheme == "paper" else 2, meta=meta(scheme, 0.0)).build(), "§7.5, §9 item 4",
                 f"{scheme} site whose stored anchor holds a {what}: the Gram matrix is not finite, so E is all NaN and every regenerated "
                 f"value{' and the un-rotated anchor' if scheme == 'paper' else ''} is a NaN (any NaN matches); not a reason to reject")
     pc2 = pc.copy()
-    pc2.secs += [raw_sec(KIND_X_PATCHES, 0, b"\x00"), raw_sec(KIND_ANCHOR_PATCHES, 0, b"\x00")]
+    pc2.secs += [raw_sec(SectionKind.X_PATCHES, 0, b"\x00"), raw_sec(SectionKind.ANCHOR_PATCHES, 0, b"\x00")]
     S.valid("paper_empty_patches", BB([pc2], scheme=1, meta=meta("paper", 0.005)).build(), "§8.5", "paper site with x_patches and anchor_patches of count 0")
 
     # zstd everywhere the format allows it
     z = bs.chunks[0].copy()
     ap = approx_of(z)[0]
-    from bbformat.codec.sections import decode_residuals
+    from bbformat.codec.section_kinds import decode_residuals
 
-    rsec = z.sec(KIND_X_RESIDUALS)
+    rsec = z.sec(SectionKind.X_RESIDUALS)
     r = decode_residuals(rsec.stored, ap, "float16")
-    z.secs = [zstd_sec(KIND_PAYLOAD, NO_SITE, z.secs[0].stored), raw_sec(KIND_X_RESIDUALS, 0, residual_section(ap, "float16", r, codec=1))]
+    z.secs = [zstd_sec(SectionKind.PAYLOAD, NO_SITE, z.secs[0].stored), raw_sec(SectionKind.X_RESIDUALS, 0, residual_section(ap, "float16", r, codec=1))]
     S.valid("zstd_sym", BB([z, bs.chunks[1]], meta=meta("symmetric", 0.0)).build(), "§8.2, §8.4",
             "zstd payload (the writer never compresses it) and x_residuals with every group zstd-compressed")
     zp = paper_exact_chunk.copy()
-    assert kinds(zp) == [KIND_PAYLOAD, KIND_SIGNS, KIND_X_PATCHES, KIND_ANCHOR_PATCHES], kinds(zp)
+    assert kinds(zp) == [SectionKind.PAYLOAD, SectionKind.SIGNS, SectionKind.X_PATCHES, SectionKind.ANCHOR_PATCHES], kinds(zp)
     zp.secs = [zstd_sec(s.kind, s.site, s.stored if s.codec == 0 else zstandard.ZstdDecompressor().decompress(s.stored)) for s in zp.secs]
     S.valid("zstd_paper", BB([zp], scheme=1, meta=meta("paper", 0.0)).build(), "§8.2", "paper chunk with every section zstd-compressed: payload, signs, x_patches, anchor_patches")
     z2 = c2.copy()
-    z2.secs[-1] = zstd_sec(KIND_X_PATCHES, 0, b"\x00")
+    z2.secs[-1] = zstd_sec(SectionKind.X_PATCHES, 0, b"\x00")
     S.valid("zstd_tiny_section", BB([z2], meta=meta("symmetric", 0.0)).build(), "§8.2", "a zstd section whose frame is larger than its 1 decoded byte (valid, merely wasteful)")
     small = meta_bytes({"format": "bbformat", "tolerance": 0.0, "note": "zstd metadata"})
     S.valid("metadata_zstd_small", BB([], meta=ZSTD.compress(small), meta_codec=1).build(), "§4.1",
@@ -1099,8 +1101,8 @@ def add_valid(S: Suite) -> None:
             "scalars (ndim 0), zero-size tensors ((0,), (2,0,3), float32 (0,)), an 8-dimensional tensor, stored infinities, NaNs (signalling "
             "and quiet), signed zeros and subnormals; a second chunk with no tensors, an empty name and an empty payload", eig=False)
     S.valid("zero_chunks", BB([], meta=b"{}").build(), "§2", "a container with no chunks: header, empty index, footer (86 bytes)", eig=False)
-    rec = program_rec("zeros", 1, [("big_but_empty", 1, [1 << 20, 1 << 20, 0]), ("after", 1, [2])], [], [(OP_PUSH, 0), (OP_PUSH, 1)])
-    S.valid("zero_size_large_dims", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, b"\x00\x3c\x00\xbc")])]).build(), "§5.1",
+    rec = program_rec("zeros", 1, [("big_but_empty", 1, [1 << 20, 1 << 20, 0]), ("after", 1, [2])], [], [(OpKind.PUSH, 0), (OpKind.PUSH, 1)])
+    S.valid("zero_size_large_dims", BB([Chk(rec, [raw_sec(SectionKind.PAYLOAD, NO_SITE, b"\x00\x3c\x00\xbc")])]).build(), "§5.1",
             "a tensor of dims (2^20, 2^20, 0): 0 elements whatever its other dims", eig=False)
     for vid, text, what in (("metadata_duplicate_keys", b'{"a":1,"a":2,"tolerance":0.0}', "an object with a duplicate key"),
                             ("metadata_big_float", b'{"a":1e999,"b":-1e999,"c":1e-999}', "numbers beyond float64 range (1e999, -1e999, 1e-999)"),
@@ -1293,11 +1295,11 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
     inv("x_reserved_index_entry", mod(bs, entry_edit=entry_reserved).build(), "§10.1", "index entry 1 reserved = 1 (index_crc resealed)", "E_RESERVED", 5)
     inv("x_reserved_footer", mod(bs, ftr={"reserved": 1}).build(), "§10.2", "footer reserved = 1 (footer_crc resealed)", "E_RESERVED", 5)
     x = bp.copy()
-    sg = x.chunks[0].sec(KIND_SIGNS)
+    sg = x.chunks[0].sec(SectionKind.SIGNS)
     sg.stored = sg.stored[:1] + bytes([sg.stored[1] | 0x80])
     inv("x_reserved_sign_padding", x.build(), "§8.3", "sign bitmap padding bit 15 set (D = 12)", "E_RESERVED", 5)
     x = bp.copy()
-    sg = x.chunks[0].sec(KIND_SIGNS)
+    sg = x.chunks[0].sec(SectionKind.SIGNS)
     sg.stored = sg.stored[:1] + bytes([sg.stored[1] | 0x10])
     inv("x_reserved_sign_padding_first", x.build(), "§8.3", "sign bitmap padding bit 12 (the first padding bit) set (D = 12)", "E_RESERVED", 5)
 
@@ -1315,7 +1317,7 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
     def with_residuals(sec_bytes: bytes, chunk: Chk | None = None) -> BB:
         x = bs.copy()
         ch = x.chunks[0] if chunk is None else chunk
-        ch.secs = [ch.secs[0], raw_sec(KIND_X_RESIDUALS, 0, sec_bytes)]
+        ch.secs = [ch.secs[0], raw_sec(SectionKind.X_RESIDUALS, 0, sec_bytes)]
         x.chunks[0] = ch
         return x
 
@@ -1350,7 +1352,7 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
 
     def zpay(stored: bytes, decoded: int | None = None) -> BB:
         x = bs.copy()
-        x.chunks[0].secs[0] = Sec(KIND_PAYLOAD, NO_SITE, stored, len(pay) if decoded is None else decoded, 1)
+        x.chunks[0].secs[0] = Sec(SectionKind.PAYLOAD, NO_SITE, stored, len(pay) if decoded is None else decoded, 1)
         return x
 
     for vid, stored, what in (
@@ -1375,7 +1377,7 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
         x = bs.copy()
         side = patches([0], [int(ap0[0])], 16)
         sfr = fcs_lie(ZSTD.compress(side * 1), d)
-        x.chunks[0].secs[1] = Sec(KIND_X_PATCHES, 0, sfr, len(side) + d, 1)
+        x.chunks[0].secs[1] = Sec(SectionKind.X_PATCHES, 0, sfr, len(side) + d, 1)
         inv(f"x_zstd_frame_size_lie_{'larger' if d > 0 else 'smaller'}", x.build(), "§8.2",
             f"an x_patches zstd frame whose header and table entry both declare {abs(d)} bytes {'more' if d > 0 else 'fewer'} than the frame's "
             "blocks hold (damaged: zstd decoders detect it)", "E_ZSTD", 8)
@@ -1587,8 +1589,8 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
         x.chunks[0].rec["ops"][0]["kind"] = kd
         inv(f"x_descriptor_op_kind_{kd}", x.build(), "§5.1", f"op kind {kd}", "E_DESCRIPTOR", 18)
     ops0 = bs.chunks[0].rec["ops"]
-    push_k = next(k for k, o in enumerate(ops0) if o["kind"] == OP_PUSH)
-    site_k = next(k for k, o in enumerate(ops0) if o["kind"] == OP_SITE)
+    push_k = next(k for k, o in enumerate(ops0) if o["kind"] == OpKind.PUSH)
+    site_k = next(k for k, o in enumerate(ops0) if o["kind"] == OpKind.SITE)
     for vid, k, idx, what in (("x_descriptor_push_index_range", push_k, 3, "PUSH 3 in a chunk of 3 tensors"),
                               ("x_descriptor_push_index_max", push_k, 0xFFFFFFFF, "PUSH 2^32 - 1"),
                               ("x_descriptor_site_index_range", site_k, 1, "SITE 1 in a chunk of 1 site")):
@@ -1599,13 +1601,13 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
     x.chunks[0].rec["ops"].append(dict(ops0[-1]))
     inv("x_descriptor_tensor_pushed_twice", x.build(), "§5.2", "the last tensor pushed twice", "E_DESCRIPTOR", 18)
     x = bs.copy()
-    x.chunks[0].rec["ops"] = [o for o in ops0 if not (o["kind"] == OP_PUSH and o["index"] == 2)]
+    x.chunks[0].rec["ops"] = [o for o in ops0 if not (o["kind"] == OpKind.PUSH and o["index"] == 2)]
     inv("x_descriptor_tensor_not_pushed", x.build(), "§5.2", "a tensor without a PUSH", "E_DESCRIPTOR", 18)
     x = bs.copy()
     x.chunks[0].rec["ops"] = [dict(ops0[site_k])] + [dict(o) for o in ops0]
     inv("x_descriptor_site_twice", x.build(), "§5.2", "the site's SITE op appears twice", "E_DESCRIPTOR", 18)
     x = bs.copy()
-    x.chunks[0].rec["ops"] = [o for o in ops0 if o["kind"] != OP_SITE]
+    x.chunks[0].rec["ops"] = [o for o in ops0 if o["kind"] != OpKind.SITE]
     inv("x_descriptor_site_missing", x.build(), "§5.2", "a site without a SITE op", "E_DESCRIPTOR", 18)
     x = bs.copy()
     dd = bytearray(x.chunks[1].descriptor())
@@ -1631,8 +1633,8 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
         inv(f"x_dtype_tensor_{v}", x.build(), "§5.1, §6.1", f"tensor dtype {v}", "E_DTYPE", 19)
     x = bs.copy()
     x.chunks[1].rec["tensors"].append(dict(name="half", dtype=1, ndim=1, reserved=0, dims=[2]))
-    x.chunks[1].rec["ops"].append(dict(kind=OP_PUSH, reserved0=0, reserved1=0, index=1))
-    x.chunks[1].secs[0] = raw_sec(KIND_PAYLOAD, NO_SITE, x.chunks[1].secs[0].stored + b"\x00\x3c\x00\x3c")
+    x.chunks[1].rec["ops"].append(dict(kind=OpKind.PUSH, reserved0=0, reserved1=0, index=1))
+    x.chunks[1].secs[0] = raw_sec(SectionKind.PAYLOAD, NO_SITE, x.chunks[1].secs[0].stored + b"\x00\x3c\x00\x3c")
     inv("x_dtype_narrower_than_symbols", x.build(), "§5.1, §6.2", "a float16 tensor in a chunk of float32 symbols", "E_DTYPE", 19)
 
     def site_edit(**kv: int) -> bytes:
@@ -1648,16 +1650,16 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
     inv("x_site_other_axis", site_edit(anchor_axis=1), "§5.2", "anchor_axis 1 (size 20) with D = 16", "E_SITE", 20)
     inv("x_site_wrong_anchor", site_edit(anchor=2), "§5.2", "anchor = the (3, 16) follower, axis 0 (size 3) with D = 16", "E_SITE", 20)
     for D in (1, 0):
-        rec = program_rec("d", 1, [("src", 1, [10]), ("w", 1, [D, 4])], [("s", D, 1, 0, 0)], [(OP_PUSH, 0), (OP_SITE, 0), (OP_PUSH, 1)])
+        rec = program_rec("d", 1, [("src", 1, [10]), ("w", 1, [D, 4])], [("s", D, 1, 0, 0)], [(OpKind.PUSH, 0), (OpKind.SITE, 0), (OpKind.PUSH, 1)])
         p_sym = 10 + 4 * D + 2 * D - D * (D + 1) // 2
-        inv(f"x_site_dim_{D}", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, bytes(2 * p_sym))])]).build(), "§5.1, §5.2",
+        inv(f"x_site_dim_{D}", BB([Chk(rec, [raw_sec(SectionKind.PAYLOAD, NO_SITE, bytes(2 * p_sym))])]).build(), "§5.1, §5.2",
             f"a site of D = {D} on a ({D}, 4) anchor", "E_SITE", 20, eig=False)
-    rec = program_rec("s", 1, [("src", 1, [10]), ("sc", 1, [])], [("s", 2, 1, 0, 0)], [(OP_PUSH, 0), (OP_SITE, 0), (OP_PUSH, 1)])
-    inv("x_site_scalar_anchor", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, bytes(2 * 12))])]).build(), "§5.2",
+    rec = program_rec("s", 1, [("src", 1, [10]), ("sc", 1, [])], [("s", 2, 1, 0, 0)], [(OpKind.PUSH, 0), (OpKind.SITE, 0), (OpKind.PUSH, 1)])
+    inv("x_site_scalar_anchor", BB([Chk(rec, [raw_sec(SectionKind.PAYLOAD, NO_SITE, bytes(2 * 12))])]).build(), "§5.2",
         "a site anchored on a scalar (ndim 0, anchor_axis 0)", "E_SITE", 20, eig=False)
     x = bs.copy()
     ops = x.chunks[0].rec["ops"]
-    x.chunks[0].rec["ops"] = [o for o in ops if o["kind"] == OP_PUSH] + [o for o in ops if o["kind"] == OP_SITE]
+    x.chunks[0].rec["ops"] = [o for o in ops if o["kind"] == OpKind.PUSH] + [o for o in ops if o["kind"] == OpKind.SITE]
     inv("x_site_order", x.build(), "§5.2", "the anchor's PUSH comes before the site's SITE op", "E_SITE", 20)
 
     # ---- 21 E_SECTION_KIND, 22 E_SECTION_DUPLICATE, 23 E_SECTION_MISSING ---------------------------
@@ -1675,22 +1677,22 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
     x.chunks[0].secs[1].site = NO_SITE
     inv("x_section_site_none", x.build(), "§8.1", "x_residuals with site 0xFFFFFFFF", "E_SECTION_KIND", 21)
     x = bpl.copy()
-    x.chunks[0].secs.insert(0, raw_sec(KIND_X_PATCHES, 0, b"\x00"))
+    x.chunks[0].secs.insert(0, raw_sec(SectionKind.X_PATCHES, 0, b"\x00"))
     inv("x_section_on_plain_site", x.build(), "§8.1", "an x_patches section (count 0) on a PLAIN site, before the payload", "E_SECTION_KIND", 21, eig=False)
     x = bs.copy()
-    x.chunks[0].secs.append(raw_sec(KIND_SIGNS, 0, b"\x00\x00"))
+    x.chunks[0].secs.append(raw_sec(SectionKind.SIGNS, 0, b"\x00\x00"))
     inv("x_section_signs_on_symmetric", x.build(), "§8.1", "a signs section on a symmetric-mode site", "E_SECTION_KIND", 21)
     x = bs.copy()
-    x.chunks[0].secs.append(raw_sec(KIND_ANCHOR_PATCHES, 0, b"\x00"))
+    x.chunks[0].secs.append(raw_sec(SectionKind.ANCHOR_PATCHES, 0, b"\x00"))
     inv("x_section_anchor_patches_on_symmetric", x.build(), "§8.1", "an anchor_patches section on a symmetric-mode site", "E_SECTION_KIND", 21)
     x = bp.copy()
-    x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != KIND_X_PATCHES] + [raw_sec(KIND_X_RESIDUALS, 0, b"")]
+    x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != SectionKind.X_PATCHES] + [raw_sec(SectionKind.X_RESIDUALS, 0, b"")]
     inv("x_section_residuals_on_paper", x.build(), "§8.1", "an x_residuals section on a PAPER site", "E_SECTION_KIND", 21)
     pf = BB([chk_from(encode_chunk(ChunkLayout("plain3", ("src", "w"), (SiteSpec("s", 4, AxisRef("w", 0)),)),
                                    {"src": t(np.random.default_rng(313), (6, 4)), "w": t(np.random.default_rng(314), (4, 6))}, {}, "paper", 0.0, band=False))],
             scheme=1, meta=meta("paper", 0.0))
     assert pf.chunks[0].rec["sites"][0]["flags"] == 3
-    pf.chunks[0].secs.append(raw_sec(KIND_SIGNS, 0, b"\x00"))
+    pf.chunks[0].secs.append(raw_sec(SectionKind.SIGNS, 0, b"\x00"))
     inv("x_section_signs_on_plain_paper", pf.build(), "§8.1", "a signs section on a site with PLAIN and PAPER set", "E_SECTION_KIND", 21)
 
     x = bs.copy()
@@ -1700,9 +1702,9 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
     x.chunks[0].secs.append(x.chunks[0].secs[1])
     inv("x_dup_residuals", x.build(), "§8.1", "two x_residuals sections for one site", "E_SECTION_DUPLICATE", 22)
     x = bs.copy()
-    x.chunks[0].secs.append(raw_sec(KIND_X_PATCHES, 0, b"\x00"))
+    x.chunks[0].secs.append(raw_sec(SectionKind.X_PATCHES, 0, b"\x00"))
     inv("x_dup_residuals_and_patches", x.build(), "§8.1", "x_residuals and x_patches on one site", "E_SECTION_DUPLICATE", 22)
-    for kd, nm in ((KIND_SIGNS, "signs"), (KIND_X_PATCHES, "x_patches"), (KIND_ANCHOR_PATCHES, "anchor_patches")):
+    for kd, nm in ((SectionKind.SIGNS, "signs"), (SectionKind.X_PATCHES, "x_patches"), (SectionKind.ANCHOR_PATCHES, "anchor_patches")):
         x = bp.copy()
         x.chunks[0].secs.append(copy.deepcopy(x.chunks[0].sec(kd)))
         inv(f"x_dup_{nm}", x.build(), "§8.1", f"two {nm} sections for one PAPER site", "E_SECTION_DUPLICATE", 22)
@@ -1714,13 +1716,13 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
     x.chunks[1].secs = []
     inv("x_missing_all_sections", x.build(), "§5.3, §8.1", "a chunk with section_count 0", "E_SECTION_MISSING", 23)
     x = bp.copy()
-    x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != KIND_SIGNS]
+    x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != SectionKind.SIGNS]
     inv("x_missing_signs", x.build(), "§8.1", "a non-plain PAPER site without a signs section", "E_SECTION_MISSING", 23)
 
     # ---- 24 E_SECTION_SIZE ---------------------------------------------------------------------------
     x = bs.copy()
     s0 = x.chunks[0].secs[0]
-    x.chunks[0].secs[0] = Sec(KIND_PAYLOAD, NO_SITE, s0.stored[:-2], s0.decoded_length)
+    x.chunks[0].secs[0] = Sec(SectionKind.PAYLOAD, NO_SITE, s0.stored[:-2], s0.decoded_length)
     inv("x_size_raw_payload", x.build(), "§8.2", "raw payload: stored_length 2 less than decoded_length (which is P*W/8)", "E_SECTION_SIZE", 24)
     x = bs.copy()
     s1 = x.chunks[0].secs[1]
@@ -1733,17 +1735,17 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
         "zstd payload: the frame holds 2 bytes fewer than decoded_length (= P*W/8)", "E_SECTION_SIZE", 24)
     x = bs.copy()
     side = s1.stored
-    x.chunks[0].secs[1] = Sec(KIND_X_RESIDUALS, 0, ZSTD.compress(side), len(side) - 1, 1)
+    x.chunks[0].secs[1] = Sec(SectionKind.X_RESIDUALS, 0, ZSTD.compress(side), len(side) - 1, 1)
     inv("x_size_zstd_declared_smaller", x.build(), "§8.2", "zstd x_residuals: decoded_length 1 less than the frame's content size", "E_SECTION_SIZE", 24)
     for n, what in ((1, "1 byte"), (0, "0 bytes")):
         x = bp.copy()
-        sg = x.chunks[0].sec(KIND_SIGNS)
+        sg = x.chunks[0].sec(SectionKind.SIGNS)
         sg.stored, sg.decoded_length = sg.stored[:n], n
         inv(f"x_size_signs_{n}", x.build(), "§8.2, §8.3", f"a sign bitmap of {what} for D = 12 (needs 2)", "E_SECTION_SIZE", 24)
     x = bp.copy()
-    sg = x.chunks[0].sec(KIND_SIGNS)
+    sg = x.chunks[0].sec(SectionKind.SIGNS)
     data2 = sg.stored
-    x.chunks[0].secs[x.chunks[0].secs.index(sg)] = Sec(KIND_SIGNS, 0, ZSTD.compress(data2[:1]), 1, 1)
+    x.chunks[0].secs[x.chunks[0].secs.index(sg)] = Sec(SectionKind.SIGNS, 0, ZSTD.compress(data2[:1]), 1, 1)
     inv("x_size_signs_zstd_short", x.build(), "§8.2", "a zstd sign bitmap decoding to 1 byte for D = 12", "E_SECTION_SIZE", 24)
 
     # ---- 25 E_SECTION_CONTENT: residuals ------------------------------------------------------------
@@ -1783,7 +1785,7 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
 
     def with_xp(b: bytes, codec: int = 0) -> bytes:
         x = bs.copy()
-        x.chunks[0].secs = [x.chunks[0].secs[0], zstd_sec(KIND_X_PATCHES, 0, b) if codec else raw_sec(KIND_X_PATCHES, 0, b)]
+        x.chunks[0].secs = [x.chunks[0].secs[0], zstd_sec(SectionKind.X_PATCHES, 0, b) if codec else raw_sec(SectionKind.X_PATCHES, 0, b)]
         return x.build()
 
     ok = patches([0, 5], [int(ap0[0]), int(ap0[5])], 16)
@@ -1809,12 +1811,12 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
 
     def with_ap(b: bytes) -> bytes:
         x = bp.copy()
-        x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != KIND_ANCHOR_PATCHES] + [raw_sec(KIND_ANCHOR_PATCHES, 0, b)]
+        x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != SectionKind.ANCHOR_PATCHES] + [raw_sec(SectionKind.ANCHOR_PATCHES, 0, b)]
         return x.build()
 
     def with_pxp(b: bytes) -> bytes:
         x = bp.copy()
-        x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != KIND_X_PATCHES] + [raw_sec(KIND_X_PATCHES, 0, b)]
+        x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != SectionKind.X_PATCHES] + [raw_sec(SectionKind.X_PATCHES, 0, b)]
         return x.build()
 
     inv("x_content_anchor_patches_position_range", with_ap(patches([A], [0], 16)), "§8.5", f"anchor_patches: position {A} for an anchor of {A} elements",
@@ -1833,23 +1835,23 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
                               ("x_symbols_payload_odd", pay + b"\x00", "P*W/8 + 1 bytes"),
                               ("x_symbols_payload_empty", b"", "an empty payload")):
         x = bs.copy()
-        x.chunks[0].secs[0] = raw_sec(KIND_PAYLOAD, NO_SITE, stored)
+        x.chunks[0].secs[0] = raw_sec(SectionKind.PAYLOAD, NO_SITE, stored)
         inv(vid, x.build(), "§6.3", f"payload: {what}", "E_SYMBOL_COUNT", 26)
     x = bs.copy()
     x.chunks[0].secs[0].over = {"decoded_length": U64}
     inv("x_symbols_decoded_length_max", x.build(), "§6.3, §8.2", "payload decoded_length 2^64 - 1 (stored_length correct)", "E_SYMBOL_COUNT", 26)
-    rec = program_rec("u", 1, [("a", 1, [10]), ("w", 1, [4, 6])], [("s", 4, 1, 0, 0)], [(OP_SITE, 0), (OP_PUSH, 0), (OP_PUSH, 1)])
-    inv("x_symbols_underflow_push", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, bytes(2 * 32))])]).build(), "§6.3, §7.1",
+    rec = program_rec("u", 1, [("a", 1, [10]), ("w", 1, [4, 6])], [("s", 4, 1, 0, 0)], [(OpKind.SITE, 0), (OpKind.PUSH, 0), (OpKind.PUSH, 1)])
+    inv("x_symbols_underflow_push", BB([Chk(rec, [raw_sec(SectionKind.PAYLOAD, NO_SITE, bytes(2 * 32))])]).build(), "§6.3, §7.1",
         "ops SITE 0, PUSH a, PUSH w with P = 32 correct: decoding pops w (24), then a (10) from 8 symbols", "E_SYMBOL_COUNT", 26, eig=False)
-    rec = program_rec("u", 1, [("a", 1, [5]), ("w", 1, [2, 3])], [("s", 2, 1, 0, 0)], [(OP_SITE, 0), (OP_PUSH, 0), (OP_PUSH, 1)])
-    inv("x_symbols_underflow_mu", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, bytes(2 * 12))])]).build(), "§6.3, §7.1",
+    rec = program_rec("u", 1, [("a", 1, [5]), ("w", 1, [2, 3])], [("s", 2, 1, 0, 0)], [(OpKind.SITE, 0), (OpKind.PUSH, 0), (OpKind.PUSH, 1)])
+    inv("x_symbols_underflow_mu", BB([Chk(rec, [raw_sec(SectionKind.PAYLOAD, NO_SITE, bytes(2 * 12))])]).build(), "§6.3, §7.1",
         "ops SITE 0 (D = 2), PUSH a, PUSH w with P = 12 correct: the SITE step pops 4 eigenvalue symbols from 1", "E_SYMBOL_COUNT", 26, eig=False)
-    rec = program_rec("neg", 1, [("w", 1, [16, 1])], [("s", 16, 0, 0, 0)], [(OP_SITE, 0), (OP_PUSH, 0)])
-    inv("x_symbols_negative_p", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, b"")])]).build(), "§6.3",
+    rec = program_rec("neg", 1, [("w", 1, [16, 1])], [("s", 16, 0, 0, 0)], [(OpKind.SITE, 0), (OpKind.PUSH, 0)])
+    inv("x_symbols_negative_p", BB([Chk(rec, [raw_sec(SectionKind.PAYLOAD, NO_SITE, b"")])]).build(), "§6.3",
         "a (16, 1) anchor and a non-plain D = 16 site: P = 16 + 32 - 136 = -88, which no decoded_length matches (empty payload)",
         "E_SYMBOL_COUNT", 26, eig=False)
-    rec = program_rec("huge", 1, [("small", 1, [4]), ("huge", 3, [1 << 20, 1 << 20])], [], [(OP_PUSH, 0), (OP_PUSH, 1)])
-    inv("x_symbols_huge_tensor", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, bytes(8))])]).build(), "§6.3, §11.1",
+    rec = program_rec("huge", 1, [("small", 1, [4]), ("huge", 3, [1 << 20, 1 << 20])], [], [(OpKind.PUSH, 0), (OpKind.PUSH, 1)])
+    inv("x_symbols_huge_tensor", BB([Chk(rec, [raw_sec(SectionKind.PAYLOAD, NO_SITE, bytes(8))])]).build(), "§6.3, §11.1",
         "a float32 tensor of exactly 2^40 elements (2^41 symbols) and an 8-byte payload: P*W/8 = 2^42 + 8", "E_SYMBOL_COUNT", 26, eig=False)
 
     # ---- 27 limits ---------------------------------------------------------------------------------
@@ -1871,25 +1873,25 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
     inv("x_limit_section_count", x.build(), "§5, §11.1", "section_count 16,385", "E_LIMIT_COUNT", 27)
     many = (struct.pack("<H", 4) + b"many" + b"\x01\x00\x00\x00" + struct.pack("<I", 65537) + b"\x00\x00\x01\x00\x00\x00" * 65537
             + struct.pack("<II", 0, 0))
-    inv("x_limit_tensor_count", BB([Chk({}, [raw_sec(KIND_PAYLOAD, NO_SITE, b"")], desc=many)]).build(), "§5.1, §11.1",
+    inv("x_limit_tensor_count", BB([Chk({}, [raw_sec(SectionKind.PAYLOAD, NO_SITE, b"")], desc=many)]).build(), "§5.1, §11.1",
         "65,537 tensor records (empty names, scalars, no ops)", "E_LIMIT_COUNT", 27, eig=False)
     rec = program_rec("many", 1, [("w", 1, [2, 2])], [("", 2, 0, 0, 1)] * 4097, [])
-    inv("x_limit_site_count", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, b"")])]).build(), "§5.1, §11.1", "4,097 site records", "E_LIMIT_COUNT", 27,
+    inv("x_limit_site_count", BB([Chk(rec, [raw_sec(SectionKind.PAYLOAD, NO_SITE, b"")])]).build(), "§5.1, §11.1", "4,097 site records", "E_LIMIT_COUNT", 27,
         eig=False)
     for nd in (9, 255):
-        rec = program_rec("nd", 1, [("t", 1, [1] * nd)], [], [(OP_PUSH, 0)])
-        inv(f"x_limit_ndim_{nd}", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, b"\x00\x00")])]).build(), "§5.1, §11.1",
+        rec = program_rec("nd", 1, [("t", 1, [1] * nd)], [], [(OpKind.PUSH, 0)])
+        inv(f"x_limit_ndim_{nd}", BB([Chk(rec, [raw_sec(SectionKind.PAYLOAD, NO_SITE, b"\x00\x00")])]).build(), "§5.1, §11.1",
             f"a tensor of {nd} dimensions (all 1)", "E_LIMIT_NDIM", 27, eig=False)
     for vid, dims, what in (("x_limit_tensor_elements", [1 << 20, (1 << 20) + 1], "2^40 + 2^20 elements"),
                             ("x_limit_tensor_u64_wrap", [1 << 32, 1 << 32], "dims 2^32 x 2^32: the product wraps to 0 in 64 bits"),
                             ("x_limit_tensor_wrap_small", [(1 << 63) + 1, 2], "dims (2^63 + 1) x 2: the product wraps to 2"),
                             ("x_limit_tensor_dim_max", [U64], "one dim of 2^64 - 1")):
-        rec = program_rec("big", 1, [("t", 1, dims)], [], [(OP_PUSH, 0)])
-        inv(vid, BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, b"\x00\x00\x00\x00")])]).build(), "§1, §5.1, §11.1", what, "E_LIMIT_TENSOR", 27, eig=False)
+        rec = program_rec("big", 1, [("t", 1, dims)], [], [(OpKind.PUSH, 0)])
+        inv(vid, BB([Chk(rec, [raw_sec(SectionKind.PAYLOAD, NO_SITE, b"\x00\x00\x00\x00")])]).build(), "§1, §5.1, §11.1", what, "E_LIMIT_TENSOR", 27, eig=False)
     for D in (32769, 0xFFFFFFFF):
         inv(f"x_limit_dim_{D}", site_edit(dim=D), "§5.1, §11.1", f"site D = {D}", "E_LIMIT_DIM", 27)
     x = bp.copy()
-    sg = x.chunks[0].sec(KIND_SIGNS)
+    sg = x.chunks[0].sec(SectionKind.SIGNS)
     sg.stored, sg.decoded_length = sg.stored + b"\x00", 3
     inv("x_limit_section_signs", x.build(), "§8.2", "a 3-byte sign bitmap for D = 12 (limit 2)", "E_LIMIT_SECTION", 27)
     lim_res = 11 * 32 + 3 * n
@@ -1898,12 +1900,12 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
     for vid, dl, what in (("x_limit_section_x_patches_bomb", lim_xp + 1, "one byte over the limit"),
                           ("x_limit_section_bomb_100mb", 100_000_000, "100,000,000 bytes")):
         x = bs.copy()
-        x.chunks[0].secs[1] = Sec(KIND_X_PATCHES, 0, zstandard.ZstdCompressor(level=1, write_content_size=True).compress(bytes(dl)), dl, 1)
+        x.chunks[0].secs[1] = Sec(SectionKind.X_PATCHES, 0, zstandard.ZstdCompressor(level=1, write_content_size=True).compress(bytes(dl)), dl, 1)
         inv(vid, x.build(), "§8.2, §11.1", f"a small zstd x_patches frame declaring {what} (limit {lim_xp})", "E_LIMIT_SECTION", 27)
     x = bp.copy()
     lim_ap = 10 + A * 12
-    x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != KIND_ANCHOR_PATCHES] + [
-        Sec(KIND_ANCHOR_PATCHES, 0, zstandard.ZstdCompressor(level=1, write_content_size=True).compress(bytes(lim_ap + 1)), lim_ap + 1, 1)]
+    x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != SectionKind.ANCHOR_PATCHES] + [
+        Sec(SectionKind.ANCHOR_PATCHES, 0, zstandard.ZstdCompressor(level=1, write_content_size=True).compress(bytes(lim_ap + 1)), lim_ap + 1, 1)]
     inv("x_limit_section_anchor_patches", x.build(), "§8.2", f"zstd anchor_patches declaring {lim_ap + 1} bytes (limit {lim_ap})", "E_LIMIT_SECTION", 27)
     cnt0 = int(groups[0])
     inv("x_limit_residual_group_raw", R_(res_with_group0(bytes(3 * cnt0 + 1), 0)), "§8.4",
@@ -1935,20 +1937,20 @@ def add_optional(S: Suite) -> None:
     S.optional("o_metadata_integer_4301_digits", BB([], meta=b'{"a":' + b"7" * 4301 + b"}").build(), "§4.1",
                "metadata with a 4,301-digit integer (over the 4,300 a reader must accept); the reference rejects", "reject", "E_METADATA", eig=False,
                tensors={})
-    rec = program_rec("wide", 1, [("w", 1, [32768])], [("max_d", 32768, 0, 0, SITE_PLAIN)], [(OP_SITE, 0), (OP_PUSH, 0)])
+    rec = program_rec("wide", 1, [("w", 1, [32768])], [("max_d", 32768, 0, 0, SiteFlag.PLAIN)], [(OpKind.SITE, 0), (OpKind.PUSH, 0)])
     w = np.random.default_rng(99).normal(0, 0.05, 32768).astype("<f2").tobytes()
-    S.optional("o_site_d_32768_plain", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, w)])]).build(), "§11.1, §11.4",
+    S.optional("o_site_d_32768_plain", BB([Chk(rec, [raw_sec(SectionKind.PAYLOAD, NO_SITE, w)])]).build(), "§11.1, §11.4",
                "a PLAIN site of D = 32,768 (the limit) on a (32768,) anchor: valid, but beyond a small reader's own limits", "accept", "E_LIMIT_DIM",
                eig=False)
-    rec = program_rec("z", 1, [("zero_but_large", 1, [1 << 40, 1 << 40, 0]), ("one", 1, [1])], [], [(OP_PUSH, 0), (OP_PUSH, 1)])
-    S.optional("o_zero_size_large_dims", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, b"\x00\x3c")])]).build(), "§1, §5.1, §11.4",
+    rec = program_rec("z", 1, [("zero_but_large", 1, [1 << 40, 1 << 40, 0]), ("one", 1, [1])], [], [(OpKind.PUSH, 0), (OpKind.PUSH, 1)])
+    S.optional("o_zero_size_large_dims", BB([Chk(rec, [raw_sec(SectionKind.PAYLOAD, NO_SITE, b"\x00\x3c")])]).build(), "§1, §5.1, §11.4",
                "a tensor of dims (2^40, 2^40, 0): 0 elements, every dim within 2^40, but the non-zero dims multiply to 2^80 (a running "
                "64-bit product overflows); the reference refuses it as its own limit (numpy cannot represent the shape)", "reject",
                "E_LIMIT_TENSOR", eig=False,
                tensors={"zero_but_large": {"dtype": "float16", "shape": [1 << 40, 1 << 40, 0], "sha256": hashlib.sha256(b"").hexdigest(), "tolerance": None},
                         "one": {"dtype": "float16", "shape": [1], "sha256": hashlib.sha256(b"\x00\x3c").hexdigest(), "tolerance": None}})
-    rec = program_rec("z", 1, [("zero_but_huge", 1, [U64, 0]), ("one", 1, [1])], [], [(OP_PUSH, 0), (OP_PUSH, 1)])
-    S.optional("o_zero_size_huge_dim", BB([Chk(rec, [raw_sec(KIND_PAYLOAD, NO_SITE, b"\x00\x3c")])]).build(), "§1, §5.1, §11.4",
+    rec = program_rec("z", 1, [("zero_but_huge", 1, [U64, 0]), ("one", 1, [1])], [], [(OpKind.PUSH, 0), (OpKind.PUSH, 1)])
+    S.optional("o_zero_size_huge_dim", BB([Chk(rec, [raw_sec(SectionKind.PAYLOAD, NO_SITE, b"\x00\x3c")])]).build(), "§1, §5.1, §11.4",
                "a tensor of dims (2^64 - 1, 0): 0 elements, but a dim (and the partial product) is over 2^40; the reference refuses dims "
                "over 2^40 as its own limit", "reject", "E_LIMIT_TENSOR", eig=False,
                tensors={"zero_but_huge": {"dtype": "float16", "shape": [U64, 0], "sha256": hashlib.sha256(b"").hexdigest(), "tolerance": None},
@@ -2001,14 +2003,14 @@ def planes_bytes(sym: np.ndarray, w: int, segs: list[tuple], codec: Callable[[in
 
 
 def payload_symbols(c: Chk) -> tuple[np.ndarray, int]:
-    sec = c.sec(KIND_PAYLOAD)
+    sec = c.sec(SectionKind.PAYLOAD)
     data = sec.stored if sec.codec == 0 else zstandard.ZstdDecompressor().decompress(sec.stored)
     w = R.DESCRIPTOR.parse(c.descriptor()).symbol_dtype
     bits = {1: 16, 2: 16, 3: 32}[w]
     return np.frombuffer(data, dtype=f"<u{bits // 8}"), bits
 
 
-def with_planes(bb: BB, chunk: int, stored: bytes, flags: int = PLANES_FLAG, minor: int = 1, kind: int = KIND_PAYLOAD) -> BB:
+def with_planes(bb: BB, chunk: int, stored: bytes, flags: int = PLANES_FLAG, minor: int = 1, kind: int = SectionKind.PAYLOAD) -> BB:
     x = bb.copy()
     x.hdr.update(required_flags=flags, minor=minor)
     sec = x.chunks[chunk].sec(kind)
@@ -2053,7 +2055,7 @@ def add_planes(S: Suite) -> None:  # noqa: C901 - one list of vectors
     S.valid("v_planes_float32", with_planes(bs, 1, planes_bytes(s32, w32, [seg(s32.size, 4, 2, 21)], zodd)).build(), "§8.6",
             "codec 2 on a float32 chunk (W = 32: top plane and three lower planes), K = 2", since=V)
     both = with_planes(bs, 0, planes_bytes(sym, w, mixed))
-    both.chunks[1].sec(KIND_PAYLOAD).stored, both.chunks[1].sec(KIND_PAYLOAD).codec = planes_bytes(s32, w32, [seg(s32.size, 3, 1, 0)]), 2
+    both.chunks[1].sec(SectionKind.PAYLOAD).stored, both.chunks[1].sec(SectionKind.PAYLOAD).codec = planes_bytes(s32, w32, [seg(s32.size, 3, 1, 0)]), 2
     S.valid("v_planes_both_chunks", both.build(), "§8.6", "codec 2 in both chunks of a file", since=V)
     # bfloat16 and a PAPER chunk
     for seed in range(401, 500):
@@ -2097,13 +2099,13 @@ def add_planes(S: Suite) -> None:  # noqa: C901 - one list of vectors
     good = planes_bytes(sym, w, mixed)
     inv("x_planes_without_flag", with_planes(bs, 0, good, flags=0, minor=0).build(), "codec 2 payload in a file without PLANES", "E_CODEC", 7)
     inv("x_planes_without_flag_minor1", with_planes(bs, 0, good, flags=0).build(), "codec 2 payload, minor 1, PLANES not set", "E_CODEC", 7)
-    res = bs.chunks[0].sec(KIND_X_RESIDUALS)
+    res = bs.chunks[0].sec(SectionKind.X_RESIDUALS)
     x = with_planes(bs, 0, good)
-    x.chunks[0].sec(KIND_X_RESIDUALS).codec = 2
+    x.chunks[0].sec(SectionKind.X_RESIDUALS).codec = 2
     inv("x_planes_on_residuals", x.build(), "codec 2 on an x_residuals section", "E_CODEC", 7)
     assert res.codec in (0, 1)
     x = with_planes(bs, 0, good)
-    x.chunks[0].sec(KIND_PAYLOAD).codec = 3
+    x.chunks[0].sec(SectionKind.PAYLOAD).codec = 3
     inv("x_planes_section_codec3", x.build(), "section codec 3 with PLANES set", "E_CODEC", 7)
     inv("x_required_flag_planes_and_bit3", with_planes(bs, 0, good, flags=0x9).build(), "required_flags PLANES and bit 3 set",
         "E_REQUIRED_FLAG", 4, "§4")
@@ -2186,7 +2188,7 @@ def _planes_bad_maps(sym: np.ndarray, w: int, segs: list[tuple], seg_i: int, row
 # Version 1.2: content digests (SPEC.md 5.4), the encoder's band (9, 12.6), mixed corrections (8.4)
 # =============================================================================================
 
-DIGESTS_FLAG, MIXED_FLAG = R.FLAG_DIGESTS, R.FLAG_MIXED_CORRECTIONS
+DIGESTS_FLAG, MIXED_FLAG = RequiredFlag.DIGESTS, RequiredFlag.MIXED_CORRECTIONS
 V12_FLAGS = DIGESTS_FLAG | MIXED_FLAG
 
 
@@ -2275,7 +2277,7 @@ def site_kinds(data: bytes) -> list[dict[int, set[int]]]:
 
 
 def mixed_sites(data: bytes) -> int:
-    return sum(1 for ks in site_kinds(data) for k in ks.values() if {KIND_X_RESIDUALS, KIND_X_PATCHES} <= k)
+    return sum(1 for ks in site_kinds(data) for k in ks.values() if {SectionKind.X_RESIDUALS, SectionKind.X_PATCHES} <= k)
 
 
 def f32_site(seed: int, scheme: str, tol: float, hi: float, D: int = 16):  # type: ignore[no-untyped-def]
@@ -2361,7 +2363,7 @@ def add_v12(S: Suite) -> None:  # noqa: C901 - one list of vectors
     enc_band = find_site("a symmetric site whose only stored values are band values",
                          lambda seed: f32_site(seed, "symmetric", 1e-4, 1.001),
                          lambda e: e.reports[0].banded > 0 and e.reports[0].banded == e.reports[0].corrected
-                         and [s.kind for s in e.sections] == [KIND_PAYLOAD, KIND_X_PATCHES])
+                         and [s.kind for s in e.sections] == [SectionKind.PAYLOAD, SectionKind.X_PATCHES])
     r0 = enc_band.reports[0]
     S.valid("v_band_sym_f32", written([enc_band], "symmetric", 1e-4), "§9, §12.6",
             f"a float32 symmetric site (D = 16, clustered anchor spectrum, tolerance 1e-4) whose reference results are all within "
@@ -2375,7 +2377,7 @@ def add_v12(S: Suite) -> None:  # noqa: C901 - one list of vectors
 
     # ---- MIXED_CORRECTIONS: x_residuals and x_patches on one site ---------------------------
     enc_mix = find_site("a site with x_residuals and x_patches", lambda seed: f32_site(seed, "symmetric", 1e-6, 1.001),
-                        lambda e: [s.kind for s in e.sections] == [KIND_PAYLOAD, KIND_X_PATCHES, KIND_X_RESIDUALS] and e.reports[0].banded > 0)
+                        lambda e: [s.kind for s in e.sections] == [SectionKind.PAYLOAD, SectionKind.X_PATCHES, SectionKind.X_RESIDUALS] and e.reports[0].banded > 0)
     rng = np.random.default_rng(1212)
     enc_bias = encode_chunk(ChunkLayout("bias12", ("bias",)), {"bias": t(rng, (3, 4), "float32", 1.0)}, {}, "symmetric", 0.0)
     mixed_data = written([enc_mix, enc_bias], "symmetric", 1e-6)
@@ -2418,7 +2420,7 @@ def add_v12(S: Suite) -> None:  # noqa: C901 - one list of vectors
     x = mbb.copy()
     pay = bytearray(x.chunks[1].secs[0].stored)
     pay[0] ^= 0x01
-    x.chunks[1].secs[0] = raw_sec(KIND_PAYLOAD, NO_SITE, bytes(pay))
+    x.chunks[1].secs[0] = raw_sec(SectionKind.PAYLOAD, NO_SITE, bytes(pay))
     S.invalid("x_digest_payload_changed", x.build(), "§5.4",
               "v_mixed_sym_f32 with the lowest bit of chunk 1's first float32 value flipped and chunk_crc (and the index) resealed: "
               "the CRCs hold, the decoded values miss the recorded digest", "E_DIGEST", 29, since=V)
@@ -2428,7 +2430,7 @@ def add_v12(S: Suite) -> None:  # noqa: C901 - one list of vectors
     S.invalid("x_digest_pack_site_chunk", with_content_crc(data, target, content_crcs(data)[target] ^ 0x80000000), "§5.4",
               f"v_digest_pack_sym_f16 with the content_crc of chunk {target} (the first with a non-plain site) changed in its top "
               "bit; chunk_crc, the index entry, index_crc and footer_crc resealed", "E_DIGEST", 29, since=V)
-    S.invalid("x_digest_empty_chunk_nonzero", v12([Chk(program_rec("", 1, [], [], []), [raw_sec(KIND_PAYLOAD, NO_SITE, b"")],
+    S.invalid("x_digest_empty_chunk_nonzero", v12([Chk(program_rec("", 1, [], [], []), [raw_sec(SectionKind.PAYLOAD, NO_SITE, b"")],
                                                       head={"reserved0": 1})]).build(), "§5.4",
               "a chunk with no tensors whose content_crc is 1 (the digest of nothing is 0)", "E_DIGEST", 29, eig=False, since=V)
 
@@ -2445,9 +2447,9 @@ def add_v12(S: Suite) -> None:  # noqa: C901 - one list of vectors
     # ---- the residual positions of a mixed site -------------------------------------------------
     c = digest_chk(enc_mix)
     ap = approx_of(c, 0, V12_FLAGS)[0]
-    from bbformat.codec.sections import decode_patches, decode_residuals
+    from bbformat.codec.section_kinds import decode_patches, decode_residuals
 
-    xp, xr = c.sec(KIND_X_PATCHES), c.sec(KIND_X_RESIDUALS)
+    xp, xr = c.sec(SectionKind.X_PATCHES), c.sec(SectionKind.X_RESIDUALS)
     unz = lambda sec: sec.stored if sec.codec == 0 else zstandard.ZstdDecompressor().decompress(sec.stored)  # noqa: E731
     pos, _ = decode_patches(unz(xp), ap.size, 32)
     keep = np.ones(ap.size, bool)
@@ -2455,7 +2457,7 @@ def add_v12(S: Suite) -> None:  # noqa: C901 - one list of vectors
     r = decode_residuals(unz(xr), ap, "float32", keep)
     assert pos.size and np.all(r[~keep] == 0)
     x = v12([c.copy(), digest_chk(enc_bias)], tol=1e-6)
-    x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != KIND_X_RESIDUALS] + [raw_sec(KIND_X_RESIDUALS, 0, residual_section(ap, "float32", r))]
+    x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != SectionKind.X_RESIDUALS] + [raw_sec(SectionKind.X_RESIDUALS, 0, residual_section(ap, "float32", r))]
     S.invalid("x_mixed_residuals_over_patched", x.build(), "§8.4",
               f"v_mixed_sym_f32 with its x_residuals rebuilt over every block position, the {pos.size} patched ones included (with "
               "residual 0): groups hold more varints than their residual positions", "E_SECTION_CONTENT", 25, since=V)

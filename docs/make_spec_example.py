@@ -8,7 +8,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bbformat.codec.dtypes import RawTensor  # noqa: E402
 from bbformat.codec.encoder import encode_chunk  # noqa: E402
-from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec  # noqa: E402
+from bbformat.codec.layout import ChunkLayout, SiteSpec  # noqa: E402
+from bbformat.container.program import AxisRef  # noqa: E402
 from bbformat.writer import Writer  # noqa: E402
 
 rng = np.random.default_rng(2024)

@@ -12,7 +12,8 @@ from hypothesis.configuration import set_hypothesis_home_dir
 
 from bbformat.codec.dtypes import RawTensor
 from bbformat.codec.encoder import encode_chunk
-from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec
+from bbformat.codec.layout import ChunkLayout, SiteSpec
+from bbformat.container.program import AxisRef
 from bbformat.writer import Writer
 
 # Nothing of Hypothesis' in the repository (no example database; its caches in a temporary

@@ -6,8 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import bbformat
 from bbformat.checkpoint import read_checkpoint, write_checkpoint
@@ -158,7 +157,7 @@ def test_scheme_none_gives_back_the_input_bits(tmp_path: Path) -> None:
 
     from bbformat.checkpoint import write_checkpoint
     from bbformat.api import pack, unpack
-    from bbformat.container import records as R
+    from bbformat.constants import SCHEME_CODES
     from bbformat.errors import InputError
     from bbformat.reader import Reader
     from bbformat.testing import make_tiny_checkpoint
@@ -168,7 +167,7 @@ def test_scheme_none_gives_back_the_input_bits(tmp_path: Path) -> None:
         write_checkpoint(make_tiny_checkpoint("llama", seed=6, layers=2, dtype=dtype), src)
         unpack(pack(src, tmp_path / f"{dtype}.bb", scheme="none", verify=True).path, tmp_path / f"{dtype}_in", fmt="safetensors")
         with Reader(tmp_path / f"{dtype}.bb") as r:
-            assert r.header.scheme == "none" and R.SCHEME_CODES["none"] == 3
+            assert r.header.scheme == "none" and SCHEME_CODES["none"] == 3
             assert all(not r.read_program(i).sites for i in range(len(r)))
             assert {r.read_chunk(i).sections[0]["codec"] for i in range(len(r))} & {1, 2}  # auto: zstd or planes somewhere
         sd = torch.load(next(src.glob("*.pt")), weights_only=True)

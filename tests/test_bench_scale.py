@@ -11,7 +11,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import cast
 
-import numpy as np
 import pytest
 import torch
 
@@ -19,32 +18,33 @@ ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / "tools"
 
 
-def _load_tool() -> ModuleType:
-    """tools/bench_scale.py as a module, without writing bytecode into tools/."""
+def _load_tool(name: str) -> ModuleType:
+    """tools/<name>.py as a module, without writing bytecode into tools/."""
     saved = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
     sys.path.insert(0, str(TOOLS))
     try:
-        return importlib.import_module("bench_scale")
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(TOOLS))
         sys.dont_write_bytecode = saved
 
 
-bs = _load_tool()
+bs = _load_tool("bench_scale")
+md = _load_tool("mdsection")
 
 OTHER = "# Benchmarks\n\nintro\n\n## 1. First\n\nrow 1\n\n## Goals\n\n| goal |\n"
 
 
 def test_section_is_appended_then_replaced_and_other_sections_kept() -> None:
-    one = bs.replace_section(OTHER, bs.SECTION + "\n\nfirst run\n")
+    one = md.replace_section(OTHER, bs.SECTION + "\n\nfirst run\n", bs.SECTION)
     assert one.startswith(OTHER) and one.count(bs.SECTION) == 1 and "first run" in one
-    two = bs.replace_section(one, bs.SECTION + "\n\nsecond run\n")
+    two = md.replace_section(one, bs.SECTION + "\n\nsecond run\n", bs.SECTION)
     assert two.startswith(OTHER) and two.count(bs.SECTION) == 1 and "second run" in two and "first run" not in two
     # a section in the middle: the one after it stays where it was, byte for byte
     middle = "# B\n\n" + bs.SECTION + "\n\nold\n\n## 8. Later\n\nkept\n"
-    assert bs.replace_section(middle, bs.SECTION + "\n\nnew\n") == "# B\n\n" + bs.SECTION + "\n\nnew\n\n## 8. Later\n\nkept\n"
-    assert bs.replace_section("", bs.SECTION + "\n") == bs.SECTION + "\n"
+    assert md.replace_section(middle, bs.SECTION + "\n\nnew\n", bs.SECTION) == "# B\n\n" + bs.SECTION + "\n\nnew\n\n## 8. Later\n\nkept\n"
+    assert md.replace_section("", bs.SECTION + "\n", bs.SECTION) == bs.SECTION + "\n"
 
 
 def _floors() -> dict:

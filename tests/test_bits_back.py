@@ -3,16 +3,17 @@ returns the stack to exactly its previous state."""
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from bbformat.codec import rotation as rot
 from bbformat.codec.dtypes import RawTensor, tensor_to_symbols
 from bbformat.codec.encoder import encode_chunk
-from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec
+from bbformat.codec.layout import ChunkLayout, SiteSpec
+from bbformat.container.program import AxisRef
 from bbformat.codec.decoder import decode_program
-from bbformat.container.program import OP_SITE
-from bbformat.codec.sections import StoredCorrector, decoded_limit, decompress
+from bbformat.constants import OpKind
+from bbformat.codec.sections import StoredCorrector, decoded_limit
+from bbformat.zstdframe import decompress
 
 
 def _stored_decode(enc):  # type: ignore[no-untyped-def]
@@ -121,7 +122,7 @@ def test_site_ops_come_before_touched_tensors() -> None:
     layout, tensors = _case(0, 8, 10, "float16", 0.05)
     enc = encode_chunk(layout, tensors, {}, "symmetric", 0.0)
     kinds = [(o.kind, o.index) for o in enc.program.ops]
-    assert kinds.index((OP_SITE, 0)) == 1
+    assert kinds.index((OpKind.SITE, 0)) == 1
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

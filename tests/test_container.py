@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bbformat.constants import CHUNK_FIXED_SIZE, HEADER_FIXED_SIZE, Codec, OpKind, SectionKind
 from bbformat import FormatError, Reader, iter_stream
-from bbformat.container.program import OP_PUSH
-from bbformat.codec.sections import CODEC_ZSTD, KIND_PAYLOAD, Section
+from bbformat.codec.sections import Section
 from bbformat.container import records as R
 from bbformat.container.chunks import build_chunk, parse_chunk
 from bbformat.container.crc import CHECK_VALUE, crc32c
@@ -177,7 +177,7 @@ def _rebuild_chunk(data: bytes, i: int, edit) -> bytes:  # type: ignore[no-untyp
     ch = parse_chunk(p.chunks[i])
     secs = []
     for e in ch.sections:
-        raw = ch.payload.tobytes() if e["kind"] == KIND_PAYLOAD else ch.side[(e["kind"], e["site"])]
+        raw = ch.payload.tobytes() if e["kind"] == SectionKind.PAYLOAD else ch.side[(e["kind"], e["site"])]
         s = Section(e["kind"], e["site"], raw)
         s.codec, s.stored = e["codec"], p.chunks[i][e["offset"] : e["offset"] + e["stored_length"]]
         secs.append(s)
@@ -296,12 +296,12 @@ def test_reject_reserved_footer_bits(sample_bytes: bytes, tmp_path: Path) -> Non
 
 def _boundaries(data: bytes) -> list[int]:
     p = split(data)
-    cuts = [0, 8, R.HEADER_FIXED_SIZE, len(p.header) - 4, len(p.header)]
+    cuts = [0, 8, HEADER_FIXED_SIZE, len(p.header) - 4, len(p.header)]
     pos = len(p.header)
     for c in p.chunks:
         ch = parse_chunk(c)
         d_len = struct.unpack("<I", c[20:24])[0]
-        cuts += [pos + R.CHUNK_FIXED_SIZE, pos + R.CHUNK_FIXED_SIZE + d_len]
+        cuts += [pos + CHUNK_FIXED_SIZE, pos + CHUNK_FIXED_SIZE + d_len]
         cuts += [pos + e["offset"] for e in ch.sections]
         pos += len(c)
         cuts += [pos - 4, pos]
@@ -357,8 +357,8 @@ def test_reject_zstd_size_lie(tmp_path: Path) -> None:
     import zstandard
 
     def edit(program, secs):  # type: ignore[no-untyped-def]
-        s = next(s for s in secs if s.kind == KIND_PAYLOAD)
-        s.codec, s.stored = CODEC_ZSTD, zstandard.ZstdCompressor(level=3).compress(s.data[:-2])
+        s = next(s for s in secs if s.kind == SectionKind.PAYLOAD)
+        s.codec, s.stored = Codec.ZSTD, zstandard.ZstdCompressor(level=3).compress(s.data[:-2])
         return program, secs  # the entry declares len(s.data); the frame holds 2 bytes fewer
 
     assert _code(_rebuild_chunk(data, 0, edit), tmp_path) == "E_SECTION_SIZE"
@@ -368,8 +368,8 @@ def test_zstd_payload_is_accepted(tmp_path: Path) -> None:
     import zstandard
 
     def edit(program, secs):  # type: ignore[no-untyped-def]
-        s = next(s for s in secs if s.kind == KIND_PAYLOAD)
-        s.codec, s.stored = CODEC_ZSTD, zstandard.ZstdCompressor(level=3).compress(s.data)
+        s = next(s for s in secs if s.kind == SectionKind.PAYLOAD)
+        s.codec, s.stored = Codec.ZSTD, zstandard.ZstdCompressor(level=3).compress(s.data)
         return program, secs
 
     data = sample_container()
@@ -384,7 +384,7 @@ def test_reject_decompression_bomb(tmp_path: Path) -> None:
     def edit(program, secs):  # type: ignore[no-untyped-def]
         s = next(s for s in secs if s.kind in (3, 4))
         s.data = bytes(100_000_000)
-        s.codec, s.stored = CODEC_ZSTD, zstandard.ZstdCompressor(level=1).compress(s.data)
+        s.codec, s.stored = Codec.ZSTD, zstandard.ZstdCompressor(level=1).compress(s.data)
         return program, secs
 
     with pytest.raises(LimitError) as ei:
@@ -404,7 +404,7 @@ def test_reject_site_that_does_not_fit(sample_bytes: bytes, tmp_path: Path) -> N
 
 def test_reject_anchor_pushed_before_site(sample_bytes: bytes, tmp_path: Path) -> None:
     def edit(program, secs):  # type: ignore[no-untyped-def]
-        program.ops = [o for o in program.ops if o.kind == OP_PUSH] + [o for o in program.ops if o.kind != OP_PUSH]
+        program.ops = [o for o in program.ops if o.kind == OpKind.PUSH] + [o for o in program.ops if o.kind != OpKind.PUSH]
         return program, secs
 
     assert _code(_rebuild_chunk(sample_bytes, 0, edit), tmp_path) == "E_SITE"
@@ -412,7 +412,7 @@ def test_reject_anchor_pushed_before_site(sample_bytes: bytes, tmp_path: Path) -
 
 def test_reject_symbol_count_that_does_not_add_up(sample_bytes: bytes, tmp_path: Path) -> None:
     def edit(program, secs):  # type: ignore[no-untyped-def]
-        s = next(s for s in secs if s.kind == KIND_PAYLOAD)
+        s = next(s for s in secs if s.kind == SectionKind.PAYLOAD)
         s.data = s.stored = s.data + b"\x00\x00"
         return program, secs
 
@@ -546,8 +546,8 @@ def test_reject_skippable_zstd_frames_as_zstd(tmp_path: Path) -> None:
     skippable = struct.pack("<II", 0x184D2A50, 4) + b"skip"
 
     def edit(program, secs):  # type: ignore[no-untyped-def]
-        s = next(s for s in secs if s.kind == KIND_PAYLOAD)
-        s.codec, s.stored = CODEC_ZSTD, skippable + zstandard.ZstdCompressor(level=3).compress(s.data)
+        s = next(s for s in secs if s.kind == SectionKind.PAYLOAD)
+        s.codec, s.stored = Codec.ZSTD, skippable + zstandard.ZstdCompressor(level=3).compress(s.data)
         return program, secs
 
     assert _code(_rebuild_chunk(sample_container(), 0, edit), tmp_path) == "E_ZSTD"
@@ -594,11 +594,11 @@ def test_non_finite_anchor_gives_nan_block_not_an_error(tmp_path: Path) -> None:
     data = sample_container("paper", 0.005)
 
     def edit(program, secs):  # type: ignore[no-untyped-def]
-        s = next(s for s in secs if s.kind == KIND_PAYLOAD)
+        s = next(s for s in secs if s.kind == SectionKind.PAYLOAD)
         site = program.sites[0]
         at = 30 * 24 - site.n_pop + site.n_mu  # the anchor's first symbol: after src's stored part and mu
         s.data = s.stored = s.data[: 2 * at] + b"\x00\x7c" + s.data[2 * at + 2 :]  # +infinity
-        return program, [s for s in secs if s.kind in (KIND_PAYLOAD, 2)]  # payload and signs; corrections no longer fit
+        return program, [s for s in secs if s.kind in (SectionKind.PAYLOAD, 2)]  # payload and signs; corrections no longer fit
 
     assert not parse_chunk(split(data).chunks[0]).program.sites[0].plain
     blocks = _read(_rebuild_chunk(data, 0, edit), tmp_path)

@@ -12,17 +12,16 @@ import crc32c
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
+from bbformat.constants import RequiredFlag, SectionKind
 from bbformat.checkpoint import write_checkpoint
 from bbformat.api import InexactWarning, pack, read_tensors, unpack, verify
-from bbformat.codec import band
-from bbformat.codec import rotation as rot
+from bbformat.codec import band, rotation as rot
 from bbformat.codec.dtypes import RawTensor, f64_to_bits
 from bbformat.codec.encoder import encode_chunk
-from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec
-from bbformat.codec.sections import KIND_X_PATCHES, KIND_X_RESIDUALS
+from bbformat.codec.layout import ChunkLayout, SiteSpec
+from bbformat.container.program import AxisRef
 from bbformat.container import records as R
 from bbformat.container.rebuild import join, reseal_chunk, split
 from bbformat.errors import DigestError
@@ -72,7 +71,7 @@ def test_digest_is_the_crc32c_of_the_decoded_tensors(packed: dict[str, Path]) ->
     """content_crc computed independently: crc32c over each decoded tensor's bytes in record order."""
     for path in packed.values():
         with Reader(path) as r:
-            assert r.header.minor == 2 and r.header.required_flags & R.FLAG_DIGESTS and r.has_digests
+            assert r.header.minor == 2 and r.header.required_flags & RequiredFlag.DIGESTS and r.has_digests
             for i in range(len(r)):
                 chunk = r.read_chunk(i)
                 block = r.decode_block(i)
@@ -162,7 +161,7 @@ def test_golden_v1_2_fixture_decodes_forever() -> None:
 def test_writer_and_flags_agree() -> None:
     """A 1.2 writer sets DIGESTS and MIXED_CORRECTIONS and writes minor 2; 1.1 neither."""
     new, old = sample_container(format_version="1.2"), sample_container(format_version="1.1")
-    assert R.HEADER_FIXED.parse(new[:32]).required_flags == R.FLAG_DIGESTS | R.FLAG_MIXED_CORRECTIONS
+    assert R.HEADER_FIXED.parse(new[:32]).required_flags == RequiredFlag.DIGESTS | RequiredFlag.MIXED_CORRECTIONS
     assert R.HEADER_FIXED.parse(old[:32]).required_flags == 0
     assert R.FOOTER.parse(new[-40:]).minor == 2 and R.FOOTER.parse(old[-40:]).minor == 0
     a = {n: t.tobytes() for b in Reader(io.BytesIO(new)).iter_blocks() for n, t in b.tensors.items()}
@@ -205,8 +204,8 @@ def test_float32_sites_mix_patches_and_residuals() -> None:
     old = encode_chunk(lay, ts, {}, "symmetric", 0.0, band=False)
     kinds_new = {s.kind for s in new.sections if s.site == 0}
     kinds_old = {s.kind for s in old.sections if s.site == 0}
-    assert kinds_new == {KIND_X_PATCHES, KIND_X_RESIDUALS} and new.reports[0].banded > 0
-    assert len(kinds_old & {KIND_X_PATCHES, KIND_X_RESIDUALS}) == 1 and old.reports[0].banded == 0
+    assert kinds_new == {SectionKind.X_PATCHES, SectionKind.X_RESIDUALS} and new.reports[0].banded > 0
+    assert len(kinds_old & {SectionKind.X_PATCHES, SectionKind.X_RESIDUALS}) == 1 and old.reports[0].banded == 0
     for enc in (new, old):
         assert all(enc.intended[n].equal(t) for n, t in old.intended.items())
 

@@ -7,21 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from bbformat.codec.entropy import (
-    CODEC_PLANES,
-    code_payload,
-    decode_planes,
-    encode_planes,
-    payload_segments,
-    read_segments,
-)
+from bbformat.codec.entropy import code_payload, decode_planes, encode_planes, payload_segments, read_segments
+from bbformat.constants import Codec
 from bbformat.codec.encoder import encode_chunk
-from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec
+from bbformat.codec.layout import ChunkLayout, SiteSpec
+from bbformat.container.program import AxisRef
 from bbformat.codec.dtypes import RawTensor
-from bbformat.codec.sections import CODEC_RAW, CODEC_ZSTD
+from bbformat.container import framing
 from bbformat.container import records as R
 from bbformat.errors import FormatError, InputError
 from bbformat.reader import Reader, iter_stream
@@ -131,7 +125,7 @@ def test_payload_segments_follow_the_final_stack() -> None:
     assert sum(n for n, _ in segs) == p.payload_symbols() == enc.payload.size
 
 
-@pytest.mark.parametrize("mode, codec", [("none", CODEC_RAW), ("zstd", CODEC_ZSTD), ("planes", CODEC_PLANES)])
+@pytest.mark.parametrize("mode, codec", [("none", Codec.RAW), ("zstd", Codec.ZSTD), ("planes", Codec.PLANES)])
 def test_code_payload_modes(mode: str, codec: int) -> None:
     enc = _chunk()
     data = enc.payload.astype("<u2").tobytes()
@@ -153,7 +147,7 @@ def test_a_coding_that_would_grow_falls_back_to_raw() -> None:
     rng = np.random.default_rng(0)
     data = rng.integers(0, 1 << 16, enc.program.payload_symbols(), dtype=np.uint16).astype("<u2").tobytes()
     for mode in ("zstd", "planes", "auto"):
-        assert code_payload(enc.program, data, mode) == (CODEC_RAW, data)
+        assert code_payload(enc.program, data, mode) == (Codec.RAW, data)
 
 
 def test_unknown_mode_is_refused_before_any_file(tmp_path: Path) -> None:
@@ -193,12 +187,12 @@ def test_golden_v1_1_fixture_decodes_forever() -> None:
     old = (FIX / "sample_v1_0.bb").read_bytes()
     assert _tensors(golden) == _tensors(old)
     with Reader(io.BytesIO(golden)) as r:
-        assert r.read_chunk(0).sections[0]["codec"] == CODEC_PLANES
+        assert r.read_chunk(0).sections[0]["codec"] == Codec.PLANES
 
 
 def test_a_1_0_reader_refuses_a_1_1_file_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
     """A reader that knows no required flag (1.0) stops at the header with E_REQUIRED_FLAG."""
-    monkeypatch.setattr(R, "REQUIRED_FLAGS_KNOWN", 0)
+    monkeypatch.setattr(framing, "REQUIRED_FLAGS_KNOWN", 0)  # the module that checks the flags
     with pytest.raises(FormatError) as ei:
         Reader(io.BytesIO((FIX / "sample_v1_1_planes.bb").read_bytes()))
     assert ei.value.code == "E_REQUIRED_FLAG"

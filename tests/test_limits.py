@@ -12,14 +12,24 @@ import numpy as np
 import pytest
 import zstandard
 
-from bbformat.container import records as R
-from bbformat.constants import MAX_FOLLOWERS_PER_CHUNK
+from bbformat.constants import (
+    MAX_CHUNKS,
+    MAX_DESCRIPTOR,
+    MAX_FOLLOWERS_PER_CHUNK,
+    MAX_METADATA,
+    MAX_NDIM,
+    MAX_SECTIONS_PER_CHUNK,
+    MAX_SITES_PER_CHUNK,
+    MAX_TENSORS_PER_CHUNK,
+    NO_SITE,
+    SectionKind,
+)
 from bbformat.errors import BBFormatError
 from bbformat.fuzz import read_random, read_stream
 from bbformat.reader import Reader, iter_stream
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "conformance"))
-from generate import BB, KIND_ANCHOR_PATCHES, KIND_PAYLOAD, KIND_SIGNS, KIND_X_PATCHES, KIND_X_RESIDUALS, NO_SITE, Chk, Sec, raw_sec  # noqa: E402
+from generate import BB, Chk, Sec, raw_sec  # noqa: E402
 
 PUSH, SITE = 1, 2
 F16, F32 = 1, 3  # dtype codes (SPEC.md 6.1)
@@ -47,7 +57,7 @@ def descriptor(tensors: list[tuple[str, int, list[int]]], sites: list[tuple], op
 
 
 def container(desc: bytes, payload: bytes, extra: list[Sec] | None = None, meta: bytes = b"{}") -> bytes:
-    return BB([Chk({}, [raw_sec(KIND_PAYLOAD, NO_SITE, payload), *(extra or [])], desc=desc)], meta=meta).build()
+    return BB([Chk({}, [raw_sec(SectionKind.PAYLOAD, NO_SITE, payload), *(extra or [])], desc=desc)], meta=meta).build()
 
 
 def outcome(data: bytes, agree: bool = True) -> str:
@@ -69,8 +79,8 @@ def scalars(n: int) -> bytes:
 
 
 def test_tensors_per_chunk() -> None:
-    assert outcome(scalars(R.MAX_TENSORS_PER_CHUNK)) == "accept"
-    assert outcome(scalars(R.MAX_TENSORS_PER_CHUNK + 1)) == "E_LIMIT_COUNT"
+    assert outcome(scalars(MAX_TENSORS_PER_CHUNK)) == "accept"
+    assert outcome(scalars(MAX_TENSORS_PER_CHUNK + 1)) == "E_LIMIT_COUNT"
 
 
 def plain_sites(n: int) -> bytes:
@@ -79,8 +89,8 @@ def plain_sites(n: int) -> bytes:
 
 
 def test_sites_per_chunk() -> None:
-    assert outcome(plain_sites(R.MAX_SITES_PER_CHUNK)) == "accept"
-    assert outcome(plain_sites(R.MAX_SITES_PER_CHUNK + 1)) == "E_LIMIT_COUNT"
+    assert outcome(plain_sites(MAX_SITES_PER_CHUNK)) == "accept"
+    assert outcome(plain_sites(MAX_SITES_PER_CHUNK + 1)) == "E_LIMIT_COUNT"
 
 
 def followers(n: int) -> bytes:
@@ -93,7 +103,7 @@ def test_followers_per_chunk_the_references_own_limit() -> None:
     assert outcome(followers(MAX_FOLLOWERS_PER_CHUNK + 1)) == "E_LIMIT_COUNT"
 
 
-@pytest.mark.parametrize("ndim, expect", [(R.MAX_NDIM, "accept"), (R.MAX_NDIM + 1, "E_LIMIT_NDIM")])
+@pytest.mark.parametrize("ndim, expect", [(MAX_NDIM, "accept"), (MAX_NDIM + 1, "E_LIMIT_NDIM")])
 def test_rank(ndim: int, expect: str) -> None:
     assert outcome(container(descriptor([("t", F16, [1] * ndim)], [], [(PUSH, 0)]), bytes(2))) == expect
 
@@ -134,13 +144,13 @@ def descriptor_of_length(n: int) -> bytes:
 
 @pytest.mark.parametrize("extra, expect", [(0, "accept"), (1, "E_LIMIT_COUNT")])
 def test_descriptor_length(extra: int, expect: str) -> None:
-    desc = descriptor_of_length(R.MAX_DESCRIPTOR + extra)
+    desc = descriptor_of_length(MAX_DESCRIPTOR + extra)
     assert outcome(container(desc, b"")) == expect
 
 
 @pytest.mark.parametrize("extra, expect", [(0, "accept"), (1, "E_LIMIT_METADATA")])
 def test_metadata_size_stored(extra: int, expect: str) -> None:
-    n = R.MAX_METADATA + extra
+    n = MAX_METADATA + extra
     meta = b'{"pad":"' + b"x" * (n - 10) + b'"}'
     assert len(meta) == n
     assert outcome(BB([], meta=meta).build()) == expect
@@ -149,14 +159,14 @@ def test_metadata_size_stored(extra: int, expect: str) -> None:
 @pytest.mark.parametrize("extra, expect", [(0, "accept"), (1, "E_LIMIT_METADATA")])
 def test_metadata_size_decoded(extra: int, expect: str) -> None:
     """A small zstd frame declaring exactly 64 MiB decodes; 64 MiB + 1 is refused before decompressing."""
-    n = R.MAX_METADATA + extra
+    n = MAX_METADATA + extra
     meta = b'{"pad":"' + b"x" * (n - 10) + b'"}'
     frame = zstandard.ZstdCompressor(level=1, write_content_size=True).compress(meta)
     assert len(frame) < 1 << 20
     assert outcome(BB([], meta=frame, meta_codec=1).build()) == expect
 
 
-@pytest.mark.parametrize("count, expect", [(R.MAX_CHUNKS, "not a limit"), (R.MAX_CHUNKS + 1, "E_LIMIT_COUNT")])
+@pytest.mark.parametrize("count, expect", [(MAX_CHUNKS, "not a limit"), (MAX_CHUNKS + 1, "E_LIMIT_COUNT")])
 def test_chunk_count_header_check(count: int, expect: str) -> None:
     """At the limit the header is accepted and the file fails later (it has no such chunks)."""
     bb = BB([])
@@ -172,15 +182,15 @@ def test_chunk_count_header_check(count: int, expect: str) -> None:
 def test_chunk_count_full_file_at_the_limit() -> None:
     """65,536 real chunks decode (slow: one chunk at a time)."""
     desc = descriptor([("t", F16, [])], [], [(PUSH, 0)])
-    chunks = [Chk({}, [raw_sec(KIND_PAYLOAD, NO_SITE, b"\x00\x00")], desc=desc) for _ in range(R.MAX_CHUNKS)]
+    chunks = [Chk({}, [raw_sec(SectionKind.PAYLOAD, NO_SITE, b"\x00\x00")], desc=desc) for _ in range(MAX_CHUNKS)]
     assert outcome(BB(chunks).build()) == "accept"
 
 
-@pytest.mark.parametrize("count, expect", [(R.MAX_SECTIONS_PER_CHUNK, "E_BOUNDS"), (R.MAX_SECTIONS_PER_CHUNK + 1, "E_LIMIT_COUNT")])
+@pytest.mark.parametrize("count, expect", [(MAX_SECTIONS_PER_CHUNK, "E_BOUNDS"), (MAX_SECTIONS_PER_CHUNK + 1, "E_LIMIT_COUNT")])
 def test_sections_per_chunk(count: int, expect: str) -> None:
     """16,384 sections cannot all be valid (4,096 sites x 3 kinds + payload < 16,384): at the limit
     the table check is reached (and the table runs past the chunk); one past, the limit."""
-    c = Chk({}, [raw_sec(KIND_PAYLOAD, NO_SITE, b"\x00\x00")], desc=descriptor([("t", F16, [])], [], [(PUSH, 0)]))
+    c = Chk({}, [raw_sec(SectionKind.PAYLOAD, NO_SITE, b"\x00\x00")], desc=descriptor([("t", F16, [])], [], [(PUSH, 0)]))
     c.head = {"section_count": count}
     assert outcome(BB([c]).build()) == expect
 
@@ -193,11 +203,11 @@ def paper_site(sign_bytes: int, patch_bytes: int | None = None, anchor_patch_byt
     n = d * (d + 1) // 2
     desc = descriptor([("x", F16, [n]), ("a", F16, [d, d])], [("s", d, 1, 0, PAPER, [])], [(PUSH, 0), (SITE, 0), (PUSH, 1)])
     payload = np.sort(rng.normal(0, 0.05, d)).astype("<f4").tobytes() + rng.normal(0, 0.05, d * d).astype("<f2").tobytes()
-    extra = [raw_sec(KIND_SIGNS, 0, bytes(sign_bytes))]
+    extra = [raw_sec(SectionKind.SIGNS, 0, bytes(sign_bytes))]
     if patch_bytes is not None:
-        extra.append(raw_sec(KIND_X_PATCHES, 0, b"\x00" + bytes(patch_bytes - 1)))
+        extra.append(raw_sec(SectionKind.X_PATCHES, 0, b"\x00" + bytes(patch_bytes - 1)))
     if anchor_patch_bytes is not None:
-        extra.append(raw_sec(KIND_ANCHOR_PATCHES, 0, b"\x00" + bytes(anchor_patch_bytes - 1)))
+        extra.append(raw_sec(SectionKind.ANCHOR_PATCHES, 0, b"\x00" + bytes(anchor_patch_bytes - 1)))
     return container(desc, payload, extra)
 
 
@@ -208,7 +218,7 @@ def symmetric_site(residual_bytes: int) -> bytes:
     n = d * (d + 1) // 2
     desc = descriptor([("x", F16, [n]), ("a", F16, [d, d])], [("s", d, 1, 0, 0, [])], [(PUSH, 0), (SITE, 0), (PUSH, 1)])
     payload = np.sort(rng.normal(0, 0.05, d)).astype("<f4").tobytes() + rng.normal(0, 0.05, d * d).astype("<f2").tobytes()
-    return container(desc, payload, [raw_sec(KIND_X_RESIDUALS, 0, bytes(residual_bytes))])
+    return container(desc, payload, [raw_sec(SectionKind.X_RESIDUALS, 0, bytes(residual_bytes))])
 
 
 def test_section_decoded_size_signs() -> None:

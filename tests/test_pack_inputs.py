@@ -22,7 +22,7 @@ import torch
 import bbformat
 from bbformat.adapters import plan
 from bbformat.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
-from bbformat.container import records
+from bbformat.container import framing
 from bbformat.errors import BBFormatError, InputError, UnsupportedModelError
 from bbformat.testing import make_tiny_checkpoint
 
@@ -266,7 +266,7 @@ def test_huge_json_is_refused_before_it_is_read(tmp_path: Path, name: str) -> No
 def test_metadata_over_the_reader_limit_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src, _ = _model(tmp_path)
     (src / "tokenizer.json").write_bytes(b'{"x": "' + b"a" * 5000 + b'"}')
-    monkeypatch.setattr(records, "MAX_METADATA", 4000)  # the Writer's header check, before any file or encoding
+    monkeypatch.setattr(framing, "MAX_METADATA", 4000)  # the Writer's header check, before any file or encoding
     _refused(tmp_path, src, InputError, "E_INPUT", "metadata", "4,000")
 
 

@@ -11,10 +11,12 @@ import bbformat
 from bbformat.checkpoint import read_checkpoint, write_checkpoint
 from bbformat.codec.dtypes import RawTensor, bits_to_f64, f64_to_bits
 from bbformat.codec.encoder import encode_chunk
-from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec
+from bbformat.codec.layout import ChunkLayout, SiteSpec
+from bbformat.container.program import AxisRef
 from bbformat.codec.decoder import decode_program
 from bbformat.codec.rounding import function_error, quantize_moment, round_feedback
-from bbformat.codec.sections import StoredCorrector, decoded_limit, decompress
+from bbformat.codec.sections import StoredCorrector, decoded_limit
+from bbformat.zstdframe import decompress
 from bbformat.testing import make_tiny_checkpoint, reference_logits
 
 DTYPES = ["float16", "bfloat16", "float32"]

@@ -9,15 +9,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from bbformat.codec.dtypes import bits_of, uint_dtype
+from bbformat.codec.dtypes import uint_dtype
+from bbformat.container.program import BlockProgram, Op, SiteEntry, TensorEntry, bits_of
 from bbformat.codec.section_kinds import SECTION_KINDS, Patches, SectionCodec, SiteContext, section_codec
 from bbformat.codec.sections import Section
 from bbformat.constants import DTYPE_CODES, NO_SITE, OpKind, SectionKind, SiteFlag
 from bbformat.container import records as R
-from bbformat.container.program import BlockProgram, Op, SiteEntry, TensorEntry
 from bbformat.container.section_rules import SECTION_RULES, rules_of, site_sections_limit
 from bbformat.errors import BBFormatError, FormatError
 

@@ -15,6 +15,7 @@ TOOLS = Path(__file__).resolve().parent.parent / "tools"
 sys.path.insert(0, str(TOOLS))
 
 import tc_interop  # noqa: E402
+from mdsection import replace_section  # noqa: E402
 
 ROW = {
     "arch": "phi2", "label": "Phi-2", "model_name": "microsoft/phi-2", "dtype": "fp32", "pack_rc": 0, "pack_verify_ok": True,
@@ -76,9 +77,9 @@ def test_render_section():
 
 def test_replace_section_appends_then_replaces():
     text = "# T\n\n## 10. Ten\n\nbody\n"
-    once = tc_interop.replace_section(text, tc_interop.SECTION + "\n\nv1\n", tc_interop.SECTION)
+    once = replace_section(text, tc_interop.SECTION + "\n\nv1\n", tc_interop.SECTION)
     assert once == text + "\n" + tc_interop.SECTION + "\n\nv1\n"
-    twice = tc_interop.replace_section(once + "\n## 12. Later\n\nkeep\n", tc_interop.SECTION + "\n\nv2\n", tc_interop.SECTION)
+    twice = replace_section(once + "\n## 12. Later\n\nkeep\n", tc_interop.SECTION + "\n\nv2\n", tc_interop.SECTION)
     assert twice == text + "\n" + tc_interop.SECTION + "\n\nv2\n\n## 12. Later\n\nkeep\n"
 
 

@@ -82,9 +82,10 @@ def test_crosscheck_runs_two_cells_on_a_tiny_container(tmp_path: Path) -> None:
     text = report.read_text()
     assert text.startswith("# Benchmarks\n\n## 7. Before\n\nkept\n\n## 8. Exact on every reader") and "| synthetic D=24 fp32 | 1 | ✓ | ✓ |" in text
     sys.path.insert(0, str(TOOLS))
-    from crosscheck import replace_section
+    from mdsection import write_section
 
-    replace_section(report, ["## 8. Exact on every reader (format 1.2): the cross-reader matrix", "", "again"])
+    write_section(report, "\n".join(["## 8. Exact on every reader (format 1.2): the cross-reader matrix", "", "again"]),
+                  "## 8. Exact on every reader (format 1.2): the cross-reader matrix")
     assert report.read_text() == "# Benchmarks\n\n## 7. Before\n\nkept\n\n## 8. Exact on every reader (format 1.2): the cross-reader matrix\n\nagain\n"
 
 

@@ -980,22 +980,10 @@ def render_section(res: Json) -> str:
     return "\n".join(L).rstrip() + "\n"
 
 
-def replace_section(text: str, section: str, heading: str = SECTION) -> str:
-    """TEXT with the level-2 section HEADING replaced by SECTION (up to the next '## ' line),
-    or SECTION appended at the end; every other line kept as it was."""
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, l in enumerate(lines) if l.rstrip("\n") == heading), None)
-    if start is None:
-        sep = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
-        return text + sep + section
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    tail = "".join(lines[end:])
-    return "".join(lines[:start]) + section + ("\n" + tail if tail else "")
-
-
 def write_report(path: Path, res: Json) -> None:
-    text = path.read_text() if path.is_file() else ""
-    path.write_text(replace_section(text, render_section(res)))
+    from mdsection import write_section  # tools/ is on sys.path when this runs as a script
+
+    write_section(path, render_section(res), SECTION)
 
 
 # ---------------------------------------------------------------- main

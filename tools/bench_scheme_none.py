@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 import bbformat  # noqa: E402
-from bench_startup import replace_section  # noqa: E402
+from mdsection import write_section  # noqa: E402
 from machine import cpu_and_memory, python_and_numpy  # noqa: E402
 
 SECTION = "## 10. The entropy stage alone (--scheme none)"
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         text = section(measure(a.src, a.work or Path(tmp)), [str(a.src)])
     print(text)
     if a.report is not None:
-        replace_section(a.report, text, SECTION)
+        write_section(a.report, text, SECTION)
     return 0
 
 

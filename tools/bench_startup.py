@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 from machine import cpu_and_memory, python_and_numpy  # noqa: E402
+from mdsection import write_section  # noqa: E402
 
 SECTION = "## 9. CLI start-up"
 GOAL_S = 0.5
@@ -65,18 +66,6 @@ def section(rows: list[tuple[str, float]], repeats: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def replace_section(report: Path, text: str, heading: str = SECTION) -> None:
-    """Replace the section `heading` of the markdown file by `text` (which starts with it), or append it."""
-    old = report.read_text() if report.exists() else ""
-    if heading in old:
-        head, rest = old.split(heading, 1)
-        nxt = rest.find("\n## ")
-        new = head + text + (rest[nxt + 1 :] if nxt >= 0 else "")
-    else:
-        new = old.rstrip("\n") + "\n\n" + text
-    report.write_text(new)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=7)
@@ -85,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     text = section(measure(a.repeats), a.repeats)
     print(text)
     if a.report is not None:
-        replace_section(a.report, text)
+        write_section(a.report, text, SECTION)
     return 0
 
 

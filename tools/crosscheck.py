@@ -51,6 +51,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
+import mdsection  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 SECTION_TITLE = "## 8. Exact on every reader (format 1.2): the cross-reader matrix"
@@ -278,14 +279,14 @@ def _single_chunk(data: bytes, i: int, strip_digests: bool) -> bytes:
     """A container holding only chunk i of `data` (as chunk 0), optionally without digests
     (DIGESTS cleared, content_crc 0): lets the C reader, which stops at the first E_DIGEST,
     be asked about every chunk, and deliver the values of a chunk whose digest it rejects."""
+    from bbformat.constants import RequiredFlag
     from bbformat.container import rebuild
-    from bbformat.container import records as R
 
     parts = rebuild.split(data)
     header = bytearray(parts.header)
     header[24:28] = (1).to_bytes(4, "little")
     if strip_digests:
-        flags = int.from_bytes(header[12:16], "little") & ~R.FLAG_DIGESTS
+        flags = int.from_bytes(header[12:16], "little") & ~RequiredFlag.DIGESTS
         header[12:16] = flags.to_bytes(4, "little")
     chunk = bytearray(parts.chunks[i])
     chunk[16:20] = (0).to_bytes(4, "little")
@@ -305,7 +306,8 @@ def _run_c(binary: str, path: Path, out: Path | None) -> dict[str, Any]:
 def _compare_c_tensors(res: dict[str, Any], ref: Path, manifest: dict[str, Any], chunks: list[int] | None = None) -> tuple[int, int, list[int]]:
     """(values differing, tensors differing, chunks with a difference) of the C reader's
     accepted output against the reference decode."""
-    from bbformat.codec.dtypes import bits_of, uint_dtype
+    from bbformat.codec.dtypes import uint_dtype
+    from bbformat.container.program import bits_of
 
     values = tensors = 0
     differ_chunks: list[int] = []
@@ -381,11 +383,11 @@ def c_cell(binary: str, path: Path, ref: Path, scratch: Path) -> dict[str, Any]:
 
 
 def has_digests(path: Path) -> bool:
-    from bbformat.container import records as R
+    from bbformat.constants import RequiredFlag
 
     with open(path, "rb") as f:
         head = f.read(16)
-    return bool(int.from_bytes(head[12:16], "little") & R.FLAG_DIGESTS)
+    return bool(int.from_bytes(head[12:16], "little") & RequiredFlag.DIGESTS)
 
 
 # ----------------------------------------------------------------- building the containers
@@ -404,7 +406,8 @@ def child_pack(src: Path, dst: Path, tolerance: float, version: str) -> dict[str
 
 def synthetic_tensors(d: int, dtype: str, seed: int):  # type: ignore[no-untyped-def]
     from bbformat.codec.dtypes import RawTensor
-    from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec
+    from bbformat.codec.layout import ChunkLayout, SiteSpec
+    from bbformat.container.program import AxisRef
 
     rng = np.random.default_rng(seed)
     n_src = d * (d + 1) // 2 // d + 2  # rows of d: at least n(D) elements, so the site has its whole block
@@ -864,21 +867,6 @@ def verdict_lines(res: dict[str, Any], by: dict) -> list[str]:
     return L
 
 
-def replace_section(path: Path, lines: list[str]) -> None:
-    """Put the section at the end of `path`, or in place of an earlier version of it (from its
-    title to the next level-2 title or the end); every other byte of the file stays as it was."""
-    text = path.read_text() if path.exists() else ""
-    body = "\n".join(lines).rstrip("\n") + "\n"
-    starts = [i for i in range(len(text)) if (i == 0 or text[i - 1] == "\n") and text.startswith("## ", i)]
-    start = next((i for i in starts if text.startswith("## 8. ", i)), None)
-    if start is None:
-        new = text.rstrip("\n") + "\n\n" + body if text.strip() else body
-    else:
-        end = next((i for i in starts if i > start), None)
-        new = text[:start] + body + ("\n" + text[end:] if end is not None else "")
-    path.write_text(new)
-
-
 # ----------------------------------------------------------------- main
 
 
@@ -995,7 +983,7 @@ def main(argv: list[str] | None = None) -> int:
     if json_out:
         json_out.write_text(json.dumps(res, indent=1, default=str) + "\n")
     if report:
-        replace_section(report, lines)
+        mdsection.write_section(report, "\n".join(lines), SECTION_TITLE)
         log(f"wrote section 8 of {report}")
     else:
         print("\n".join(lines))

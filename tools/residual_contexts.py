@@ -27,10 +27,11 @@ import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bbformat.codec import decoder as P  # noqa: E402
-from bbformat.codec import rotation as rot  # noqa: E402
+from bbformat.codec import decoder as P, rotation as rot  # noqa: E402
 from bbformat.codec.dtypes import bits_to_f64  # noqa: E402
-from bbformat.codec.sections import KIND_X_PATCHES, KIND_X_RESIDUALS, StoredCorrector, decode_patches, decode_residuals, residual_contexts  # noqa: E402
+from bbformat.codec.sections import StoredCorrector  # noqa: E402
+from bbformat.constants import SectionKind  # noqa: E402
+from bbformat.codec.section_kinds import decode_patches, decode_residuals, residual_contexts  # noqa: E402
 from bbformat.codec.varint import encode_varints, zigzag  # noqa: E402
 from bbformat.errors import BBFormatError  # noqa: E402
 from bbformat.reader import Reader  # noqa: E402
@@ -80,10 +81,10 @@ def capture(path: Path) -> list[tuple]:
 
     class Capture(StoredCorrector):
         def correct_x(self, site: int, approx: np.ndarray, regenerated: np.ndarray | None = None) -> np.ndarray:
-            res = self.sections.get((KIND_X_RESIDUALS, site))
+            res = self.sections.get((SectionKind.X_RESIDUALS, site))
             if res is not None:
                 keep = None
-                pat = self.sections.get((KIND_X_PATCHES, site))
+                pat = self.sections.get((SectionKind.X_PATCHES, site))
                 if pat is not None:  # 1.2 MIXED_CORRECTIONS: patched positions take no residual
                     keep = np.ones(approx.size, bool)
                     keep[decode_patches(pat, approx.size, self.program.symbol_bits)[0]] = False

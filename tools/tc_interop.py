@@ -68,7 +68,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_scale import replace_section  # the one markdown-section replacer of the tools (tools/ is on sys.path)
+from mdsection import write_section  # tools/ is on sys.path (this script's folder)
 
 TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent
@@ -274,8 +274,7 @@ def render_section(res: Json) -> str:
 
 
 def write_report(path: Path, res: Json) -> None:
-    text = path.read_text(encoding="utf-8") if path.is_file() else ""
-    path.write_text(replace_section(text, render_section(res), SECTION), encoding="utf-8")
+    write_section(path, render_section(res), SECTION)
 
 
 # ---------------------------------------------------------------- TC side (runs under --tc-python)
@@ -844,7 +843,11 @@ def main(argv: list[str] | None = None) -> int:
     for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ.setdefault(k, "1")
     if a.render_only:
-        write_report(a.report, json.loads(a.json.read_text()))
+        res = json.loads(a.json.read_text())
+        if a.note:  # a later remark on the same run: kept in the JSON too
+            res["notes"] = res.get("notes", []) + list(a.note)
+            a.json.write_text(json.dumps(res, indent=1) + "\n")
+        write_report(a.report, res)
         print(f"tc_interop: wrote section 11 of {a.report} from {a.json}")
         return 0
     import numpy

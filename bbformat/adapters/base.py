@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from ..checkpoint import Checkpoint, MappedWeights
-from ..codec.layout import AxisRef, ChunkLayout, ModelLayout, SiteSpec
+from ..codec.layout import ChunkLayout, ModelLayout, SiteSpec
+from ..container.program import AxisRef
 from ..errors import InputError, UnsupportedModelError
 
 # Derived buffers some transformers versions keep in state dicts: stored as-is.
@@ -70,7 +71,7 @@ def config_int(hf: dict[str, Any], key: str, default: int | None = None) -> int:
         raise UnsupportedModelError(f"config.json lacks {key}")
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise UnsupportedModelError(f"config.json field {key} must be a positive integer, not {v!r}")
-    return v
+    return int(v)
 
 
 def config_bool(cfg: dict[str, Any], key: str, where: str) -> bool | None:
@@ -105,7 +106,7 @@ def check_layer_count(sd: Mapping[str, torch.Tensor], names: Names, n_layers: in
 def _int(v: Any, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise UnsupportedModelError(f"SlicingConfig {what} must be a positive integer, not {v!r}")
-    return v
+    return int(v)
 
 
 def _dim_map(sc: dict[str, Any], key: str, n: int, default: int | None) -> list[int]:

@@ -1,12 +1,14 @@
 """Llama (RoPE, grouped-query attention, untied head, optional biases) after SliceGPT."""
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..checkpoint import Checkpoint
 from ..codec.layout import ModelLayout
 from ..errors import UnsupportedModelError
-from .base import Names, add_optional_biases, build_layout, check_layer_count, check_state_dict, config_bool, config_int, slicing_dims
+from .base import (Dims, Names, add_optional_biases, build_layout, check_layer_count, check_state_dict, config_bool, config_int,
+                   slicing_dims)
 
 NAMES = Names(
     embed="model.embed_tokens.weight", positions=None, head="lm_head.weight", head_bias=None, layer="model.layers.{i}.",
@@ -30,24 +32,53 @@ def shapes(hf: dict[str, Any], arch: str = "Llama") -> tuple[int, int, int, int,
     return hidden, n, heads, kv, hd, ffn, vocab
 
 
-def plan(ckpt: Checkpoint, scheme: str) -> ModelLayout:
-    hidden, n, heads, kv, hd, ffn, vocab = shapes(ckpt.hf_config)
+Shapes = dict[str, tuple[int, ...]]
+Sizes = tuple[int, int, int, int, int, int, int]
+# what differs per architecture: layer i's input projections (the attention's, the MLP's) ...
+Projections = Callable[[int, Dims, Sizes], tuple[Shapes, Shapes]]
+# ... and its optional tensors (biases), added to the expected shapes if the state dict has them
+OptionalShapes = Callable[[Shapes, Mapping[str, Any], int, Dims, Sizes], None]
+
+
+def plan_sequential(ckpt: Checkpoint, scheme: str, arch: str, names: Names, label: str, projections: Projections,
+                    optional: OptionalShapes | None = None) -> ModelLayout:
+    """The plan of a sequential decoder with Llama's config fields (Llama, Phi-3): every tensor's
+    expected shape checked (in the order a mismatch is reported), the chunks laid out the same way."""
+    sizes = shapes(ckpt.hf_config, label)
+    hidden, n, heads, _, hd, ffn, vocab = sizes
     sd = ckpt.state_dict
     tied = config_bool(ckpt.hf_config, "tie_word_embeddings", "config.json")
-    check_layer_count(sd, NAMES, n)
+    check_layer_count(sd, names, n)
     d = slicing_dims(ckpt, n, hidden)
-    exp: dict[str, tuple[int, ...]] = {NAMES.embed: (vocab, d.emb), NAMES.head: (vocab, d.head)}
+    exp: Shapes = {names.embed: (vocab, d.emb), names.head: (vocab, d.head)}
     for i in range(n):
-        p = NAMES.prefix(i)
-        for w, rows in zip(NAMES.attn_in, (heads * hd, kv * hd, kv * hd)):
-            exp[p + w] = (rows, d.d_in[i])
-        exp[p + NAMES.o] = (d.d_attn[i], heads * hd)
-        for u in NAMES.up:
-            exp[p + u] = (ffn, d.d_attn[i])
-        exp[p + NAMES.down] = (d.d_mlp[i], ffn)
-        exp[p + NAMES.attn_q] = (d.d_in[i], d.d_attn[i])
-        exp[p + NAMES.mlp_q] = (d.d_attn[i], d.d_mlp[i])
-        add_optional_biases(exp, sd, NAMES, i, {"q": (heads * hd,), "k": (kv * hd,), "v": (kv * hd,), "o": (d.d_attn[i],),
-                                                "up": (ffn,), "gate": (ffn,), "down": (d.d_mlp[i],)})
-    extras = check_state_dict(sd, exp, NAMES, n, tied)
-    return build_layout("llama", scheme, NAMES, n, d, set(sd), extras)
+        p = names.prefix(i)
+        attn_in, mlp_in = projections(i, d, sizes)
+        exp.update(attn_in)
+        exp[p + names.o] = (d.d_attn[i], heads * hd)
+        exp.update(mlp_in)
+        exp[p + names.down] = (d.d_mlp[i], ffn)
+        exp[p + names.attn_q] = (d.d_in[i], d.d_attn[i])
+        exp[p + names.mlp_q] = (d.d_attn[i], d.d_mlp[i])
+        if optional is not None:
+            optional(exp, sd, i, d, sizes)
+    extras = check_state_dict(sd, exp, names, n, tied)
+    return build_layout(arch, scheme, names, n, d, set(sd), extras)
+
+
+def _projections(i: int, d: Dims, sizes: Sizes) -> tuple[Shapes, Shapes]:
+    """q, k and v; up and gate."""
+    _, _, heads, kv, hd, ffn, _ = sizes
+    p = NAMES.prefix(i)
+    attn: Shapes = {p + w: (rows, d.d_in[i]) for w, rows in zip(NAMES.attn_in, (heads * hd, kv * hd, kv * hd))}
+    return attn, {p + u: (ffn, d.d_attn[i]) for u in NAMES.up}
+
+
+def _biases(exp: Shapes, sd: Mapping[str, Any], i: int, d: Dims, sizes: Sizes) -> None:
+    _, _, heads, kv, hd, ffn, _ = sizes
+    add_optional_biases(exp, sd, NAMES, i, {"q": (heads * hd,), "k": (kv * hd,), "v": (kv * hd,), "o": (d.d_attn[i],),
+                                            "up": (ffn,), "gate": (ffn,), "down": (d.d_mlp[i],)})
+
+
+def plan(ckpt: Checkpoint, scheme: str) -> ModelLayout:
+    return plan_sequential(ckpt, scheme, "llama", NAMES, "Llama", _projections, _biases)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from .torch_base import RMSN, finish, head_width, hf_config, linear, shortcut, width
+from .torch_base import RMSN, finish, hf_config, linear, shortcut, slice_decoder
 
 
 class SlicedLlamaDecoderLayer(nn.Module):
@@ -65,15 +65,9 @@ def build_model(config_json: dict[str, Any], slicing_config: dict[str, Any], dty
     if config_json.get("model_type") != "llama":
         raise UnsupportedModelError(f"load_model supports Llama models; this is {config_json.get('model_type')!r}")
     config = hf_config(LlamaConfig, config_json)
-    hidden = config.hidden_size
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-        model.model.embed_tokens = nn.Embedding(config.vocab_size, width(slicing_config, "embedding_dimensions", 0, hidden))
-        model.model.layers = nn.ModuleList(
-            SlicedLlamaDecoderLayer(config, i, width(slicing_config, "attention_input_dimensions", i, hidden),
-                                    width(slicing_config, "attention_output_dimensions", i, hidden),
-                                    width(slicing_config, "mlp_output_dimensions", i, hidden))
-            for i in range(config.num_hidden_layers))
-        model.model.norm = RMSN(hidden, config.rms_norm_eps)
-        model.lm_head = nn.Linear(head_width(slicing_config, hidden), config.vocab_size, bias=False)
+        slice_decoder(model, config, slicing_config,
+                      lambda i, d_in, d_attn, d_mlp: SlicedLlamaDecoderLayer(config, i, d_in, d_attn, d_mlp),
+                      "norm", head_bias=False, norm_eps=config.rms_norm_eps)
     return finish(model, dtype, lambda: LlamaRotaryEmbedding(config=config))

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from .torch_base import RMSN, finish, head_width, hf_config, linear, shortcut, width
+from .torch_base import RMSN, finish, hf_config, linear, shortcut, slice_decoder
 
 
 class SlicedPhiDecoderLayer(nn.Module):
@@ -49,14 +49,9 @@ def build_model(config_json: dict[str, Any], slicing_config: dict[str, Any], dty
     if config_json.get("qk_layernorm"):
         raise UnsupportedModelError("Phi models with qk_layernorm=true are not supported")
     config = hf_config(PhiConfig, config_json)
-    hidden = config.hidden_size
     with torch.device("meta"):
         model = PhiForCausalLM(config)
-        model.model.embed_tokens = nn.Embedding(config.vocab_size, width(slicing_config, "embedding_dimensions", 0, hidden))
-        model.model.layers = nn.ModuleList(
-            SlicedPhiDecoderLayer(config, i, width(slicing_config, "attention_input_dimensions", i, hidden),
-                                  width(slicing_config, "mlp_output_dimensions", i, hidden))
-            for i in range(config.num_hidden_layers))
-        model.model.final_layernorm = RMSN(hidden)
-        model.lm_head = nn.Linear(head_width(slicing_config, hidden), config.vocab_size, bias=True)
+        slice_decoder(model, config, slicing_config,
+                      lambda i, d_in, d_attn, d_mlp: SlicedPhiDecoderLayer(config, i, d_in, d_mlp),
+                      "final_layernorm", head_bias=True)
     return finish(model, dtype, lambda: PhiRotaryEmbedding(config=config))

@@ -27,7 +27,7 @@ from typing import Any
 from ..checkpoint import Checkpoint
 from ..codec.layout import ModelLayout
 from . import llama
-from .base import Names, build_layout, check_layer_count, check_state_dict, config_bool, slicing_dims
+from .base import Dims, Names
 
 NAMES = Names(
     embed="model.embed_tokens.weight", positions=None, head="lm_head.weight", head_bias=None, layer="model.layers.{i}.",
@@ -42,20 +42,12 @@ def shapes(hf: dict[str, Any]) -> tuple[int, int, int, int, int, int, int]:
     return llama.shapes(hf, "Phi-3")
 
 
+def _projections(i: int, d: Dims, sizes: llama.Sizes) -> tuple[llama.Shapes, llama.Shapes]:
+    """The fused qkv_proj; the fused gate_up_proj (no biases)."""
+    _, _, heads, kv, hd, ffn, _ = sizes
+    p = NAMES.prefix(i)
+    return {p + NAMES.attn_in[0]: ((heads + 2 * kv) * hd, d.d_in[i])}, {p + NAMES.up[0]: (2 * ffn, d.d_attn[i])}
+
+
 def plan(ckpt: Checkpoint, scheme: str) -> ModelLayout:
-    hidden, n, heads, kv, hd, ffn, vocab = shapes(ckpt.hf_config)
-    sd = ckpt.state_dict
-    tied = config_bool(ckpt.hf_config, "tie_word_embeddings", "config.json")
-    check_layer_count(sd, NAMES, n)
-    d = slicing_dims(ckpt, n, hidden)
-    exp: dict[str, tuple[int, ...]] = {NAMES.embed: (vocab, d.emb), NAMES.head: (vocab, d.head)}
-    for i in range(n):
-        p = NAMES.prefix(i)
-        exp[p + NAMES.attn_in[0]] = ((heads + 2 * kv) * hd, d.d_in[i])
-        exp[p + NAMES.o] = (d.d_attn[i], heads * hd)
-        exp[p + NAMES.up[0]] = (2 * ffn, d.d_attn[i])
-        exp[p + NAMES.down] = (d.d_mlp[i], ffn)
-        exp[p + NAMES.attn_q] = (d.d_in[i], d.d_attn[i])
-        exp[p + NAMES.mlp_q] = (d.d_attn[i], d.d_mlp[i])
-    extras = check_state_dict(sd, exp, NAMES, n, tied)
-    return build_layout("phi3", scheme, NAMES, n, d, set(sd), extras)
+    return llama.plan_sequential(ckpt, scheme, "phi3", NAMES, "Phi-3", _projections)

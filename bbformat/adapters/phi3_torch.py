@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .llama_torch import SlicedLlamaDecoderLayer
-from .torch_base import RMSN, finish, head_width, hf_config, linear, shortcut, width
+from .torch_base import RMSN, finish, hf_config, linear, shortcut, slice_decoder
 
 
 class SlicedPhi3DecoderLayer(nn.Module):
@@ -47,15 +47,9 @@ def build_model(config_json: dict[str, Any], slicing_config: dict[str, Any], dty
 
     window = config_json.get("sliding_window")
     config = hf_config(Phi3Config, dict(config_json, sliding_window=None if window is None else int(window) + 1))
-    hidden = config.hidden_size
     with torch.device("meta"):
         model = Phi3ForCausalLM(config)
-        model.model.embed_tokens = nn.Embedding(config.vocab_size, width(slicing_config, "embedding_dimensions", 0, hidden))
-        model.model.layers = nn.ModuleList(
-            SlicedPhi3DecoderLayer(config, i, width(slicing_config, "attention_input_dimensions", i, hidden),
-                                   width(slicing_config, "attention_output_dimensions", i, hidden),
-                                   width(slicing_config, "mlp_output_dimensions", i, hidden))
-            for i in range(config.num_hidden_layers))
-        model.model.norm = RMSN(hidden)
-        model.lm_head = nn.Linear(head_width(slicing_config, hidden), config.vocab_size, bias=False)
+        slice_decoder(model, config, slicing_config,
+                      lambda i, d_in, d_attn, d_mlp: SlicedPhi3DecoderLayer(config, i, d_in, d_attn, d_mlp),
+                      "norm", head_bias=False)
     return finish(model, dtype, lambda: Phi3RotaryEmbedding(config=config))

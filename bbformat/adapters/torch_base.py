@@ -48,6 +48,27 @@ def head_width(slicing_config: dict[str, Any], hidden: int) -> int:
     return int(slicing_config.get("head_dimension") or hidden)
 
 
+# (layer index, attention input width, attention output width, mlp output width) -> the layer
+LayerFactory = Callable[[int, int, int, int], nn.Module]
+
+
+def slice_decoder(model: nn.Module, config: Any, slicing_config: dict[str, Any], layer: LayerFactory,
+                  final_norm: str, head_bias: bool, norm_eps: float = RMSN_EPS) -> None:
+    """Give a decoder-only model built on the meta device (transformers' `model.model.*` and
+    `lm_head`) the sliced embedding, layers and head of `slicing_config`, and TC's RMSN as the
+    final norm (attribute `final_norm`)."""
+    hidden = config.hidden_size
+    inner = model.get_submodule("model")
+    inner.embed_tokens = nn.Embedding(config.vocab_size, width(slicing_config, "embedding_dimensions", 0, hidden))
+    inner.layers = nn.ModuleList(
+        layer(i, width(slicing_config, "attention_input_dimensions", i, hidden),
+              width(slicing_config, "attention_output_dimensions", i, hidden),
+              width(slicing_config, "mlp_output_dimensions", i, hidden))
+        for i in range(config.num_hidden_layers))
+    setattr(inner, final_norm, RMSN(hidden, norm_eps))
+    model.lm_head = nn.Linear(head_width(slicing_config, hidden), config.vocab_size, bias=head_bias)
+
+
 def hf_config(cls: Any, config_json: dict[str, Any]) -> Any:
     """A transformers config from config.json, untied (TC unties the head), sdpa attention."""
     cfg = {k: v for k, v in config_json.items() if k != "quantization_config"}

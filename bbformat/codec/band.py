@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dtypes import bits_of, bits_to_f64, bits_to_ordinal, f64_to_bits, ordinal_to_bits
+from .dtypes import bits_to_f64, bits_to_ordinal, f64_to_bits, ordinal_to_bits
+from ..container.program import bits_of
 
 BAND_FACTOR = 100.0  # safety factor over the observed disagreement of two eigensolvers
 EPS = float(np.finfo(np.float64).eps)

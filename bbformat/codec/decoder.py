@@ -12,7 +12,8 @@ import numpy as np
 from ..errors import FormatError
 from . import rotation as rot
 from .dtypes import RawTensor, f64_to_bits, symbols_to_tensor, wide_dtype
-from ..container.program import OP_PUSH, BlockProgram, SiteEntry
+from ..container.program import BlockProgram, SiteEntry
+from ..constants import OpKind
 from .stack import SymbolStack
 
 
@@ -82,7 +83,7 @@ def _decode_program(program: BlockProgram, payload: np.ndarray, corrector: Corre
     stack = SymbolStack(w, payload, capacity=program.stack_peak_symbols())
     out: dict[str, RawTensor] = {}
     for op in reversed(program.ops):
-        if op.kind == OP_PUSH:
+        if op.kind == OpKind.PUSH:
             t = program.tensors[op.index]
             out[t.name] = symbols_to_tensor(stack.pop(t.symbols(w)), t.dtype, t.shape, w)
             continue

@@ -9,10 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..constants import DTYPE_BITS as DTYPE_BITS  # SPEC.md 6.1, re-exported for the codec's callers
-from ..constants import DTYPE_CODES as DTYPE_CODES
-from ..constants import DTYPE_NAMES as DTYPE_NAMES
-from ..container.program import bits_of as bits_of  # the one definition, beside the program model
+from ..container.program import bits_of
 from ..errors import InputError
 
 _UINT: dict[int, np.dtype] = {16: np.dtype("<u2"), 32: np.dtype("<u4")}

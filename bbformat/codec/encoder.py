@@ -8,14 +8,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..constants import NO_SITE, ROTATION_SCHEMES, SectionKind
+from ..constants import NO_SITE, ROTATION_SCHEMES, OpKind, SectionKind, SiteFlag
 from ..errors import InputError, check_choice
 from . import rotation as rot
-from .dtypes import RawTensor, bits_of, bits_to_f64, f64_to_bits, little_endian_bytes, symbols_view, uint_dtype, wide_dtype
+from .dtypes import RawTensor, bits_to_f64, f64_to_bits, little_endian_bytes, symbols_view, uint_dtype, wide_dtype
+from ..container.program import BlockProgram, Op, SiteEntry, TensorEntry, bits_of
 from .layout import ChunkLayout, SiteSpec
 from .rounding import round_feedback
 from .decoder import decode_program
-from ..container.program import OP_PUSH, OP_SITE, SITE_PAPER, SITE_PLAIN, BlockProgram, Op, SiteEntry, TensorEntry
 from .simulate import SimulatingCorrector, SiteFix
 from .sections import Section, build_site_sections, side_cost_bound
 from .stack import SymbolStack
@@ -54,8 +54,8 @@ def plan_ops(layout: ChunkLayout, scheme: str) -> list[Op]:
     ops: list[Op] = []
     for t_idx in range(len(layout.tensors)):
         for s_idx in sorted(k for k, v in first.items() if v == t_idx):
-            ops.append(Op(OP_SITE, s_idx))
-        ops.append(Op(OP_PUSH, t_idx))
+            ops.append(Op(OpKind.SITE, s_idx))
+        ops.append(Op(OpKind.PUSH, t_idx))
     return ops
 
 
@@ -382,7 +382,7 @@ def _run_forward(ctx: _ChunkContext, plain: dict[int, str]) -> _Forward:
         for s_idx, s in enumerate(ctx.layout.sites):
             fw.anchor_rot[s_idx] = fw.follower_rot[s_idx] = ctx.canonical[s.name]
     for op in ctx.ops:
-        if op.kind == OP_PUSH:
+        if op.kind == OpKind.PUSH:
             fw.stack.push(symbols_view(_final_value(ctx, fw, ctx.layout.tensors[op.index]), w))
         else:
             _forward_site(ctx, fw, op.index)
@@ -418,8 +418,8 @@ def _forward_site(ctx: _ChunkContext, fw: _Forward, s_idx: int) -> None:
 
 
 def _program(ctx: _ChunkContext, plain: dict[int, str]) -> BlockProgram:
-    mode = SITE_PAPER if ctx.paper else 0
-    sites = [SiteEntry(s.name, s.dim, ctx.index(s.anchor.tensor), s.anchor.axis, mode | (SITE_PLAIN if i in plain else 0), s.followers)
+    mode = SiteFlag.PAPER if ctx.paper else 0
+    sites = [SiteEntry(s.name, s.dim, ctx.index(s.anchor.tensor), s.anchor.axis, mode | (SiteFlag.PLAIN if i in plain else 0), s.followers)
              for i, s in enumerate(ctx.layout.sites)]
     return BlockProgram(ctx.layout.name, ctx.sym_dtype, ctx.entries, sites, list(ctx.ops))
 

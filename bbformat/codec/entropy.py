@@ -12,18 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..bytecursor import ByteCursor
-from ..constants import ENTROPY_MODES as ENTROPY_MODES  # re-exported for writer.py, api.py
-from ..constants import MAX_PLANES_CLASSES, MAX_PLANES_SEGMENTS, Codec
+from ..constants import ENTROPY_MODES, MAX_PLANES_CLASSES, MAX_PLANES_SEGMENTS, Codec, OpKind
 from ..errors import FormatError, LimitError, check_choice
 from ..zstdframe import PAYLOAD_LEVEL, PLANES_LEVEL, Buffer, Compressor, compress, compressor, decompress, frame_content_size
 from .dtypes import uint_dtype
-from ..container.program import OP_PUSH, BlockProgram
+from ..container.program import BlockProgram
 from .varint import encode_group, encode_varints
 
-# Short names of constants.py's and zstdframe.py's numbers, kept for the codec's callers.
-CODEC_RAW, CODEC_ZSTD, CODEC_PLANES = Codec.RAW, Codec.ZSTD, Codec.PLANES
-MAX_SEGMENTS, MAX_CLASSES = MAX_PLANES_SEGMENTS, MAX_PLANES_CLASSES
-PLANE_ZSTD_LEVEL, PAYLOAD_ZSTD_LEVEL = PLANES_LEVEL, PAYLOAD_LEVEL
 SMALL_GROUP = 64  # groups up to this size are stored raw without trying zstd
 UNPERMUTE_BYTES = 1 << 22  # the decoder un-permutes a top plane in pieces of about this size
 CLASS_CHOICES = (1, 4)  # classes per axis the encoder tries for each segment
@@ -41,7 +36,7 @@ def payload_segments(program: BlockProgram) -> list[tuple[int, int]]:
     w = program.symbol_bits
     runs: list[list[int]] = []
     for op in program.ops:
-        if op.kind == OP_PUSH:
+        if op.kind == OpKind.PUSH:
             t = program.tensors[op.index]
             n = t.symbols(w)
             if n:
@@ -104,7 +99,7 @@ def _segment_top(top: np.ndarray, r: int, k: int, z: Compressor) -> tuple[bytes,
 
 def encode_planes(symbols: np.ndarray, symbol_bits: int, runs: list[tuple[int, int]]) -> bytes:
     """Codec 2 bytes for a payload (deterministic: per segment, the smallest of CLASS_CHOICES)."""
-    z = compressor(PLANE_ZSTD_LEVEL)
+    z = compressor(PLANES_LEVEL)
     sym = np.asarray(symbols).astype(uint_dtype(symbol_bits), copy=False)
     top = (sym >> (symbol_bits - 8)).astype(np.uint8)
     head = [encode_varints(np.array([len(runs)], np.uint64))]
@@ -137,15 +132,15 @@ def code_payload(program: BlockProgram, data: bytes, mode: str) -> tuple[int, by
     """(codec, stored bytes) of a payload under an entropy mode (`auto`: the smallest; ties
     go to the lower codec number)."""
     check_entropy_mode(mode)
-    cands = [(len(data), CODEC_RAW, data)]
+    cands = [(len(data), Codec.RAW, data)]
     if mode in ("zstd", "auto") and data:
-        comp = compress(data, PAYLOAD_ZSTD_LEVEL)
-        cands.append((len(comp), CODEC_ZSTD, comp))
+        comp = compress(data, PAYLOAD_LEVEL)
+        cands.append((len(comp), Codec.ZSTD, comp))
     if mode in ("planes", "auto") and data:
         w = program.symbol_bits
         sym = np.frombuffer(data, dtype=np.dtype(uint_dtype(w)).newbyteorder("<"))
         planes = encode_planes(sym, w, payload_segments(program))
-        cands.append((len(planes), CODEC_PLANES, planes))
+        cands.append((len(planes), Codec.PLANES, planes))
     if mode in ("zstd", "planes"):  # the asked-for codec unless it would grow the payload
         best = cands[-1] if cands[-1][0] < len(data) else cands[0]
     else:
@@ -159,11 +154,11 @@ def code_payload(program: BlockProgram, data: bytes, mode: str) -> tuple[int, by
 def _take(cur: ByteCursor, size: int, what: str) -> np.ndarray:
     """The next group (SPEC.md 8.6), which must decode to exactly `size` bytes."""
     codec, stored = cur.group(what)
-    if codec == CODEC_ZSTD:
+    if codec == Codec.ZSTD:
         declared = frame_content_size(stored)
         if declared != size:
             raise FormatError(f"planes payload: {what} declares {declared} bytes, {size} expected", "E_SECTION_SIZE")
-    elif codec != CODEC_RAW:
+    elif codec != Codec.RAW:
         raise FormatError(f"planes payload: {what} has unknown codec {codec}", "E_CODEC")
     return np.frombuffer(decompress(stored, codec, size, size), np.uint8)
 
@@ -208,8 +203,8 @@ def read_segments(data: Buffer, total: int) -> tuple[list[Segment], int]:
     """The segment table of a codec-2 payload and the offset after it (SPEC.md 8.6 checks)."""
     cur = ByteCursor(data, "planes payload")
     count = cur.varint("segment count")
-    if count > MAX_SEGMENTS:
-        raise LimitError(f"planes payload has {count} segments; the limit is {MAX_SEGMENTS}", "E_LIMIT_COUNT")
+    if count > MAX_PLANES_SEGMENTS:
+        raise LimitError(f"planes payload has {count} segments; the limit is {MAX_PLANES_SEGMENTS}", "E_LIMIT_COUNT")
     if count == 0 or count > total:
         raise FormatError(f"planes payload: {count} segments for {total} symbols", "E_SECTION_CONTENT")
     segs: list[Segment] = []
@@ -222,8 +217,8 @@ def read_segments(data: Buffer, total: int) -> tuple[list[Segment], int]:
             raise FormatError(f"planes payload: segment {j} length {n} does not fit the payload", "E_SECTION_CONTENT")
         if not 1 <= r <= n:
             raise FormatError(f"planes payload: segment {j} row length {r} not in 1..{n}", "E_SECTION_CONTENT")
-        if not 1 <= k <= MAX_CLASSES:
-            raise FormatError(f"planes payload: segment {j} class count {k} not in 1..{MAX_CLASSES}", "E_SECTION_CONTENT")
+        if not 1 <= k <= MAX_PLANES_CLASSES:
+            raise FormatError(f"planes payload: segment {j} class count {k} not in 1..{MAX_PLANES_CLASSES}", "E_SECTION_CONTENT")
         covered += n
         segs.append((n, r, k))
     if covered != total:

@@ -190,7 +190,8 @@ def regenerate(e: np.ndarray, mu: np.ndarray, paper: bool) -> np.ndarray:
 
 def paper_signs(v: np.ndarray) -> np.ndarray:
     """Side information of Alg. 5: sign of each row sum of Q (= V); True means negative."""
-    return v.sum(axis=1) < 0
+    negative: np.ndarray = v.sum(axis=1) < 0
+    return negative
 
 
 def apply_paper_signs(e: np.ndarray, negative: np.ndarray) -> np.ndarray:
@@ -208,7 +209,8 @@ def one_blas_thread() -> AbstractContextManager[object]:
     """Encoder and decoder run their linear algebra on one BLAS thread: the eigenvectors of a
     nearly degenerate matrix depend on how LAPACK splits its work, so the bytes and the
     decoder's approximations would otherwise depend on the machine's thread settings."""
-    return _controller().limit(limits=1, user_api="blas")
+    limit: AbstractContextManager[object] = _controller().limit(limits=1, user_api="blas")
+    return limit
 
 
 DECODE_BLAS_ENV = "BBFORMAT_DECODE_BLAS_THREADS"
@@ -220,4 +222,5 @@ def decoder_blas_threads() -> AbstractContextManager[object]:
     value = os.environ.get(DECODE_BLAS_ENV, "1")
     if value == "unpinned":
         return nullcontext()
-    return _controller().limit(limits=int(value), user_api="blas")
+    limit: AbstractContextManager[object] = _controller().limit(limits=int(value), user_api="blas")
+    return limit

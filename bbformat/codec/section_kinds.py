@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from ..bytecursor import ByteCursor
 from ..constants import EXPONENT_FIELD, SECTION_ENTRY_SIZE, Codec, SectionKind
-from ..container.program import BlockProgram
+from ..container.program import BlockProgram, bits_of
 from ..container.section_rules import (
     AnchorPatchesRules,
     BlockPatchesRules,
@@ -35,7 +35,7 @@ from ..container.section_rules import (
 )
 from ..errors import FormatError, LimitError
 from ..zstdframe import SECTION_LEVEL, Buffer, compressor, decompress, frame_content_size
-from .dtypes import bits_of, bits_to_ordinal, ordinal_to_bits, uint_dtype
+from .dtypes import bits_to_ordinal, ordinal_to_bits, uint_dtype
 from .simulate import SiteFix
 from .varint import decode_varints, encode_group, encode_varints, unzigzag, varint_bytes, zigzag
 

@@ -7,35 +7,24 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..constants import EXPONENT_FIELD as EXPONENT_FIELD
-from ..constants import NO_SITE as NO_SITE
-from ..constants import SECTION_ENTRY_SIZE, SECTION_KIND_NAMES, Codec, SectionKind
-from ..constants import ZSTD_FRAME_MAGIC as ZSTD_FRAME_MAGIC
+from ..constants import SECTION_ENTRY_SIZE, Codec
 from ..container.program import BlockProgram
 from ..container.section_rules import rules_of
 from ..errors import FormatError
 from ..zstdframe import SECTION_LEVEL, compressor
-from ..zstdframe import Buffer as Buffer
-from ..zstdframe import decompress as decompress
-from ..zstdframe import frame_content_size as frame_content_size
 from .dtypes import RawTensor
-from .section_kinds import ANCHOR_PATCHES, SECTION_KINDS, SIGNS, X_PATCHES, X_RESIDUALS, PlannedSection, SiteContext, site_plan
-from .section_kinds import decode_patches as decode_patches
-from .section_kinds import decode_residuals as decode_residuals
-from .section_kinds import residual_contexts as residual_contexts
+from .section_kinds import (
+    ANCHOR_PATCHES,
+    SECTION_KINDS,
+    SIGNS,
+    X_PATCHES,
+    X_RESIDUALS,
+    PlannedSection,
+    SiteContext,
+    site_plan,
+)
 from .simulate import SiteFix
 
-# The format's numbers are constants.py's and zstd frames zstdframe.py's; the short names below
-# (and the `as` imports above) are kept for the codec's callers.
-KIND_PAYLOAD = SectionKind.PAYLOAD
-KIND_SIGNS = SectionKind.SIGNS
-KIND_X_RESIDUALS = SectionKind.X_RESIDUALS
-KIND_X_PATCHES = SectionKind.X_PATCHES
-KIND_ANCHOR_PATCHES = SectionKind.ANCHOR_PATCHES
-KIND_NAMES = SECTION_KIND_NAMES
-CODEC_RAW = Codec.RAW
-CODEC_ZSTD = Codec.ZSTD
-ZSTD_LEVEL = SECTION_LEVEL
 
 
 @dataclass
@@ -43,16 +32,16 @@ class Section:
     kind: int
     site: int
     data: bytes  # decoded bytes
-    codec: int = CODEC_RAW
+    codec: int = Codec.RAW
     stored: bytes = b""
 
     def finish(self, allow_zstd: bool = True) -> "Section":
         """Choose the smaller of raw and zstd for storage (deterministic)."""
-        self.codec, self.stored = CODEC_RAW, self.data
+        self.codec, self.stored = Codec.RAW, self.data
         if allow_zstd and len(self.data) > 64:
-            comp = compressor(ZSTD_LEVEL).compress(self.data)
+            comp = compressor(SECTION_LEVEL).compress(self.data)
             if len(comp) < len(self.data):
-                self.codec, self.stored = CODEC_ZSTD, comp
+                self.codec, self.stored = Codec.ZSTD, comp
         return self
 
     @property

@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import band
-from . import rotation as rot
+from . import band, rotation as rot
 from .decoder import solve
 from .dtypes import RawTensor, bits_to_f64
 
@@ -15,12 +14,14 @@ from .dtypes import RawTensor, bits_to_f64
 def needs_fix(approx: np.ndarray, true: np.ndarray, dtype: str, tolerance: float) -> np.ndarray:
     """Which regenerated values the encoder must correct."""
     if tolerance <= 0:
-        return approx != true
+        differs: np.ndarray = approx != true
+        return differs
     a = bits_to_f64(approx, dtype)
     t = bits_to_f64(true, dtype)
     with np.errstate(invalid="ignore"):
         far = ~(np.abs(a - t) <= tolerance)
-    return far & (approx != true)
+    fix: np.ndarray = far & (approx != true)
+    return fix
 
 
 @dataclass

@@ -7,7 +7,24 @@ from typing import Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 
-from ..constants import CRC_SIZE, DTYPE_CODES, DTYPE_NAMES, MIN_CHUNK_LENGTH, NO_SITE, Codec, SectionKind
+from ..constants import (
+    CHUNK_FIXED_SIZE,
+    CHUNK_MAGIC,
+    CRC_SIZE,
+    DTYPE_CODES,
+    DTYPE_NAMES,
+    MAX_DESCRIPTOR,
+    MAX_NDIM,
+    MAX_SECTIONS_PER_CHUNK,
+    MAX_SITE_DIM,
+    MAX_TENSOR_ELEMENTS,
+    MIN_CHUNK_LENGTH,
+    NO_SITE,
+    SECTION_ENTRY_SIZE,
+    Codec,
+    RequiredFlag,
+    SectionKind,
+)
 from ..errors import FormatError, IntegrityError, LimitError
 from ..zstdframe import Buffer, decompress
 from . import records as R
@@ -39,7 +56,8 @@ class StoredSection(Protocol):
     def stored(self) -> bytes: ...
 
 
-def _program_to_record(p: BlockProgram) -> dict[str, Any]:
+def program_record(p: BlockProgram) -> dict[str, Any]:
+    """A program as the fields of its descriptor (SPEC.md 5.1), ready for construct to build."""
     return dict(
         name=p.name,
         symbol_dtype=DTYPE_CODES[p.symbol_dtype],
@@ -72,8 +90,8 @@ class BuiltChunk(NamedTuple):
 
 def build_chunk_parts(index: int, program: BlockProgram, sections: Sequence[StoredSection], content_crc: int = 0) -> BuiltChunk:
     """content_crc: the decoded tensors' digest (SPEC.md 5.4) in a file with FLAG_DIGESTS, else 0."""
-    desc = R.DESCRIPTOR.build(_program_to_record(program))
-    table_end = R.CHUNK_FIXED_SIZE + len(desc) + R.SECTION_ENTRY_SIZE * len(sections)
+    desc = R.DESCRIPTOR.build(program_record(program))
+    table_end = CHUNK_FIXED_SIZE + len(desc) + SECTION_ENTRY_SIZE * len(sections)
     entries = []
     off = table_end
     for s in sections:
@@ -137,7 +155,7 @@ def _tensor_entry(t: dict[str, Any]) -> TensorEntry:
     _check_reserved(t["reserved"], "tensor")
     if dtype not in DTYPE_NAMES:
         raise FormatError(f"tensor {name!r} has unknown dtype code {dtype}", "E_DTYPE")
-    if ndim > R.MAX_NDIM:
+    if ndim > MAX_NDIM:
         raise LimitError(f"tensor {name!r} has {ndim} dimensions", "E_LIMIT_NDIM")
     numel = nonzero = 1
     for d in dims:
@@ -145,7 +163,7 @@ def _tensor_entry(t: dict[str, Any]) -> TensorEntry:
         nonzero *= d or 1
     # Non-zero dims multiplying past the element limit are refused even when another dim is
     # 0 (a reader's own limit, SPEC.md 11.4): numpy cannot represent such a shape.
-    if numel > R.MAX_TENSOR_ELEMENTS or nonzero > R.MAX_TENSOR_ELEMENTS:
+    if numel > MAX_TENSOR_ELEMENTS or nonzero > MAX_TENSOR_ELEMENTS:
         raise LimitError(f"tensor {name!r} is too large", "E_LIMIT_TENSOR")
     return TensorEntry(name, DTYPE_NAMES[dtype], tuple(dims))
 
@@ -154,8 +172,8 @@ def _site_entry(s: dict[str, Any]) -> SiteEntry:
     _check_reserved(s["reserved"], "site")
     for f in s["followers"]:
         _check_reserved(f["reserved"], "follower")
-    if s["dim"] > R.MAX_SITE_DIM:
-        raise LimitError(f"site {s['name']!r} dimension {s['dim']} exceeds {R.MAX_SITE_DIM}", "E_LIMIT_DIM")
+    if s["dim"] > MAX_SITE_DIM:
+        raise LimitError(f"site {s['name']!r} dimension {s['dim']} exceeds {MAX_SITE_DIM}", "E_LIMIT_DIM")
     followers = tuple(AxisRef(f["tensor"], f["axis"]) for f in s["followers"])
     return SiteEntry(s["name"], s["dim"], s["anchor"], s["anchor_axis"], s["flags"], followers)
 
@@ -164,16 +182,16 @@ def descriptor_extent(head: bytes, chunk_length: int) -> tuple[int, int]:
     """(offset, length) of the descriptor inside a chunk, from its fixed header, checked against
     the chunk's length from the index before anything is read (the CRC is checked only when
     the whole chunk is read)."""
-    if len(head) != R.CHUNK_FIXED_SIZE or head[: len(R.CHUNK_MAGIC)] != R.CHUNK_MAGIC:
+    if len(head) != CHUNK_FIXED_SIZE or head[: len(CHUNK_MAGIC)] != CHUNK_MAGIC:
         raise FormatError("bad chunk magic", "E_MAGIC")
     fixed = R.CHUNK_FIXED.parse(head)
     if fixed.chunk_length != chunk_length:
         raise FormatError("chunk length field disagrees with its extent", "E_BOUNDS")
-    if fixed.descriptor_length > R.MAX_DESCRIPTOR:
+    if fixed.descriptor_length > MAX_DESCRIPTOR:
         raise LimitError("chunk descriptor too large", "E_LIMIT_COUNT")
-    if R.CHUNK_FIXED_SIZE + fixed.descriptor_length > chunk_length - CRC_SIZE:
+    if CHUNK_FIXED_SIZE + fixed.descriptor_length > chunk_length - CRC_SIZE:
         raise FormatError("chunk descriptor runs past the chunk", "E_BOUNDS")
-    return R.CHUNK_FIXED_SIZE, int(fixed.descriptor_length)
+    return CHUNK_FIXED_SIZE, int(fixed.descriptor_length)
 
 
 def working_set_bytes(program: BlockProgram, chunk_length: int, planes: bool = False, mixed: bool = False) -> int:
@@ -219,14 +237,14 @@ def parse_chunk(
     payload codec 2, FLAG_DIGESTS makes offset 4 the content digest, FLAG_MIXED_CORRECTIONS
     lets x_residuals and x_patches share a site. decode_planes: the payload codec 2 decoder
     (codec.entropy.decode_planes); without it a codec-2 payload is refused (E_CODEC)."""
-    mixed = bool(required_flags & R.FLAG_MIXED_CORRECTIONS)
-    codecs = (Codec.RAW, Codec.ZSTD, Codec.PLANES) if required_flags & R.FLAG_PLANES else (Codec.RAW, Codec.ZSTD)
+    mixed = bool(required_flags & RequiredFlag.MIXED_CORRECTIONS)
+    codecs = (Codec.RAW, Codec.ZSTD, Codec.PLANES) if required_flags & RequiredFlag.PLANES else (Codec.RAW, Codec.ZSTD)
     if len(data) < MIN_CHUNK_LENGTH:
         raise FormatError("chunk is truncated", "E_TRUNCATED")
-    if data[: len(R.CHUNK_MAGIC)] != R.CHUNK_MAGIC:
+    if data[: len(CHUNK_MAGIC)] != CHUNK_MAGIC:
         raise FormatError("bad chunk magic", "E_MAGIC")
-    head = R.CHUNK_FIXED.parse(data[: R.CHUNK_FIXED_SIZE])
-    digests = bool(required_flags & R.FLAG_DIGESTS)
+    head = R.CHUNK_FIXED.parse(data[: CHUNK_FIXED_SIZE])
+    digests = bool(required_flags & RequiredFlag.DIGESTS)
     _check_reserved(head.reserved1 | (0 if digests else head.content_crc), "chunk header")
     if head.chunk_length != len(data):
         raise FormatError("chunk length field disagrees with its extent", "E_BOUNDS")
@@ -238,18 +256,18 @@ def parse_chunk(
         raise IntegrityError(f"chunk {head.chunk_index}: index CRC differs from the chunk's", "E_CRC_INDEX_ENTRY")
     if expected_index is not None and head.chunk_index != expected_index:
         raise FormatError(f"chunk number {head.chunk_index} found where {expected_index} was expected", "E_CHUNK_ORDER")
-    if head.descriptor_length > R.MAX_DESCRIPTOR or head.section_count > R.MAX_SECTIONS_PER_CHUNK:
+    if head.descriptor_length > MAX_DESCRIPTOR or head.section_count > MAX_SECTIONS_PER_CHUNK:
         raise LimitError("chunk descriptor or section table too large", "E_LIMIT_COUNT")
-    table_off = R.CHUNK_FIXED_SIZE + head.descriptor_length
-    table_end = table_off + R.SECTION_ENTRY_SIZE * head.section_count
+    table_off = CHUNK_FIXED_SIZE + head.descriptor_length
+    table_end = table_off + SECTION_ENTRY_SIZE * head.section_count
     if table_end > len(data) - CRC_SIZE:
         raise FormatError("chunk descriptor or section table runs past the chunk", "E_BOUNDS")
-    program = parse_descriptor(bytes(data[R.CHUNK_FIXED_SIZE:table_off]))
+    program = parse_descriptor(bytes(data[CHUNK_FIXED_SIZE:table_off]))
     if max_site_dim is not None:  # the caller's time budget: an eigendecomposition costs O(D^3)
         for s in program.sites:
             if not s.plain and s.dim > max_site_dim:
                 raise LimitError(f"site {s.name!r} has D = {s.dim}; this reader's limit is {max_site_dim}", "E_LIMIT_DIM")
-    entries = [R.SECTION_ENTRY.parse(data[table_off + i * R.SECTION_ENTRY_SIZE : table_off + (i + 1) * R.SECTION_ENTRY_SIZE])
+    entries = [R.SECTION_ENTRY.parse(data[table_off + i * SECTION_ENTRY_SIZE : table_off + (i + 1) * SECTION_ENTRY_SIZE])
                for i in range(head.section_count)]
     pos = table_end
     payload = None

@@ -3,17 +3,32 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import construct
 
 from ..constants import (
     BYTE_CODECS,
     CRC_SIZE,
+    FILE_MAGIC,
     FOOTER_CRC_OFFSET,
+    FOOTER_MAGIC,
+    FOOTER_SIZE,
+    FORMAT_MAJOR,
+    FORMAT_MINOR,
     FORMAT_VERSIONS,
+    HEADER_FIXED_SIZE,
+    INDEX_ENTRY_SIZE,
+    INDEX_FIXED_SIZE,
+    INDEX_MAGIC,
     MAGIC_SIZE,
+    MAX_CHUNKS,
+    MAX_METADATA,
     METADATA_ZSTD_ABOVE,
     MIN_CHUNK_LENGTH,
+    REQUIRED_FLAGS_KNOWN,
+    SCHEME_CODES,
+    SCHEME_NAMES,
     Codec,
     minor_for,
 )
@@ -27,9 +42,9 @@ from .crc import crc32c
 class Header:
     scheme: str
     chunk_count: int
-    metadata: dict
-    major: int = R.VERSION_MAJOR
-    minor: int = R.VERSION_MINOR
+    metadata: dict[str, Any]
+    major: int = FORMAT_MAJOR
+    minor: int = FORMAT_MINOR
     length: int = 0
     required_flags: int = 0
 
@@ -49,22 +64,22 @@ class HeaderFields:
     required_flags: int
 
 
-def check_header(scheme: str, chunk_count: int, metadata: dict, required_flags: int = 0) -> HeaderFields:
+def check_header(scheme: str, chunk_count: int, metadata: dict[str, Any], required_flags: int = 0) -> HeaderFields:
     """Refuses what a reader would refuse (InputError), before anything is written; the slow
     part, compressing the metadata, is seal_header's."""
-    if required_flags & ~R.REQUIRED_FLAGS_KNOWN:
+    if required_flags & ~REQUIRED_FLAGS_KNOWN:
         raise InputError(f"unknown required flags 0x{required_flags:08x}")
-    if scheme not in R.SCHEME_CODES:
-        raise InputError(f"unknown scheme {scheme!r} (choose {', '.join(sorted(R.SCHEME_CODES))})")
-    if not 0 <= chunk_count <= R.MAX_CHUNKS:
-        raise InputError(f"{chunk_count} chunks: a container holds 0 to {R.MAX_CHUNKS}")
+    if scheme not in SCHEME_CODES:
+        raise InputError(f"unknown scheme {scheme!r} (choose {', '.join(sorted(SCHEME_CODES))})")
+    if not 0 <= chunk_count <= MAX_CHUNKS:
+        raise InputError(f"{chunk_count} chunks: a container holds 0 to {MAX_CHUNKS}")
     try:
         meta = json.dumps(metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise InputError(f"metadata is not plain JSON: {exc}") from None
-    if len(meta) > R.MAX_METADATA:
+    if len(meta) > MAX_METADATA:
         raise InputError(f"the container's metadata (for pack: the side files and key list) is {len(meta):,} bytes; "
-                         f"readers refuse more than {R.MAX_METADATA:,}")
+                         f"readers refuse more than {MAX_METADATA:,}")
     return HeaderFields(scheme, chunk_count, meta, required_flags)
 
 
@@ -77,50 +92,50 @@ def seal_header(h: HeaderFields) -> bytes:
             meta, codec = packed, Codec.ZSTD
     fixed = R.HEADER_FIXED.build(
         dict(
-            major=R.VERSION_MAJOR,
+            major=FORMAT_MAJOR,
             minor=minor_for(required_flags),
             required_flags=required_flags,
             optional_flags=0,
-            scheme=R.SCHEME_CODES[h.scheme],
+            scheme=SCHEME_CODES[h.scheme],
             metadata_codec=codec,
             reserved1=0,
             chunk_count=h.chunk_count,
             metadata_length=len(meta),
         )
     )
-    body = fixed + meta
+    body: bytes = fixed + meta
     return body + crc32c(body).to_bytes(CRC_SIZE, "little")
 
 
 def check_version(major: int, minor: int) -> None:
-    if major != R.VERSION_MAJOR:
+    if major != FORMAT_MAJOR:
         raise FormatError(f"unsupported major version {major}.{minor}", "E_VERSION")
 
 
 def parse_header_fixed(data: Buffer) -> construct.Container:
-    if len(data) < R.HEADER_FIXED_SIZE:
+    if len(data) < HEADER_FIXED_SIZE:
         raise FormatError("file is too short for a header", "E_TRUNCATED")
-    if data[:MAGIC_SIZE] != R.FILE_MAGIC:
+    if data[:MAGIC_SIZE] != FILE_MAGIC:
         raise FormatError("not a bbformat file (bad leading magic)", "E_MAGIC")
-    h = R.HEADER_FIXED.parse(data[: R.HEADER_FIXED_SIZE])
+    h = R.HEADER_FIXED.parse(data[: HEADER_FIXED_SIZE])
     check_version(h.major, h.minor)
-    if h.required_flags & ~R.REQUIRED_FLAGS_KNOWN:
+    if h.required_flags & ~REQUIRED_FLAGS_KNOWN:
         raise FormatError(f"unknown required flags 0x{h.required_flags:08x}", "E_REQUIRED_FLAG")
     if h.metadata_codec not in BYTE_CODECS:
         raise FormatError(f"unknown metadata codec {h.metadata_codec}", "E_CODEC")
     if h.reserved1:
         raise FormatError("reserved header field is not zero", "E_RESERVED")
-    if h.scheme not in R.SCHEME_NAMES:
+    if h.scheme not in SCHEME_NAMES:
         raise FormatError(f"unknown scheme code {h.scheme}", "E_SCHEME")
-    if h.chunk_count > R.MAX_CHUNKS:
-        raise LimitError(f"{h.chunk_count} chunks exceeds the limit {R.MAX_CHUNKS}", "E_LIMIT_COUNT")
-    if h.metadata_length > R.MAX_METADATA:
+    if h.chunk_count > MAX_CHUNKS:
+        raise LimitError(f"{h.chunk_count} chunks exceeds the limit {MAX_CHUNKS}", "E_LIMIT_COUNT")
+    if h.metadata_length > MAX_METADATA:
         raise LimitError("metadata exceeds 64 MiB", "E_LIMIT_METADATA")
     return h
 
 
 def header_length(fixed: construct.Container) -> int:
-    return R.HEADER_FIXED_SIZE + fixed.metadata_length + CRC_SIZE
+    return HEADER_FIXED_SIZE + int(fixed.metadata_length) + CRC_SIZE
 
 
 def parse_header(data: Buffer) -> Header:
@@ -131,12 +146,12 @@ def parse_header(data: Buffer) -> Header:
         raise FormatError("header is truncated", "E_TRUNCATED")
     if crc32c(data[:-CRC_SIZE]) != int.from_bytes(data[-CRC_SIZE:], "little"):
         raise IntegrityError("header CRC32C mismatch", "E_CRC_HEADER")
-    raw: Buffer = data[R.HEADER_FIXED_SIZE:-CRC_SIZE]
+    raw: Buffer = data[HEADER_FIXED_SIZE:-CRC_SIZE]
     if h.metadata_codec == Codec.ZSTD:
         declared = frame_content_size(raw)
-        if declared > R.MAX_METADATA:
+        if declared > MAX_METADATA:
             raise LimitError("metadata decompresses past 64 MiB", "E_LIMIT_METADATA")
-        raw = decompress(raw, Codec.ZSTD, declared, R.MAX_METADATA)
+        raw = decompress(raw, Codec.ZSTD, declared, MAX_METADATA)
     try:
         meta = json.loads(str(raw, "utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -146,7 +161,7 @@ def parse_header(data: Buffer) -> Header:
         raise FormatError(f"metadata JSON exceeds this reader's limits: {type(exc).__name__}", "E_METADATA") from None
     if not isinstance(meta, dict):
         raise FormatError("metadata must be a JSON object", "E_METADATA")
-    return Header(R.SCHEME_NAMES[h.scheme], h.chunk_count, meta, h.major, h.minor, n, h.required_flags)
+    return Header(SCHEME_NAMES[h.scheme], h.chunk_count, meta, h.major, h.minor, n, h.required_flags)
 
 
 @dataclass
@@ -163,18 +178,18 @@ def build_index(entries: list[IndexEntry]) -> bytes:
 
 
 def parse_index(data: bytes, chunk_count: int, first_offset: int, index_offset: int) -> list[IndexEntry]:
-    if len(data) < R.INDEX_FIXED_SIZE or data[: len(R.INDEX_MAGIC)] != R.INDEX_MAGIC:
+    if len(data) < INDEX_FIXED_SIZE or data[: len(INDEX_MAGIC)] != INDEX_MAGIC:
         raise FormatError("bad index magic", "E_MAGIC")
-    n = R.INDEX_FIXED.parse(data[: R.INDEX_FIXED_SIZE]).chunk_count
+    n = R.INDEX_FIXED.parse(data[: INDEX_FIXED_SIZE]).chunk_count
     if n != chunk_count:
         raise FormatError(f"index lists {n} chunks, header says {chunk_count}", "E_INDEX")
-    if len(data) != R.INDEX_FIXED_SIZE + n * R.INDEX_ENTRY_SIZE:
+    if len(data) != INDEX_FIXED_SIZE + n * INDEX_ENTRY_SIZE:
         raise FormatError("index length does not match its chunk count", "E_INDEX")
     out = []
     pos = first_offset
     for i in range(n):
-        off = R.INDEX_FIXED_SIZE + i * R.INDEX_ENTRY_SIZE
-        e = R.INDEX_ENTRY.parse(data[off : off + R.INDEX_ENTRY_SIZE])
+        off = INDEX_FIXED_SIZE + i * INDEX_ENTRY_SIZE
+        e = R.INDEX_ENTRY.parse(data[off : off + INDEX_ENTRY_SIZE])
         if e.reserved:
             raise FormatError("reserved index field is not zero", "E_RESERVED")
         if e.offset != pos or e.length < MIN_CHUNK_LENGTH or e.length > index_offset - pos:
@@ -192,21 +207,21 @@ def build_footer(index_offset: int, index: bytes, minor: int = 0) -> bytes:
             index_offset=index_offset,
             index_length=len(index),
             index_crc=crc32c(index),
-            major=R.VERSION_MAJOR,
+            major=FORMAT_MAJOR,
             minor=minor,
             reserved=0,
             footer_crc=0,
-            magic=R.FOOTER_MAGIC,
+            magic=FOOTER_MAGIC,
         )
     )
-    crc = crc32c(part[:FOOTER_CRC_OFFSET])
-    return part[:FOOTER_CRC_OFFSET] + crc.to_bytes(CRC_SIZE, "little") + R.FOOTER_MAGIC
+    covered: bytes = part[:FOOTER_CRC_OFFSET]
+    return covered + crc32c(covered).to_bytes(CRC_SIZE, "little") + FOOTER_MAGIC
 
 
 def parse_footer(data: Buffer) -> construct.Container:
-    if len(data) != R.FOOTER_SIZE:
+    if len(data) != FOOTER_SIZE:
         raise FormatError("file is too short for a footer", "E_TRUNCATED")
-    if data[-MAGIC_SIZE:] != R.FOOTER_MAGIC:
+    if data[-MAGIC_SIZE:] != FOOTER_MAGIC:
         raise FormatError("bad trailing magic (truncated or not a bbformat file)", "E_MAGIC")
     f = R.FOOTER.parse(data)
     if crc32c(data[:FOOTER_CRC_OFFSET]) != f.footer_crc:

@@ -9,7 +9,7 @@ ops backwards. The final stack is the chunk's payload.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..constants import DTYPE_BITS, MIN_SITE_DIM, SITE_FLAGS_KNOWN, OpKind, SiteFlag
 from ..errors import FormatError, InputError
@@ -35,11 +35,6 @@ class AxisRef:
     axis: int
 
 
-# short names for the spec's numbers (constants.py)
-OP_PUSH = OpKind.PUSH
-OP_SITE = OpKind.SITE
-SITE_PLAIN = SiteFlag.PLAIN  # no pop, no push, no rotation recovery
-SITE_PAPER = SiteFlag.PAPER  # paper mode: sign bits, X~ = E^T diag(mu) E, anchor un-rotated
 
 
 @dataclass(frozen=True)
@@ -67,11 +62,11 @@ class SiteEntry:
 
     @property
     def plain(self) -> bool:
-        return bool(self.flags & SITE_PLAIN)
+        return bool(self.flags & SiteFlag.PLAIN)
 
     @property
     def paper(self) -> bool:
-        return bool(self.flags & SITE_PAPER)
+        return bool(self.flags & SiteFlag.PAPER)
 
     @property
     def n_pop(self) -> int:
@@ -122,7 +117,7 @@ class BlockProgram:
         w = self.symbol_bits
         n = peak = self.payload_symbols()
         for op in reversed(self.ops):
-            if op.kind == OP_PUSH:
+            if op.kind == OpKind.PUSH:
                 n -= self.tensors[op.index].symbols(w)
             elif not self.sites[op.index].plain:
                 s = self.sites[op.index]
@@ -147,12 +142,12 @@ class BlockProgram:
         pos_push: dict[int, int] = {}
         pos_site: dict[int, int] = {}
         for k, op in enumerate(self.ops):
-            if op.kind == OP_PUSH:
+            if op.kind == OpKind.PUSH:
                 if not 0 <= op.index < len(self.tensors):
                     raise FormatError("PUSH names a tensor that does not exist", "E_DESCRIPTOR")
                 pushed[op.index] += 1
                 pos_push[op.index] = k
-            elif op.kind == OP_SITE:
+            elif op.kind == OpKind.SITE:
                 if not 0 <= op.index < len(self.sites):
                     raise FormatError("SITE names a site that does not exist", "E_DESCRIPTOR")
                 seen_site[op.index] += 1

@@ -2,8 +2,7 @@
 and the reader parses with the same structs.
 
 Every integer is little-endian. Reserved fields are written as zero and checked. The
-format's numbers (magics, sizes, flags, limits) live in bbformat/constants.py; the names
-below are that module's, kept here so that `R.NAME` reads beside the structs.
+format's numbers (magics, sizes, flags, limits) live in bbformat/constants.py.
 """
 from __future__ import annotations
 
@@ -15,10 +14,10 @@ from construct import (
     Bytes,
     Const,
     FormatField,
-    Int8ul,
     Int16ul,
     Int32ul,
     Int64ul,
+    Int8ul,
     PascalString,
     PrefixedArray,
     Struct,
@@ -26,49 +25,27 @@ from construct import (
     this,
 )
 
-# re-exported as R.NAME
-from ..constants import CHUNK_FIXED_SIZE as CHUNK_FIXED_SIZE
-from ..constants import CHUNK_MAGIC as CHUNK_MAGIC
-from ..constants import FILE_MAGIC as FILE_MAGIC
-from ..constants import FOOTER_MAGIC as FOOTER_MAGIC
-from ..constants import FOOTER_SIZE as FOOTER_SIZE
-from ..constants import HEADER_FIXED_SIZE as HEADER_FIXED_SIZE
-from ..constants import INDEX_ENTRY_SIZE as INDEX_ENTRY_SIZE
-from ..constants import INDEX_FIXED_SIZE as INDEX_FIXED_SIZE
-from ..constants import INDEX_MAGIC as INDEX_MAGIC
-from ..constants import MAX_CHUNKS as MAX_CHUNKS
-from ..constants import MAX_DESCRIPTOR as MAX_DESCRIPTOR
-from ..constants import MAX_METADATA as MAX_METADATA
-from ..constants import MAX_NDIM as MAX_NDIM
-from ..constants import MAX_SECTIONS_PER_CHUNK as MAX_SECTIONS_PER_CHUNK
-from ..constants import MAX_SITE_DIM as MAX_SITE_DIM
-from ..constants import MAX_SITES_PER_CHUNK as MAX_SITES_PER_CHUNK
-from ..constants import MAX_TENSOR_ELEMENTS as MAX_TENSOR_ELEMENTS
-from ..constants import MAX_TENSORS_PER_CHUNK as MAX_TENSORS_PER_CHUNK
-from ..constants import OP_RECORD_SIZE as OP_RECORD_SIZE
-from ..constants import OPTIONAL_FLAGS_KNOWN as OPTIONAL_FLAGS_KNOWN
-from ..constants import REQUIRED_FLAGS_KNOWN as REQUIRED_FLAGS_KNOWN
-from ..constants import SCHEME_CODES as SCHEME_CODES
-from ..constants import SCHEME_NAMES as SCHEME_NAMES
-from ..constants import SECTION_ENTRY_SIZE as SECTION_ENTRY_SIZE
 from ..constants import (
+    CHUNK_FIXED_SIZE,
+    CHUNK_MAGIC,
+    FILE_MAGIC,
     FOLLOWER_RECORD_MIN_SIZE,
-    FORMAT_MAJOR,
-    FORMAT_MINOR,
+    FOOTER_SIZE,
+    HEADER_FIXED_SIZE,
+    INDEX_ENTRY_SIZE,
+    INDEX_FIXED_SIZE,
+    INDEX_MAGIC,
     MAX_FOLLOWERS_PER_CHUNK,
+    MAX_SITES_PER_CHUNK,
+    MAX_TENSORS_PER_CHUNK,
+    OP_RECORD_SIZE,
+    SECTION_ENTRY_SIZE,
     SITE_RECORD_MIN_SIZE,
     TENSOR_RECORD_MIN_SIZE,
-    RequiredFlag,
 )
 from ..bytecursor import ByteCursor
 from ..errors import FormatError, LimitError
 from ..zstdframe import Buffer
-
-VERSION_MAJOR = FORMAT_MAJOR
-VERSION_MINOR = FORMAT_MINOR  # the newest minor this code reads; a writer writes the lowest its file needs
-FLAG_PLANES = RequiredFlag.PLANES
-FLAG_DIGESTS = RequiredFlag.DIGESTS
-FLAG_MIXED_CORRECTIONS = RequiredFlag.MIXED_CORRECTIONS
 
 HEADER_FIXED = Struct(
     "magic" / Const(FILE_MAGIC),

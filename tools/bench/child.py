@@ -11,7 +11,6 @@ load time includes the imports, and `baseline` gets TREE's bbformat, not this ch
 from __future__ import annotations
 
 import json
-import resource
 import statistics
 import sys
 import time
@@ -19,12 +18,14 @@ from typing import Any, Callable
 
 
 def load_model_task(path: str) -> str:
-    """'<seconds> <peak RSS MiB>' of load_model(path), clock started before the imports."""
+    """'<seconds> <peak RSS MiB>' of load_model(path), clock started before the imports; the peak
+    is this process's VmHWM (ru_maxrss survives exec and could report the parent's larger peak)."""
     t = time.perf_counter()
     from bbformat.loader import load_model
+    from tools.bench_scale import vm_hwm
 
     load_model(path)
-    return f"{time.perf_counter() - t} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}"
+    return f"{time.perf_counter() - t} {vm_hwm() / 2**20}"
 
 
 def _warm_up() -> None:
@@ -44,16 +45,14 @@ def stream_peak_task(path: str) -> str:
     """JSON: growth of the peak RSS (VmHWM of /proc/self/status: ru_maxrss survives exec and would
     report the parent's larger peak) while iter_stream decodes the whole file and keeps every
     tensor, as a loader does; the decoded model's bytes and the largest block's."""
-    from bbformat import Header, iter_stream
+    from bbformat import iter_stream
     from tools.bench_scale import vm_hwm
 
     _warm_up()
     base = vm_hwm()
     kept, largest = [], 0
     with open(path, "rb") as f:
-        for item in iter_stream(f):
-            if isinstance(item, Header):
-                continue
+        for item in iter_stream(f):  # the blocks (the header is the stream's .header)
             largest = max(largest, sum(t.bits.nbytes for t in item.tensors.values()))
             kept.append(item.tensors)
     peak = vm_hwm()

@@ -14,7 +14,8 @@ LAYERS_D = 460
 def layer_chunk(d: int, hidden_ffn: int, seed: int) -> tuple[Any, dict[str, Any]]:
     """A layout of one layer (attention and MLP sites) and random fp16 tensors for it."""
     from bbformat.codec.dtypes import RawTensor
-    from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec
+    from bbformat.codec.layout import ChunkLayout, SiteSpec
+    from bbformat.container.program import AxisRef
 
     rng = np.random.default_rng(seed)
 
@@ -32,7 +33,8 @@ def layer_chunk(d: int, hidden_ffn: int, seed: int) -> tuple[Any, dict[str, Any]
 def decode(enc: Any) -> Any:
     """Decode an encoded chunk in memory, its side sections decompressed as a reader would."""
     from bbformat.codec.decoder import decode_program
-    from bbformat.codec.sections import StoredCorrector, decoded_limit, decompress
+    from bbformat.codec.sections import StoredCorrector, decoded_limit
+    from bbformat.zstdframe import decompress
     from bbformat.constants import SectionKind
 
     side = {(s.kind, s.site): decompress(s.stored, s.codec, len(s.data), decoded_limit(enc.program, s.kind, s.site))

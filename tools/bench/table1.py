@@ -50,7 +50,8 @@ def measure_site(d: int, rows: int, tol: float, seed: int = 0) -> float:
     """Fraction of the site's gross bound kept, by the real encoder on a synthetic site."""
     from bbformat.codec.dtypes import RawTensor
     from bbformat.codec.encoder import encode_chunk
-    from bbformat.codec.layout import AxisRef, ChunkLayout, SiteSpec
+    from bbformat.codec.layout import ChunkLayout, SiteSpec
+    from bbformat.container.program import AxisRef
 
     rng = np.random.default_rng(seed)
     n_src = d * (d + 1) // 2 // d + 2

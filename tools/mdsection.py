@@ -1,0 +1,25 @@
+"""The one markdown-section writer of the benchmark tools: each tool owns one level-2 section of
+BENCHMARKS.md, found by its exact heading line; every other line of the file is kept."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def replace_section(text: str, section: str, heading: str) -> str:
+    """TEXT with the section HEADING (its heading line up to the next '## ' line) replaced by
+    SECTION, or SECTION appended at the end."""
+    section = section.rstrip("\n") + "\n"
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.rstrip("\n") == heading), None)
+    if start is None:
+        sep = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
+        return text + sep + section
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    tail = "".join(lines[end:])
+    return "".join(lines[:start]) + section + ("\n" + tail if tail else "")
+
+
+def write_section(path: Path, section: str, heading: str) -> None:
+    """Replace (or append) the section HEADING of the markdown file at PATH."""
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    path.write_text(replace_section(text, section, heading), encoding="utf-8")
