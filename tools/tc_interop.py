@@ -846,7 +846,7 @@ def main(argv: list[str] | None = None) -> int:
         res = json.loads(a.json.read_text())
         if a.note:  # a later remark on the same run: kept in the JSON too
             res["notes"] = res.get("notes", []) + list(a.note)
-            a.json.write_text(json.dumps(res, indent=1) + "\n")
+            a.json.write_text(json.dumps(res, indent=2) + "\n")
         write_report(a.report, res)
         print(f"tc_interop: wrote section 11 of {a.report} from {a.json}")
         return 0
