@@ -2463,12 +2463,33 @@ def add_v12(S: Suite) -> None:  # noqa: C901 - one list of vectors
               "residual 0): groups hold more varints than their residual positions", "E_SECTION_CONTENT", 25, since=V)
 
 
+def add_phi(S: Suite) -> None:
+    """pack's site layouts for the rest of the TransformerCompression family (SPEC.md 12.1):
+    Phi-2's one site per parallel block, whose anchor (dense) has an axis-0 follower that also
+    writes the stream (fc2, and both biases); Phi-3's fused qkv_proj and gate_up_proj, one
+    follower each. Format 1.2, pack's defaults but for the scheme."""
+    V = "1.2"
+    for arch, scheme, seed in (("phi2", "symmetric", 41), ("phi2", "paper", 42), ("phi3", "symmetric", 43)):
+        data, rep = tiny_model(arch, scheme, seed, None, "float16", layers=2, format_version="1.2", entropy=None)
+        nonplain_sites = sum(1 for s in rep.sites if s.plain_reason is None)
+        with Reader(io.BytesIO(data)) as r:
+            programs = [r.read_program(i) for i in range(len(r))]
+        followers = max(len(s.followers) for p in programs for s in p.sites)
+        assert nonplain_sites, (arch, scheme)
+        what = ("Phi-2 (parallel blocks: one site per layer, anchor self_attn.dense with mlp.fc2 and both biases as axis-0 "
+                "followers)" if arch == "phi2" else "Phi-3 (fused qkv_proj and gate_up_proj: one follower each)")
+        S.valid(f"v_model_{arch}_{'sym' if scheme == 'symmetric' else 'paper'}", data, "§5.1, §12.1",
+                f"bbformat.api.pack (format 1.2) of a tiny sliced {what}, 2 layers, float16, {scheme} scheme, default tolerance: "
+                f"{len(programs)} chunks, {nonplain_sites} non-plain sites, up to {followers} followers on a site", since=V)
+
+
 def add_all(S: Suite) -> None:
     add_valid(S)
     add_invalid(S)
     add_optional(S)
     add_planes(S)
     add_v12(S)
+    add_phi(S)
 
 
 def main(argv: list[str] | None = None) -> int:
