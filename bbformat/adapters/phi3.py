@@ -22,8 +22,6 @@ Llama has three (q, k, v) or two (up, gate). Per layer, as for Llama:
 """
 from __future__ import annotations
 
-from typing import Any
-
 from ..checkpoint import Checkpoint
 from ..codec.layout import ModelLayout
 from . import llama
@@ -35,11 +33,6 @@ NAMES = Names(
     up=("mlp.gate_up_proj.weight",), down="mlp.down_proj.weight",
     layer_norms=("input_layernorm.weight", "post_attention_layernorm.weight"), final_norms=("model.norm.weight",),
 )
-
-
-def shapes(hf: dict[str, Any]) -> tuple[int, int, int, int, int, int, int]:
-    """(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab): Llama's config fields."""
-    return llama.shapes(hf, "Phi-3")
 
 
 def _projections(i: int, d: Dims, sizes: llama.Sizes) -> tuple[llama.Shapes, llama.Shapes]:
