@@ -749,6 +749,13 @@ def summarise_model(ctx: Ctx, res: Json) -> None:
     res["goals"] = model_goals(res)
 
 
+def _missed_by(value: float, limit: float, unit: str) -> str:
+    """How far over its limit a result is, in digits that do not round a near miss to zero."""
+    over, pct = value - limit, 100 * (value - limit) / limit
+    return (f"missed by {over:.2f}{unit} " if over >= 0.01 else f"missed by {over:.2g}{unit} ") + \
+        (f"({pct:.0f}% over)" if pct >= 1 else f"({pct:.1f}% over)")
+
+
 def _goal(model: str, goal: str, value: float | None, limit: float, unit: str, err: str | None = None) -> Json:
     met = value is not None and value <= limit
     if value is None:
@@ -756,7 +763,7 @@ def _goal(model: str, goal: str, value: float | None, limit: float, unit: str, e
     elif met:
         text = "met"
     else:
-        text = f"missed by {value - limit:.2f}{unit} ({100 * (value - limit) / limit:.0f}% over)"
+        text = _missed_by(value, limit, unit)
     return {"model": model, "goal": goal, "value": value, "limit": limit, "unit": unit, "met": met, "text": text}
 
 
@@ -938,8 +945,9 @@ def goals_table(res: Json) -> list[str]:
     goals = [g for m in res["models"] for g in m.get("goals", [])]
     L = ["### Goals", "", "| model | goal | result | met |", "|---|---|---|---|"]
     for g in goals:
-        val = "n/a" if g["value"] is None else f"{g['value']:.2f}{g['unit']}"
-        L.append(f"| {g['model']} | {g['goal']} | {val} | {g['text'] if not g['met'] else 'met'} |")
+        val = "n/a" if g["value"] is None else f"{g['value']:.3f}{g['unit']}" if not g["met"] else f"{g['value']:.2f}{g['unit']}"
+        text = "met" if g["met"] else g["text"] if g["value"] is None else _missed_by(g["value"], g["limit"], g["unit"])
+        L.append(f"| {g['model']} | {g['goal']} | {val} | {text} |")
     missed = sum(not g["met"] for g in goals)
     return L + ["", f"{len(goals) - missed} of {len(goals)} goals met." if goals else "No goal could be checked.", ""]
 
