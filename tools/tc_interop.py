@@ -604,6 +604,24 @@ def side_files_identical(src: Path, dst: Path, weights: str) -> tuple[bool, list
     return not diffs, diffs
 
 
+def pack_and_unpack(src: Path, bb: Path, unp: Path, weights: str, rec: Json, log: Path) -> bool:
+    """`bbformat pack SRC BB --verify`, then `unpack BB UNP`, recorded in REC (pack_verify_ok,
+    container_bytes, side_files_identical, errors); True if the unpacked directory was written."""
+    p = _bb(["pack", str(src), str(bb), "--verify", "--quiet"], log)
+    rec["pack_rc"], rec["pack_verify_ok"] = p.returncode, p.returncode == 0
+    rec["pack_warnings"] = [ln for ln in p.stderr.splitlines() if "warning" in ln.lower()]
+    if p.returncode != 0:
+        rec["errors"].append(f"bbformat pack --verify exited {p.returncode}: {p.stderr.strip()[:300]}")
+        return False
+    rec["container_bytes"] = bb.stat().st_size
+    u = _bb(["unpack", str(bb), str(unp), "--quiet"], log)
+    if u.returncode != 0:
+        rec["errors"].append(f"bbformat unpack exited {u.returncode}: {u.stderr.strip()[:300]}")
+        return False
+    rec["side_files_identical"], rec["side_file_diffs"] = side_files_identical(src, unp, weights)
+    return True
+
+
 def _weights_layout(p: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     import torch
 
@@ -648,24 +666,12 @@ def run_tiny(a: argparse.Namespace, arch: str, dtype: str) -> Json:
     row["ids_shape"] = "×".join(map(str, ref["ids"].shape))
     row["ref_max_abs_logit"] = float(np.abs(ref["logits"]).max())
 
-    p = _bb(["pack", str(saved), str(bb), "--verify", "--quiet"], log)
-    row["pack_rc"], row["pack_verify_ok"] = p.returncode, p.returncode == 0
-    row["pack_warnings"] = [ln for ln in p.stderr.splitlines() if "warning" in ln.lower()]
-    if p.returncode != 0:
-        row["errors"].append(f"bbformat pack --verify exited {p.returncode}: {p.stderr.strip()[:300]}")
-    else:
-        row["container_bytes"] = bb.stat().st_size
-        u = _bb(["unpack", str(bb), str(unp), "--quiet"], log)
-        if u.returncode != 0:
-            row["errors"].append(f"bbformat unpack exited {u.returncode}: {u.stderr.strip()[:300]}")
-        else:
-            ok, diffs = side_files_identical(saved, unp, pt)
-            row["side_files_identical"], row["side_file_diffs"] = ok, diffs
-            row["weights_keys_shapes_dtypes_equal"] = _weights_layout(saved / pt) == _weights_layout(unp / pt)
-            if not ok:
-                row["errors"].append(f"unpack's files differ from TC's: {diffs}")
-            if not row["weights_keys_shapes_dtypes_equal"]:
-                row["errors"].append("unpacked .pt has other keys, shapes or dtypes than TC's")
+    if pack_and_unpack(saved, bb, unp, pt, row, log):
+        row["weights_keys_shapes_dtypes_equal"] = _weights_layout(saved / pt) == _weights_layout(unp / pt)
+        if not row["side_files_identical"]:
+            row["errors"].append(f"unpack's files differ from TC's: {row['side_file_diffs']}")
+        if not row["weights_keys_shapes_dtypes_equal"]:
+            row["errors"].append("unpacked .pt has other keys, shapes or dtypes than TC's")
     dirs = [saved] + ([unp] if unp.is_dir() else [])
     outs = [work / "tc_reload_tc.npz", work / "tc_reload_unpacked.npz"][: len(dirs)]
     try:
@@ -744,17 +750,7 @@ def run_smol(a: argparse.Namespace) -> Json:
         import shutil
 
         shutil.rmtree(unp)
-    p = _bb(["pack", str(sl), str(bb), "--verify", "--quiet"], log)
-    s["pack_verify_ok"] = p.returncode == 0
-    if p.returncode != 0:
-        s["errors"].append(f"bbformat pack --verify exited {p.returncode}: {p.stderr.strip()[:300]}")
-    else:
-        s["container_bytes"] = bb.stat().st_size
-        u = _bb(["unpack", str(bb), str(unp), "--quiet"], log)
-        if u.returncode != 0:
-            s["errors"].append(f"bbformat unpack exited {u.returncode}: {u.stderr.strip()[:300]}")
-        else:
-            s["side_files_identical"], s["side_file_diffs"] = side_files_identical(sl, unp, pt.name)
+    pack_and_unpack(sl, bb, unp, pt.name, s, log)
     ids_path = work / "ids.npy"
     common = ["--tc-src", str(a.tc_src), "--model-name", s["tc_model_name"], "--sparsity", sparsity, "--text", str(DATA / "eval.txt"),
               "--tokens", str(a.smol_tokens), "--logit-positions", str(a.smol_logit_positions)]
