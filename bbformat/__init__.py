@@ -1,9 +1,10 @@
 """bbformat: bits-back coding of rotation-symmetric transformer weights (SliceGPT)."""
 from __future__ import annotations
 
-from .api import InexactWarning, PackReport, VerifyReport, open_container, pack, read_tensors, unpack, verify
+from .api import DeviceNote, InexactWarning, PackReport, VerifyReport, open_container, pack, read_tensors, unpack, verify
 from .errors import (
     BBFormatError,
+    DeviceError,
     DigestError,
     FormatError,
     InputError,
@@ -34,6 +35,8 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "BBFormatError",
     "DecodedBlock",
+    "DeviceError",
+    "DeviceNote",
     "DigestError",
     "FormatError",
     "Header",

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .codec import rotation as rot
 from .codec.dtypes import RawTensor
+from .codec.linalg import Linalg, device_backend, torch_device_of
 from .codec.entropy import check_entropy_mode
 from .constants import FORMAT_VERSIONS, PACK_SCHEMES, written_version
 from .container.framing import check_format_version
@@ -80,6 +80,7 @@ def pack(
     calibration_seqlen: int = 512,
     entropy: str | None = None,
     format_version: str = FORMAT_VERSION,
+    device: str | Linalg | None = None,
 ) -> PackReport:
     """Encode a SliceGPT checkpoint directory (TransformerCompression layout) into `dst`.
 
@@ -103,9 +104,17 @@ def pack(
     and 1.1 readers read (1.0 unless "planes" or "auto"), exact only on readers whose
     floating point matches the packing machine's, and unverifiable.
 
+    `device` runs the linear algebra there (codec/linalg.py: "cpu", the reference, by default;
+    "cuda", "cuda:N", "torch:DEV"), the encoder's simulation of the decoder and its band
+    included, so the corrections and the band are computed from that device's own results.
+    Every reader still decodes the file bit-exactly within the band, and checks it by the
+    digests (format 1.2). A missing or failing device is DeviceError (E_DEVICE) before or
+    instead of writing anything.
+
     The output is deterministic for a given software and thread
     environment (the moments are rounded to 10 bits, which makes a differing BLAS or
-    thread count flip a rounding decision rarely, but not never)."""
+    thread count flip a rounding decision rarely, but not never). On another device, for a
+    given device model, driver and library versions (README, Devices)."""
     from .checkpoint import read_checkpoint
 
     check_choice("scheme", scheme, PACK_SCHEMES)
@@ -118,19 +127,22 @@ def pack(
     if scheme == "none" and calibration is not None:
         raise InputError("--calibration rounds rotated weights; scheme 'none' rotates nothing")
     _check_paths(Path(src), Path(dst))
+    la = device_backend(device)
     # Every input check (files, pickle, JSON, config vs tensors, NaN/Inf) happens before the
     # Writer creates anything at dst. The weights are mapped, not read: each block's tensors
     # are read when it is encoded and released after (memory: a few blocks, not the model).
     with read_checkpoint(Path(src)) as ckpt:
         return _pack_checkpoint(ckpt, dst, scheme, tolerance, verify, progress, calibration, calibration_samples,
-                                calibration_seqlen, entropy, format_version)
+                                calibration_seqlen, entropy, format_version, la)
 
 
 def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str, tolerance: float | None, verify: bool,
                      progress: Progress | None, calibration: str | os.PathLike[str] | torch.Tensor | None,
-                     calibration_samples: int, calibration_seqlen: int, entropy: str, format_version: str = FORMAT_VERSION) -> PackReport:
+                     calibration_samples: int, calibration_seqlen: int, entropy: str, format_version: str = FORMAT_VERSION,
+                     la: Linalg | None = None) -> PackReport:
     from .adapters import plan
 
+    la = device_backend(la)
     layout = plan(ckpt, "symmetric" if scheme == "none" else scheme)
     if scheme == "none":  # the same blocks, no rotation sites: every tensor is stored as given
         layout = ModelLayout(layout.architecture, "none", [ChunkLayout(c.name, c.tensors, ()) for c in layout.chunks])
@@ -176,8 +188,8 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
     # as it is written: the encoder holds one block, the worker at most PACK_QUEUE more.
     coding = "symmetric" if scheme == "none" else scheme  # no sites: no mode to choose
     with Writer(dst, scheme, len(layout.chunks), metadata, entropy=entropy, background_header=True,
-                format_version=format_version) as w, BoundedWorker() as worker, rot.one_blas_thread():
-        chain = EncodeChain(layout, get, coding, tolerance, moments, band=w.mixed_corrections, progress=progress)
+                format_version=format_version) as w, BoundedWorker() as worker, la.threads():
+        chain = EncodeChain(layout, get, coding, tolerance, moments, band=w.mixed_corrections, progress=progress, la=la)
         for _chunk, enc in encode_chunks(chain):
             digests.append({n: _digest(t) for n, t in enc.intended.items()})
             crc = content_crc(enc.program, enc.intended) if w.digests else None
@@ -190,7 +202,7 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
         worker.drain()
         report.metadata_bytes = w.metadata_bytes
         # --verify decodes the finished temp file; only a verified file replaces dst
-        report.container_bytes = w.close(check=(lambda tmp: verify_container(tmp, digests)) if verify else None)
+        report.container_bytes = w.close(check=(lambda tmp: verify_container(tmp, digests, la)) if verify else None)
     return report
 
 
@@ -214,8 +226,10 @@ def _check_paths(src: Path, dst: Path) -> None:
             raise InputError(f"refusing to write {dst}: it would replace the input file {p}")
 
 
-def verify_container(path: str | os.PathLike[str], digests: list[dict[str, str]]) -> None:
-    with Reader(path) as r:
+def verify_container(path: str | os.PathLike[str], digests: list[dict[str, str]], device: str | Linalg | None = None) -> None:
+    """pack --verify: decode the written file (on `device`, with the reader's fallback) and
+    compare every tensor's SHA-256 with the encoder's intent."""
+    with Reader(path, device=device) as r:
         if len(r) != len(digests):
             raise VerifyError("chunk count differs from what was encoded")
         for block in r.iter_blocks():
@@ -236,6 +250,9 @@ class VerifyReport:
     decoded_bytes: int
     digests: bool = False  # the file records a digest of each chunk's decoded values (1.2)
     inexact: list[str] = field(default_factory=list)  # "index name" of chunks whose digest differed
+    device: str = "cpu"  # the backend that decoded (codec/linalg.py names)
+    fallback: list[str] = field(default_factory=list)  # "index name" of chunks the device missed, decoded again by the reference
+    note: str | None = None  # e.g. a file without digests decoded with the reference instead of the device asked for
 
     @property
     def exact(self) -> bool | None:
@@ -245,7 +262,8 @@ class VerifyReport:
     def as_dict(self) -> dict[str, object]:
         return {"path": self.path, "format_version": self.format_version, "chunks": self.chunks, "tensors": self.tensors,
                 "values": self.values, "decoded_bytes": self.decoded_bytes, "crc_verified": True, "content_digests": self.digests,
-                "exact": self.exact, "inexact_chunks": list(self.inexact)}
+                "exact": self.exact, "inexact_chunks": list(self.inexact), "device": self.device,
+                "fallback_chunks": list(self.fallback), "note": self.note}
 
     def summary(self) -> str:
         counts = f"{self.chunks} chunks ({self.tensors} tensors, {self.values:,} values)"
@@ -254,22 +272,29 @@ class VerifyReport:
                     f"{self.format_version} files carry no digest of the decoded values, so this is not a proof of "
                     "exactness on this reader")
         if not self.inexact:
-            return f"{self.path}: exact: all {self.chunks} chunks verified ({self.tensors} tensors, {self.values:,} values)"
+            fell = "" if not self.fallback else (f"; {len(self.fallback)} of them missed their digests on {self.device} and were "
+                                                 "decoded again with the reference")
+            return f"{self.path}: exact: all {self.chunks} chunks verified ({self.tensors} tensors, {self.values:,} values{fell})"
         return (f"{self.path}: NOT exact on this reader: {len(self.inexact)} of {self.chunks} chunks decoded to other values "
                 f"than their digests ({', '.join(self.inexact[:5])}{', ...' if len(self.inexact) > 5 else ''})")
 
 
 def verify(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None,
-           workers: int | None = None, progress: Progress | None = None) -> VerifyReport:
+           workers: int | None = None, progress: Progress | None = None, device: str | Linalg | None = None) -> VerifyReport:
     """Decode every block (CRC32C, every MUST-reject check and, in a 1.2 file, each chunk's
     content digest) and drop it: memory about `workers` + 1 blocks. Raises the first error met,
-    except a digest mismatch: every chunk is decoded and the report lists those that missed."""
-    with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=True) as r:
+    except a digest mismatch: every chunk is decoded and the report lists those that missed.
+    On a `device` other than the reference, the report lists the chunks that missed their
+    digests there and were decoded again with the reference (`fallback`)."""
+    with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=True, device=device) as r:
         n = len(r)
-        rep = VerifyReport(str(path), f"{r.header.major}.{r.header.minor}", n, 0, 0, 0, digests=r.has_digests)
+        rep = VerifyReport(str(path), f"{r.header.major}.{r.header.minor}", n, 0, 0, 0, digests=r.has_digests,
+                           device=r.linalg.name, note=r.note)
         for k, block in enumerate(r.iter_blocks("reverse", workers=decode_workers(workers))):
             if block.exact is False:
                 rep.inexact.append(f"{block.index} {block.name}")
+            if block.fallback:
+                rep.fallback.append(f"{block.index} {block.name}")
             rep.tensors += len(block.tensors)
             rep.values += sum(t.bits.size for t in block.tensors.values())
             rep.decoded_bytes += sum(t.bits.nbytes for t in block.tensors.values())
@@ -280,28 +305,47 @@ def verify(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = 
 
 
 def open_container(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None,
-                   allow_inexact: bool = False) -> Reader:
-    """A streaming reader: `iter_blocks()` decodes one block at a time."""
-    return Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact)
+                   allow_inexact: bool = False, device: str | Linalg | None = None) -> Reader:
+    """A streaming reader: `iter_blocks()` decodes one block at a time, its linear algebra on
+    `device` (Reader)."""
+    return Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device)
 
 
 class InexactWarning(UserWarning):
     """allow_inexact=True decoded chunks whose values differ from their digests."""
 
 
+class DeviceNote(UserWarning):
+    """A decode on a device other than the reference ran (in part) on the reference instead: a
+    file without digests, or chunks that missed their digests on the device (the fallback)."""
+
+
 class InexactBlocks:
-    """Collects the blocks that missed their digests; warns once, at the end, if any did."""
+    """Collects the blocks that missed their digests, and those the device missed that the
+    reference decoded again; warns once, at the end, if any did."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = str(path)
         self.names: list[str] = []
+        self.fallback: list[str] = []
 
     def see(self, block: DecodedBlock) -> DecodedBlock:
         if block.exact is False:
             self.names.append(f"{block.index} {block.name}")
+        if block.fallback:
+            self.fallback.append(f"{block.index} {block.name}")
         return block
 
-    def warn(self) -> None:
+    def note(self, r: Reader) -> None:
+        """The reader's own note (a file without digests, decoded with the reference), as a DeviceNote."""
+        if r.note:
+            warnings.warn(DeviceNote(r.note), stacklevel=3)
+
+    def warn(self, device: str = "cpu") -> None:
+        if self.fallback:
+            warnings.warn(DeviceNote(f"{self.path}: {len(self.fallback)} chunks missed their digests on {device} and were decoded "
+                                     f"again with the reference: {', '.join(self.fallback[:5])}"
+                                     f"{', ...' if len(self.fallback) > 5 else ''}"), stacklevel=3)
         if self.names:
             warnings.warn(InexactWarning(f"{self.path}: {len(self.names)} chunks decoded to values other than their digests "
                                          f"(E_DIGEST, allowed): {', '.join(self.names[:5])}{', ...' if len(self.names) > 5 else ''}"),
@@ -309,26 +353,30 @@ class InexactBlocks:
 
 
 def read_tensors(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None,
-                 allow_inexact: bool = False) -> dict[str, torch.Tensor]:
+                 allow_inexact: bool = False, device: str | Linalg | None = None) -> dict[str, torch.Tensor]:
     """Decode a whole container into an ordered dict of torch tensors. A chunk that misses its
-    digest raises DigestError, unless allow_inexact (then an InexactWarning names it)."""
-    with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact) as r:
+    digest raises DigestError, unless allow_inexact (then an InexactWarning names it).
+    `device`: where the linear algebra runs (Reader), and where the tensors are put: its torch
+    device ("cuda:0" for "cuda"), the CPU for "cpu"."""
+    with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device) as r:
         inexact = InexactBlocks(path)
-        out = _decode_to_torch(r, None, inexact)
+        inexact.note(r)
+        out = _decode_to_torch(r, None, inexact, torch_device_of(r.linalg))
         keys = r.metadata.get("keys") or list(out)
-    inexact.warn()
+    inexact.warn(r.linalg.name)
     return {k: out[k] for k in keys}
 
 
-def _decode_to_torch(r: Reader, progress: Progress | None, inexact: InexactBlocks) -> dict[str, torch.Tensor]:
-    """Every block, decoded in parallel; each becomes torch tensors (sharing its arrays) as it arrives."""
+def _decode_to_torch(r: Reader, progress: Progress | None, inexact: InexactBlocks, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """Every block, decoded in parallel; each becomes torch tensors (sharing its arrays) on
+    `device` as it arrives."""
     from .tensors import raw_to_torch
 
     out: dict[str, torch.Tensor] = {}
     n = len(r)
     for k, block in enumerate(r.iter_blocks("reverse", workers=DECODE_WORKERS)):
         inexact.see(block)
-        out.update((name, raw_to_torch(t, copy=False)) for name, t in block.tensors.items())
+        out.update((name, raw_to_torch(t, copy=False).to(device)) for name, t in block.tensors.items())
         if progress is not None:
             progress(k + 1, n, block.name)
     return out
@@ -344,6 +392,7 @@ def unpack(
     max_site_dim: int | None = None,
     workers: int | None = None,
     allow_inexact: bool = False,
+    device: str | Linalg | None = None,
 ) -> Path:
     """Write the TransformerCompression layout back: <stem>.pt (or .safetensors) and the JSON files.
 
@@ -357,13 +406,17 @@ def unpack(
 
     A chunk whose decoded values miss its digest (format 1.2) raises DigestError and nothing
     is published, unless allow_inexact: then the files are written and an InexactWarning
-    names the chunks."""
+    names the chunks.
+
+    `device`: where the linear algebra runs (Reader); chunks it misses are decoded again with
+    the reference, and a DeviceNote says how many."""
     from .checkpoint import check_side_files, publish_checkpoint
 
     if fmt not in ("pt", "safetensors"):
         raise InputError(f"unknown output format {fmt!r} (choose 'pt' or 'safetensors')")
     inexact = InexactBlocks(src)
-    with Reader(src, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact) as r:
+    with Reader(src, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device) as r:
+        inexact.note(r)
         entries = r.tensor_entries()
         keys = r.metadata.get("keys") or list(entries)
         missing = [k for k in keys if k not in entries]
@@ -378,7 +431,7 @@ def unpack(
             _stream_weights(r, path, fmt, wanted, progress, workers, inexact)
 
         out = publish_checkpoint(Path(dst), stem, files, fmt, weights)
-    inexact.warn()
+    inexact.warn(r.linalg.name)
     return out
 
 

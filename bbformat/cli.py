@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .constants import ENTROPY_MODES, PACK_SCHEMES, ROTATION_SCHEMES, ExitStatus
-from .api import InexactWarning, pack, unpack, verify
+from .api import DeviceNote, InexactWarning, pack, unpack, verify
 from .errors import BBFormatError, DigestError
 from .summary import format_summary, inspect
 
@@ -83,7 +83,7 @@ def _progress(quiet: bool, verb: str) -> Callable[[int, int, str], None] | None:
 def _cmd_pack(a: argparse.Namespace) -> int:
     rep = pack(a.src, a.out, scheme=a.scheme, tolerance=a.tolerance, verify=a.verify, progress=_progress(a.quiet, "pack"),
                calibration=a.calibration, calibration_samples=a.calibration_samples, calibration_seqlen=a.calibration_seqlen,
-               entropy=a.entropy, format_version=a.format_version)
+               entropy=a.entropy, format_version=a.format_version, device=a.device)
     info = inspect(a.out)
     if a.json:
         print(json.dumps({**info["totals"], "larger_than_plain": info["totals"]["container_bytes"] >= info["totals"]["plain_bytes"]},
@@ -117,11 +117,14 @@ def _larger_than_plain(t: dict[str, Any]) -> str:
 def _cmd_unpack(a: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", InexactWarning)
+        warnings.simplefilter("always", DeviceNote)
         out = unpack(a.src, a.dst, fmt=a.format, progress=_progress(a.quiet, "unpack"), max_block_bytes=a.max_memory,
-                     max_site_dim=a.max_site_dim, workers=a.workers, allow_inexact=a.allow_inexact)
+                     max_site_dim=a.max_site_dim, workers=a.workers, allow_inexact=a.allow_inexact, device=a.device)
     for w in caught:
         if issubclass(w.category, InexactWarning):
             sys.stderr.write(f"bbformat: warning: {w.message}\n")
+        elif issubclass(w.category, DeviceNote):
+            sys.stderr.write(f"bbformat: note: {w.message}\n")
     if not a.quiet:
         print(f"wrote {out}")
     return 0
@@ -129,11 +132,13 @@ def _cmd_unpack(a: argparse.Namespace) -> int:
 
 def _cmd_verify(a: argparse.Namespace) -> int:
     rep = verify(a.src, max_block_bytes=a.max_memory, max_site_dim=a.max_site_dim, workers=a.workers,
-                 progress=_progress(a.quiet or a.json, "verify"))
+                 progress=_progress(a.quiet or a.json, "verify"), device=a.device)
     if a.json:
         print(json.dumps(rep.as_dict(), indent=2))
     else:
         print(rep.summary())
+        if rep.note:
+            sys.stderr.write(f"bbformat: note: {rep.note}\n")
     return DigestError.exit_status if rep.exact is False else 0
 
 
@@ -221,6 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
     ins = sub.add_parser("inspect", help="summarise a container")
     ins.add_argument("src")
     ins.add_argument("--json", action="store_true")
+    for sp in (pk, up, vf):
+        sp.add_argument("--device", default="cpu", metavar="DEV",
+                        help="where the float64 linear algebra runs: cpu (default: the reference, numpy), cuda, cuda:N, "
+                             "or torch:DEV for torch on another device (torch:cpu runs the GPU code path on the CPU). "
+                             "A decode elsewhere is checked chunk by chunk against the file's digests, and a chunk that "
+                             "misses is decoded again with the reference (README, Devices)")
     for sp in (up, vf, ins):
         sp.add_argument("--max-memory", type=_size, default="auto", metavar="SIZE",
                         help="refuse a block whose declared working set (SPEC.md 11.5) exceeds SIZE, e.g. 2G "

@@ -257,6 +257,7 @@ class ExitStatus(IntEnum):
     VERIFY = 7  # pack --verify found a difference
     OUTPUT = 8  # the output could not be written (E_OUTPUT, E_NO_SPACE)
     DIGEST = 9  # a chunk decoded to other values than its digest records
+    DEVICE = 10  # the chosen device (--device) is missing, unusable or out of memory
     USAGE = 64  # command-line usage error
     INTERNAL = 70  # a bug
     INTERRUPTED = 130  # 128 + SIGINT
@@ -307,6 +308,7 @@ ERROR_CODES: dict[str, ExitStatus] = {
     "E_WRITER_STATE": ExitStatus.ERROR,
     "E_OUTPUT": ExitStatus.OUTPUT,
     "E_NO_SPACE": ExitStatus.OUTPUT,
+    "E_DEVICE": ExitStatus.DEVICE,
 }
 """Every error code bbformat's checks report (SPEC.md 11.2), with the CLI exit status it ends
 with. The exception classes of errors.py carry a default code of their own (E_BBFORMAT,

@@ -85,6 +85,14 @@ class NoSpaceError(OutputError):
     exit_status = ExitStatus.OUTPUT
 
 
+class DeviceError(BBFormatError):
+    """The device chosen for the linear algebra (`device=`, `--device`) is missing, cannot run
+    float64 linear algebra, or ran out of memory. Nothing is written when it happens."""
+
+    code = "E_DEVICE"
+    exit_status = ExitStatus.DEVICE
+
+
 def check_choice(what: str, value: object, choices: Sequence[str]) -> None:
     """InputError unless `value` is one of `choices`: "unknown {what} {value!r} (choose a, b, ...)".
     The one wording of every option check (scheme, entropy mode, format version)."""

@@ -24,6 +24,7 @@ from .adapters.torch_models import build_model
 from .api import InexactBlocks
 from .checkpoint import Checkpoint, read_checkpoint
 from .container.program import bits_of
+from .codec.linalg import Linalg, device_backend, torch_device_of
 from .errors import InputError
 from .reader import DecodedBlock, Reader, decode_workers
 from .tensors import raw_to_torch, torch_dtype
@@ -49,7 +50,8 @@ def fill_model(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], ex
 
 
 def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *, max_block_bytes: int | str | None = "auto",
-               max_site_dim: int | None = None, workers: int | None = None, allow_inexact: bool = False) -> nn.Module:
+               max_site_dim: int | None = None, workers: int | None = None, allow_inexact: bool = False,
+               device: str | Linalg | None = None) -> nn.Module:
     """A runnable torch model from a .bb container or a sliced checkpoint directory.
 
     dtype: the model's parameter dtype; None (the default) takes the checkpoint's own (the
@@ -59,11 +61,20 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
     each block's memory and decode time (Reader, SPEC.md 11.5). A block whose decoded values
     miss its digest (format 1.2) raises DigestError, unless allow_inexact (then an
     InexactWarning names the blocks).
+
+    device: where the model is built and filled, and where a container's linear algebra runs
+    (Reader): "cpu" (the reference, the default), "cuda", "cuda:N", "torch:DEV". The model is
+    made on that device, and each decoded block is copied into it as it arrives, so host
+    memory holds a few blocks, never the model. Chunks the device misses are decoded again
+    with the reference (a DeviceNote says how many); a missing device is DeviceError.
     """
     p = Path(path)
+    la = device_backend(device)
+    target = torch.device(torch_device_of(la))
     if p.is_file() and p.suffix == ".bb":
         inexact = InexactBlocks(p)
-        with Reader(p, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact) as r:
+        with Reader(p, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=la) as r:
+            inexact.note(r)
             files = {k: base64.b64decode(v) for k, v in r.metadata.get("files", {}).items()}
             stem = r.metadata.get("stem", "model")
             hf = json.loads(files["config.json"])
@@ -73,7 +84,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
                 dtype = torch_dtype(_dominant((e.dtype, e.numel * bits_of(e.dtype)) for e in entries.values()))
             # The model is built on a thread of its own while the first blocks decode.
             with ThreadPoolExecutor(1, thread_name_prefix="bbformat-build") as ex:
-                built = ex.submit(build_model, hf, sc, dtype, list(entries))
+                built = ex.submit(build_model, hf, sc, dtype, list(entries), target)
                 blocks = r.iter_blocks("reverse", workers=decode_workers(workers))
                 first = next(blocks, None)
                 model = built.result()
@@ -89,13 +100,13 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
                 for block in blocks:
                     fill(block)
                     del block
-        inexact.warn()
+        inexact.warn(r.linalg.name)
     else:
         with read_checkpoint(p) as ckpt:
             sd = ckpt.state_dict
             if dtype is None:
                 dtype = _dominant((t.dtype, t.numel() * t.element_size()) for t in sd.values())
-            model = build_model(ckpt.hf_config, ckpt.slicing_config, dtype, list(sd))
+            model = build_model(ckpt.hf_config, ckpt.slicing_config, dtype, list(sd), target)
             expected = {n for n, _ in model.named_parameters()}
             fill_model(model, _released(ckpt), expected)
     if expected:

@@ -19,6 +19,7 @@ import numpy as np
 from .codec.dtypes import RawTensor
 from .codec.encoder import EncodedChunk, Moments, canonical_rotation_of, encode_chunk
 from .codec.layout import ChunkLayout, ModelLayout
+from .codec.linalg import REFERENCE, Linalg
 from .container.program import AxisRef
 from .errors import InputError
 
@@ -51,9 +52,9 @@ class LazyTensors(Mapping[str, RawTensor]):
         return len(self._names)
 
 
-def input_canonical(get: TensorSource, anchor: AxisRef) -> np.ndarray:
+def input_canonical(get: TensorSource, anchor: AxisRef, la: Linalg = REFERENCE) -> np.ndarray:
     """The canonical direction of an anchor as the input holds it (no rotation applied)."""
-    return canonical_rotation_of(get(anchor.tensor), anchor.axis)
+    return canonical_rotation_of(get(anchor.tensor), anchor.axis, la)
 
 
 def independent_anchors(layout: ModelLayout) -> set[str]:
@@ -74,6 +75,7 @@ class EncodeChain:
     moments: Moments | None = None
     band: bool = True
     progress: Progress | None = None
+    la: Linalg = REFERENCE  # where the linear algebra runs
     canonical: dict[str, np.ndarray] = field(default_factory=dict)
     pending: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
 
@@ -88,7 +90,7 @@ class EncodeChain:
         incoming = {k: v for k, v in self.pending.items() if k[0] in local}
         moments = {n: m for n, m in self.moments.items() if n in local} if self.moments else None
         enc = encode_chunk(chunk, LazyTensors(self.get, chunk.tensors), incoming, self.scheme, self.tolerance, self.canonical,
-                           moments, defer=True, band=self.band)
+                           moments, defer=True, band=self.band, la=self.la)
         for k in incoming:
             self.pending.pop(k, None)
         for k, r in enc.outgoing.items():
@@ -110,15 +112,21 @@ class EncodeChain:
                 if self.scheme != "paper":
                     raise InputError(f"site {s.name} touches {hits[0].tensor}, which is stored before it")
                 if s.name not in self.canonical:
-                    self.canonical[s.name] = input_canonical(self.get, s.anchor)
+                    self.canonical[s.name] = input_canonical(self.get, s.anchor, self.la)
                 for f in hits:
                     self.pending[(f.tensor, f.axis)] = self.canonical[s.name]
 
 
+def _canonical_on_thread(get: TensorSource, anchor: AxisRef, la: Linalg) -> np.ndarray:
+    """input_canonical on the prefetch thread (its device errors as DeviceError)."""
+    with la.guard():
+        return input_canonical(get, anchor, la)
+
+
 def encode_chunks(chain: EncodeChain) -> Iterator[tuple[ChunkLayout, EncodedChunk]]:
     """Encode the chunks in order. The canonical directions of independent anchors are computed
-    CANONICAL_AHEAD chunks ahead on a thread. The caller holds BLAS at one thread
-    (rotation.one_blas_thread) for as long as this runs."""
+    CANONICAL_AHEAD chunks ahead on a thread. The caller holds the backend's thread settings
+    (`chain.la.threads()`; the reference: one BLAS thread) for as long as this runs."""
     layout = chain.layout
     independent = independent_anchors(layout) if CANONICAL_AHEAD > 0 else set()
     ahead: dict[str, Future[np.ndarray]] = {}
@@ -127,7 +135,7 @@ def encode_chunks(chain: EncodeChain) -> Iterator[tuple[ChunkLayout, EncodedChun
         if ci < len(layout.chunks):
             for s in layout.chunks[ci].sites:
                 if s.anchor.tensor in independent and s.name not in ahead:
-                    ahead[s.name] = pool.submit(input_canonical, chain.get, s.anchor)
+                    ahead[s.name] = pool.submit(_canonical_on_thread, chain.get, s.anchor, chain.la)
 
     with ThreadPoolExecutor(1, thread_name_prefix="bbformat-canonical") as pool:
         for ci in range(CANONICAL_AHEAD):

@@ -15,7 +15,7 @@ from .codec.dtypes import RawTensor
 from .codec.entropy import decode_planes
 from .codec.decoder import decode_program
 from .container.program import BlockProgram, TensorEntry
-from .codec.rotation import decoder_blas_threads
+from .codec.linalg import REFERENCE, Linalg, device_backend
 from .codec.sections import StoredCorrector
 from .constants import (
     CHUNK_FIXED_SIZE,
@@ -89,12 +89,14 @@ def check_max_site_dim(max_site_dim: int | None) -> int | None:
 @dataclass
 class DecodedBlock:
     """exact: True when the decoded tensors match the chunk's content digest (SPEC.md 5.4), None
-    when the file records none (1.0, 1.1), False only under allow_inexact."""
+    when the file records none (1.0, 1.1), False only under allow_inexact. fallback: the
+    reader's device missed the digest, and the block was decoded again with the reference."""
 
     index: int
     name: str
     tensors: dict[str, RawTensor]
     exact: bool | None = None
+    fallback: bool = False
 
 
 def claim_names(seen: dict[str, int], block: DecodedBlock) -> DecodedBlock:
@@ -107,10 +109,46 @@ def claim_names(seen: dict[str, int], block: DecodedBlock) -> DecodedBlock:
     return block
 
 
-def decode_parsed(chunk: ParsedChunk, allow_inexact: bool = False) -> DecodedBlock:
-    """Decode a parsed chunk and check its content digest where the file records one: a
-    mismatch is DigestError (E_DIGEST), or with allow_inexact a block marked exact=False."""
-    tensors = decode_program(chunk.program, chunk.payload, StoredCorrector(chunk.program, chunk.side))
+def _device_decode(chunk: ParsedChunk, corrector: StoredCorrector, la: Linalg) -> dict[str, RawTensor] | None:
+    """The chunk decoded on `la` if that matches its digest, else None. A format error met on
+    the way is None too: the device's numerics may have led the decoder off the file's path
+    (other residual contexts), and the reference decides whether the file is at fault."""
+    try:
+        tensors = decode_program(chunk.program, chunk.payload, corrector, la)
+    except FormatError:
+        return None
+    return tensors if content_crc(chunk.program, tensors) == chunk.content_crc else None
+
+
+def _decode_or_blame_numerics(chunk: ParsedChunk, corrector: StoredCorrector, la: Linalg) -> dict[str, RawTensor]:
+    """decode_program on `la`. On a backend other than the reference, a format error in a file
+    with digests is the file's only if the reference meets it too; otherwise this backend's
+    numerics left the band (other residual contexts, say) and it is DigestError (E_DIGEST),
+    which allow_inexact cannot pass: there are no values to return."""
+    try:
+        return decode_program(chunk.program, chunk.payload, corrector, la)
+    except FormatError as exc:
+        if la.is_reference or chunk.content_crc is None:
+            raise
+        decode_program(chunk.program, chunk.payload, corrector)  # raises if the file is at fault
+        raise DigestError(f"chunk {chunk.index} ({chunk.program.name!r}): decoding on {la.name} left the file's band and met "
+                          f"{exc.code} ({exc}); the reference decodes this chunk") from None
+
+
+def decode_parsed(chunk: ParsedChunk, allow_inexact: bool = False, la: Linalg = REFERENCE, fallback: bool = True) -> DecodedBlock:
+    """Decode a parsed chunk on backend `la` and check its content digest where the file
+    records one: a mismatch is DigestError (E_DIGEST), or with allow_inexact a block marked
+    exact=False. On any backend but the reference, a chunk that misses its digest is decoded
+    again with the reference (fallback=True, the default; the block says so), so a device
+    never costs exactness, only the time of the chunks it missed."""
+    corrector = StoredCorrector(chunk.program, chunk.side)
+    fell_back = False
+    if fallback and not la.is_reference and chunk.content_crc is not None:
+        tensors = _device_decode(chunk, corrector, la)
+        if tensors is not None:
+            return DecodedBlock(chunk.index, chunk.program.name, tensors, True)
+        la, fell_back = REFERENCE, True
+    tensors = _decode_or_blame_numerics(chunk, corrector, la)
     exact = None
     if chunk.content_crc is not None:
         got = content_crc(chunk.program, tensors)
@@ -119,7 +157,17 @@ def decode_parsed(chunk: ParsedChunk, allow_inexact: bool = False) -> DecodedBlo
             raise DigestError(f"chunk {chunk.index} ({chunk.program.name!r}) decoded to other values than the encoder's: "
                               f"content CRC32C {got:08x}, recorded {chunk.content_crc:08x} (this reader's floating point "
                               "differs beyond the file's band)")
-    return DecodedBlock(chunk.index, chunk.program.name, tensors, exact)
+    return DecodedBlock(chunk.index, chunk.program.name, tensors, exact, fell_back)
+
+
+def reader_backend(la: Linalg, has_digests: bool, source: object) -> tuple[Linalg, str | None]:
+    """The backend a reader decodes with, and a one-line note when it is not the one asked for:
+    a file without digests (1.0, 1.1) decodes with the reference, since nothing could check
+    another device's result."""
+    if la.is_reference or has_digests:
+        return la, None
+    return REFERENCE, (f"{source}: this file records no digests of its decoded values (format 1.0/1.1), so it is decoded with "
+                       f"the reference (numpy on the CPU) instead of {la.name}, where its result could not be checked")
 
 
 class Reader:
@@ -129,13 +177,21 @@ class Reader:
     over it is refused with E_LIMIT_MEMORY before its sections are decompressed. max_site_dim
     bounds decode time: a non-PLAIN site with a larger D is refused with E_LIMIT_DIM.
     allow_inexact: a chunk whose decoded values miss its content digest is returned with
-    exact=False instead of raising DigestError."""
+    exact=False instead of raising DigestError.
+
+    device: where the linear algebra runs (codec/linalg.py device_backend: "cpu", the reference,
+    by default; "cuda", "cuda:N", "torch:DEV", or a Linalg). Every chunk decoded elsewhere is
+    checked against its digest and, where it misses, decoded again with the reference
+    (fallback=False turns that off, for cross-reader tests). A file without digests decodes
+    with the reference; `note` then says so. `linalg` is the backend in use."""
 
     def __init__(
         self, source: str | os.PathLike[str] | BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,
-        allow_inexact: bool = False,
+        allow_inexact: bool = False, device: str | Linalg | None = None, fallback: bool = True,
     ) -> None:
         self._budget = resolve_budget(max_block_bytes)
+        self._fallback = fallback
+        asked = device_backend(device)
         self._allow_inexact = allow_inexact
         self._max_dim = check_max_site_dim(max_site_dim)
         self._lock = threading.Lock()
@@ -152,6 +208,7 @@ class Reader:
         except BaseException:
             self.close()
             raise
+        self.linalg, self.note = reader_backend(asked, self.has_digests, source if isinstance(source, (str, os.PathLike)) else "input")
 
     def _read_at(self, offset: int, n: int) -> bytes:
         with self._lock:  # iter_blocks(workers=N) reads from several threads
@@ -235,14 +292,16 @@ class Reader:
         return bool(self.header.required_flags & RequiredFlag.DIGESTS)
 
     def decode_block(self, i: int) -> DecodedBlock:
-        return decode_parsed(self.read_chunk(i), self._allow_inexact)
+        return decode_parsed(self.read_chunk(i), self._allow_inexact, self.linalg, self._fallback)
 
     def iter_blocks(self, order: str = "forward", workers: int = 1) -> Iterator[DecodedBlock]:
         """Decode blocks in order, one at a time (workers=1: memory about one block), or with
         `workers` threads decoding the next blocks ahead (memory about workers + 1 blocks).
-        Chunks are independent and the linear algebra releases the GIL; every worker runs
-        BLAS on one thread, so the decoded bits do not depend on `workers`. A tensor name that an
-        earlier block of the pass already gave is refused (E_DESCRIPTOR)."""
+        Chunks are independent and the linear algebra releases the GIL, so one worker's host work
+        (reading, entropy decoding, corrections, digests) overlaps another's linear algebra, on
+        the CPU or a device. The reference runs BLAS on one thread in every worker, so the
+        decoded bits do not depend on `workers`. A tensor name that an earlier block of the pass
+        already gave is refused (E_DESCRIPTOR)."""
         idx = list(range(len(self.entries)))
         if order == "reverse":
             idx.reverse()
@@ -257,7 +316,7 @@ class Reader:
             return
         # BLAS held at the decoder's count around the whole pool, so that the workers' own
         # limits never restore a larger count while another worker is decoding.
-        with decoder_blas_threads(), ThreadPoolExecutor(workers, thread_name_prefix="bbformat-decode") as pool:
+        with self.linalg.threads(), ThreadPoolExecutor(workers, thread_name_prefix="bbformat-decode") as pool:
             ahead: deque[Future[DecodedBlock]] = deque()
             todo = iter(idx)
             for i in todo:
@@ -302,8 +361,10 @@ class StreamReader:
     the last one checks the index and footer against what was read. Iterate once."""
 
     def __init__(self, f: BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,
-                 allow_inexact: bool = False) -> None:
+                 allow_inexact: bool = False, device: str | Linalg | None = None, fallback: bool = True) -> None:
+        asked = device_backend(device)
         self._f = f
+        self._fallback = fallback
         self._budget = resolve_budget(max_block_bytes)
         self._max_dim = check_max_site_dim(max_site_dim)
         self._allow_inexact = allow_inexact
@@ -311,6 +372,8 @@ class StreamReader:
         self._header_length = header_length(parse_header_fixed(fixed_bytes))
         self.header: Header = parse_header(fixed_bytes + _read_exact(f, self._header_length - HEADER_FIXED_SIZE, "header"))
         self._started = False
+        has_digests = bool(self.header.required_flags & RequiredFlag.DIGESTS)
+        self.linalg, self.note = reader_backend(asked, has_digests, "stream")
 
     def __iter__(self) -> Iterator[DecodedBlock]:
         if self._started:
@@ -336,7 +399,7 @@ class StreamReader:
             entries.append(IndexEntry(pos, length, chunk.crc))
             pos += length
             del data  # a coded payload is decoded by now; a raw one is still held by the chunk
-            block = claim_names(seen, decode_parsed(chunk, self._allow_inexact))
+            block = claim_names(seen, decode_parsed(chunk, self._allow_inexact, self.linalg, self._fallback))
             del chunk  # while the caller holds the block, keep nothing else of it
             yield block
         self._check_tail(pos, entries)
@@ -355,8 +418,8 @@ class StreamReader:
 
 
 def iter_stream(f: BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,
-                allow_inexact: bool = False) -> StreamReader:
+                allow_inexact: bool = False, device: str | Linalg | None = None) -> StreamReader:
     """A StreamReader on `f`: `.header` at once, then `for block in ...` in order.
-    max_block_bytes and allow_inexact as for Reader: each chunk's digest is checked before
-    its block is yielded."""
-    return StreamReader(f, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact)
+    max_block_bytes, allow_inexact and device as for Reader: each chunk's digest is checked
+    before its block is yielded."""
+    return StreamReader(f, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device)

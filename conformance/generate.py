@@ -464,29 +464,35 @@ def numerics_variants() -> list[tuple[str, Callable, Callable, Callable]]:
 
 
 def decode_with(path: Path, variant, calls: dict | None = None) -> dict:  # type: ignore[no-untyped-def]
-    """Decode `path` with the reference reader under another eigensolver, Gram and regeneration
-    (the reader's eigensolver is rotation.decoder_eigh; rotation.eigh is the encoder's). Every
+    """Decode `path` with the reference reader on a numpy backend whose eigensolver, Gram and
+    regeneration are the variant's (codec/linalg.py: the reader's backend object). Every
     replacement counts its calls in `calls` (name -> count), so a caller can tell that it took
     effect: a non-plain site must have called all three."""
+    from bbformat.codec.linalg import NumpyLinalg
+
     _, eigh, gram, regen = variant
     calls = {} if calls is None else calls
 
-    def counted(name: str, fn: Callable) -> Callable:
-        def wrapper(*a, **k):  # type: ignore[no-untyped-def]
-            calls[name] = calls.get(name, 0) + 1
-            out = fn(*a, **k)
-            if name == "gram" and np.all(np.isfinite(out)):
-                calls["gram_finite"] = calls.get("gram_finite", 0) + 1  # the reader must then call the eigensolver
+    def count(name: str) -> None:
+        calls[name] = calls.get(name, 0) + 1
+
+    class Variant(NumpyLinalg):  # type: ignore[misc, valid-type]
+        def gram(self, m):  # type: ignore[no-untyped-def]
+            count("gram")
+            out = gram(m)
+            if np.all(np.isfinite(out)):
+                count("gram_finite")  # the reader must then call the eigensolver
             return out
 
-        return wrapper
+        def eigh(self, g):  # type: ignore[no-untyped-def]
+            count("eigh")
+            return self._call_eigh(eigh, g)
 
-    saved = rot.decoder_eigh, rot.gram, rot.regenerate
-    rot.decoder_eigh, rot.gram, rot.regenerate = counted("eigh", eigh), counted("gram", gram), counted("regenerate", regen)
-    try:
-        return impl_python.decode_path(path)
-    finally:
-        rot.decoder_eigh, rot.gram, rot.regenerate = saved
+        def regenerate(self, e, mu, paper):  # type: ignore[no-untyped-def]
+            count("regenerate")
+            return regen(e, mu, paper)
+
+    return impl_python.decode_path(path, device=Variant())
 
 
 # =============================================================================================

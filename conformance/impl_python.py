@@ -45,13 +45,14 @@ def _import_reader():  # type: ignore[no-untyped-def]
     return Reader, BBFormatError, InputError
 
 
-def decode_path(path: str | Path) -> dict:
+def decode_path(path: str | Path, device: object = None) -> dict:
     """Decode a container; returns the protocol object, with each tensor's raw bytes under
-    the extra key "bytes" (removed before printing). Raises only for non-protocol failures."""
+    the extra key "bytes" (removed before printing). Raises only for non-protocol failures.
+    device: the reader's backend (bbformat.codec.linalg.device_backend; None: the reference)."""
     Reader, BBFormatError, InputError = _import_reader()
     try:
         tensors = {}
-        with Reader(path) as r:
+        with Reader(path, device=device) as r:
             for block in r.iter_blocks():  # every chunk in order; rejects a name in two chunks
                 tensors.update(block.tensors)
     except InputError:

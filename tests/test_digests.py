@@ -21,6 +21,7 @@ from bbformat.codec import band, rotation as rot
 from bbformat.codec.dtypes import RawTensor, f64_to_bits
 from bbformat.codec.encoder import encode_chunk
 from bbformat.codec.layout import ChunkLayout, SiteSpec
+from bbformat.codec.linalg import NumpyLinalg
 from bbformat.container.program import AxisRef
 from bbformat.container import records as R
 from bbformat.container.rebuild import join, reseal_chunk, split
@@ -169,27 +170,37 @@ def test_writer_and_flags_agree() -> None:
     assert a == b  # the band stores values, it does not change them
 
 
-@pytest.mark.parametrize("solver", ["scipy-evr", "torch"])
-def test_other_eigensolvers_decode_bit_exactly(packed: dict[str, Path], solver: str) -> None:
-    """The reduced cross-reader matrix: two eigensolvers other than the encoder's two, all three
-    dtypes; every chunk's digest verifies (tools/crosscheck.py runs the full matrix)."""
-    pytest.importorskip("scipy") if solver.startswith("scipy") else None
+@pytest.mark.parametrize("device", ["numpy:scipy-evr", "torch:cpu"])
+def test_other_eigensolvers_decode_bit_exactly(packed: dict[str, Path], device: str) -> None:
+    """The reduced cross-reader matrix: another eigensolver, and torch's Gram, eigensolver and
+    products (the GPU code path on the CPU), all three dtypes; every chunk's digest verifies on
+    that backend itself, with the reference fallback off (tools/crosscheck.py runs the full matrix)."""
+    pytest.importorskip("scipy") if "scipy" in device else None
     for path in packed.values():
-        with rot.decoder_eigensolver(solver), Reader(path) as r:
-            assert all(b.exact for b in r.iter_blocks())
+        with Reader(path, device=device, fallback=False) as r:
+            assert r.linalg.name == device
+            assert all(b.exact and not b.fallback for b in r.iter_blocks())
 
 
-def test_eigensolver_setting_takes_effect(packed: dict[str, Path]) -> None:
-    """The pluggable eigensolver is really used (else the test above proves nothing)."""
-    calls = []
-    real = rot.EIGENSOLVERS["numpy-upper"]
-    rot.EIGENSOLVERS["spy"] = lambda a: calls.append(a.shape) or real(a)  # type: ignore[func-returns-value]
-    try:
-        with rot.decoder_eigensolver("spy"), Reader(packed["float16"]) as r:
-            list(r.iter_blocks())
-    finally:
-        del rot.EIGENSOLVERS["spy"]
-    assert calls
+class SpyLinalg(NumpyLinalg):
+    """The numpy backend, counting the eigendecompositions it is asked for."""
+
+    def __init__(self) -> None:
+        super().__init__("numpy-upper")
+        self.calls: list[tuple[int, ...]] = []
+
+    def eigh(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.calls.append(g.shape)
+        return super().eigh(g)
+
+
+def test_backend_setting_takes_effect(packed: dict[str, Path]) -> None:
+    """The reader's backend is really used (else the test above proves nothing)."""
+    spy = SpyLinalg()
+    with Reader(packed["float16"], device=spy) as r:
+        assert r.linalg is spy
+        list(r.iter_blocks())
+    assert spy.calls
 
 
 def test_float32_sites_mix_patches_and_residuals() -> None:

@@ -144,7 +144,10 @@ def test_orthogonal_block_is_orthogonal_to_float64_rounding() -> None:
         r = ml.orthogonal_block(np.random.default_rng(n), n, n, n, torch.float64).numpy()
         assert np.abs(r.T @ r - np.eye(n)).max() < 1e-12 and np.abs(r).min() > 0  # dense
         part = ml.orthogonal_block(np.random.default_rng(n), n, n - 8, n - 16, torch.float64).numpy()
-        assert np.array_equal(part, r[: n - 8, : n - 16])  # a block of the same R
+        # a block of the same R: equal to float64 rounding (BLAS may sum a narrower product in
+        # another order, so the last bits depend on the kernel: bit equality failed under torch
+        # 2.13's OpenBLAS on an AMD EPYC)
+        assert np.abs(part - r[: n - 8, : n - 16]).max() < 1e-14
 
 
 def test_key_order_tc(tmp_path: Path) -> None:

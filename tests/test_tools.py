@@ -65,22 +65,30 @@ def test_residual_contexts_measures_a_container_and_refuses_bad_input(tmp_path: 
 
 
 def test_crosscheck_runs_two_cells_on_a_tiny_container(tmp_path: Path) -> None:
-    """tools/crosscheck.py on one synthetic D=24 site: the reference and one other eigensolver both
-    verify the 1.2 file's digest, and section 8 is appended to the report (then replaced, not doubled)."""
+    """tools/crosscheck.py on one synthetic D=24 site, packed by the reference and by the torch
+    backend: the reference and torch's decoder (--device torch:cpu, no fallback) verify both
+    files' digests, and section 8 is appended to the report (then replaced, not doubled)."""
     import json
 
     report = tmp_path / "B.md"
     report.write_text("# Benchmarks\n\n## 7. Before\n\nkept\n")
     r = _tool(str(TOOLS / "crosscheck.py"), "--work", str(tmp_path / "w"), "--dims", "24", "--dtypes", "float32", "--versions", "1.2",
-              "--no-smollm2", "--cells", "solver-numpy-upper", "--jobs", "1", "--json", str(tmp_path / "r.json"), "--report", str(report))
+              "--no-smollm2", "--cells", "solver-torch", "--pack-devices", "cpu,torch:cpu", "--jobs", "1", "--json", str(tmp_path / "r.json"),
+              "--report", str(report))
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "r.json").read_text())
-    assert [(x["cell"], x["status"], x["values_differ"]) for x in res["results"]] == [("reference", "verified", 0),
-                                                                                     ("solver-numpy-upper", "verified", 0)]
-    site = res["results"][1]["sites"][0]
-    assert site["d"] == 24 and site["rounded_differ_outside_band"] == 0 and 0 <= site["dx_over_delta"] <= 1
+    assert [c.get("packed_on") for c in res["containers"]] == ["cpu", "torch:cpu"]
+    assert sorted((x["container"].endswith("pk-torchcpu"), x["cell"], x["status"], x["values_differ"]) for x in res["results"]) == [
+        (False, "reference", "verified", 0), (False, "solver-torch", "verified", 0),
+        (True, "reference", "verified", 0), (True, "solver-torch", "verified", 0)]
+    assert all(x["device"] == ("torch:cpu" if x["cell"] == "solver-torch" else "cpu") for x in res["results"])
+    for x in res["results"]:
+        if x["cell"] == "solver-torch":
+            site = x["sites"][0]
+            assert site["d"] == 24 and site["rounded_differ_outside_band"] == 0 and 0 <= site["dx_over_delta"] <= 1
     text = report.read_text()
     assert text.startswith("# Benchmarks\n\n## 7. Before\n\nkept\n\n## 8. Exact on every reader") and "| synthetic D=24 fp32 | 1 | ✓ | ✓ |" in text
+    assert "| synthetic D=24 fp32, packed on torch:cpu | 1 | ✓ | ✓ |" in text
     sys.path.insert(0, str(TOOLS))
     from mdsection import write_section
 
@@ -208,3 +216,29 @@ def test_bench_child_runs_as_a_module(tmp_path: Path) -> None:
     assert got["model"] > 0 and 0 < got["largest_block"] <= got["model"] and got["growth"] >= 0
     r = subprocess.run([sys.executable, "-m", "tools.bench.child"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 2 and "usage" in r.stderr
+
+
+# ---------------------------------------------------------------- tools/bench_gpu.py
+
+
+def test_bench_gpu_runs_its_steps_through_the_torch_backend(tmp_path: Path) -> None:
+    """tools/bench_gpu.py unchanged, on the tiny preset with --device torch:cpu (the GPU code path
+    on the CPU): every step runs in its own process, the GPU-packed stand-in verifies on the
+    device without a fallback and on the numpy reference, and section 12 is written."""
+    import json
+
+    report = tmp_path / "B.md"
+    report.write_text("# Benchmarks\n")
+    r = _tool(str(TOOLS / "bench_gpu.py"), "--work", str(tmp_path / "w"), "--quick", "--device", "torch:cpu", "--layers", "2",
+              "--skip-cold", "--json", str(tmp_path / "r.json"), "--report", str(report))
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "r.json").read_text())
+    for step in ("pack", "verify_device", "verify_cpu", "load_model_cold", "load_model_warm", "st_load_warm", "unpack", "floors"):
+        assert res[step]["ok"], (step, res[step])
+    assert res["verify_device"]["report"]["exact"] is True and res["verify_device"]["report"]["fallback_chunks"] == []
+    assert res["verify_device"]["report"]["device"] == "torch:cpu" and res["verify_cpu"]["report"]["exact"] is True
+    assert res["load_model_warm"]["logits_finite"] and res["floors"]["sites"] >= 2
+    text = report.read_text()
+    assert "## 12. On a GPU" in text and "| every digest verified on the device, 0 fallbacks | met" in text
+    r = _tool(str(TOOLS / "bench_gpu.py"), "--not-run", "No GPU was lent to this session.", "--report", str(report))
+    assert r.returncode == 0 and "**Not run.** No GPU was lent" in report.read_text() and report.read_text().count("## 12.") == 1

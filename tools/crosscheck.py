@@ -18,10 +18,18 @@ Cells (one reader configuration decoding one container, each in a fresh subproce
 tool, `--decode-one FILE --ref DIR`):
   reference               this machine's default: numpy eigh, OpenBLAS's own kernel, 1 BLAS thread
   kernel-<K>              OPENBLAS_CORETYPE=K (Haswell, SkylakeX, Sandybridge, Prescott)
-  threads-2, threads-unpinned   BBFORMAT_DECODE_BLAS_THREADS=2 / unpinned (OPENBLAS_NUM_THREADS=2)
-  solver-<S>              BBFORMAT_EIGENSOLVER=S (numpy-upper, scipy-evd, scipy-evr, scipy-ev, torch)
+  threads-2, threads-unpinned   --device numpy:numpy:2 / numpy:numpy:unpinned (OPENBLAS_NUM_THREADS=2)
+  solver-<S>              --device numpy:S (numpy-upper, scipy-evd, scipy-evr, scipy-ev)
+  solver-torch            --device torch:cpu: torch's Gram, eigensolver and products on the CPU (the GPU code path)
+  gpu-cuda                --device cuda, where torch sees a GPU
   c-reader                tools/bbread-c (its sources copied to DIR/bbread-c and built there):
                           Debian's reference LAPACK dsyevd, Gram and products in plain C loops
+
+A cell chooses its backend as a user does (`--device`, codec/linalg.py device_backend), with
+the reader's fallback to the reference off, so a chunk the cell's numerics miss shows as a
+mismatch. --pack-devices also packs the synthetic sites on other backends (torch:cpu, cuda):
+the encoder's simulation and its band then come from that backend's numerics, and every cell
+must still verify them.
 
 Per cell: whether every chunk's content digest verified (1.2), the chunks and values
 (elements, bit patterns) that differ from the reference decode, and, at every site, how far
@@ -56,24 +64,37 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 SECTION_TITLE = "## 8. Exact on every reader (format 1.2): the cross-reader matrix"
 KERNELS = ("Haswell", "SkylakeX", "Sandybridge", "Prescott")
-SOLVERS = ("numpy-upper", "scipy-evd", "scipy-evr", "scipy-ev", "torch")
+SOLVERS = ("numpy-upper", "scipy-evd", "scipy-evr", "scipy-ev")
 # environment variables a cell sets; every cell starts with all of them removed
-CELL_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BBFORMAT_EIGENSOLVER",
-             "BBFORMAT_DECODE_BLAS_THREADS")
+CELL_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def gpu_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
 
 
 def cells() -> list[dict[str, Any]]:
-    """(name, group, environment, kind) of every cell, the reference first."""
-    out: list[dict[str, Any]] = [{"name": "reference", "group": "reference", "env": {}, "label": "reference (default kernel, 1 thread, numpy)"}]
+    """(name, group, environment, device, label) of every cell, the reference first."""
+    out: list[dict[str, Any]] = [{"name": "reference", "group": "reference", "env": {}, "device": "cpu",
+                                  "label": "reference (default kernel, 1 thread, numpy)"}]
     for k in KERNELS:
-        out.append({"name": f"kernel-{k}", "group": "kernel", "env": {"OPENBLAS_CORETYPE": k}, "label": f"OPENBLAS_CORETYPE={k}"})
-    out.append({"name": "threads-2", "group": "threads", "env": {"BBFORMAT_DECODE_BLAS_THREADS": "2"}, "label": "BLAS threads 2"})
-    out.append({"name": "threads-unpinned", "group": "threads",
-                "env": {"BBFORMAT_DECODE_BLAS_THREADS": "unpinned", "OPENBLAS_NUM_THREADS": "2"},
+        out.append({"name": f"kernel-{k}", "group": "kernel", "env": {"OPENBLAS_CORETYPE": k}, "device": "cpu",
+                    "label": f"OPENBLAS_CORETYPE={k}"})
+    out.append({"name": "threads-2", "group": "threads", "env": {}, "device": "numpy:numpy:2", "label": "BLAS threads 2"})
+    out.append({"name": "threads-unpinned", "group": "threads", "env": {"OPENBLAS_NUM_THREADS": "2"}, "device": "numpy:numpy:unpinned",
                 "label": "BLAS unpinned (OPENBLAS_NUM_THREADS=2)"})
     for s in SOLVERS:
-        out.append({"name": f"solver-{s}", "group": "solver", "env": {"BBFORMAT_EIGENSOLVER": s}, "label": f"eigensolver {s}"})
-    out.append({"name": "c-reader", "group": "c", "env": {}, "label": "C reader (tools/bbread-c)"})
+        out.append({"name": f"solver-{s}", "group": "solver", "env": {}, "device": f"numpy:{s}", "label": f"eigensolver {s}"})
+    out.append({"name": "solver-torch", "group": "solver", "env": {}, "device": "torch:cpu",
+                "label": "torch on the CPU (Gram, eigh, products: --device torch:cpu)"})
+    if gpu_available():
+        out.append({"name": "gpu-cuda", "group": "gpu", "env": {}, "device": "cuda", "label": "torch on the GPU (--device cuda)"})
+    out.append({"name": "c-reader", "group": "c", "env": {}, "device": None, "label": "C reader (tools/bbread-c)"})
     return out
 
 
@@ -114,8 +135,9 @@ def _blas_info() -> list[dict[str, Any]]:
         return [{"error": str(exc)}]
 
 
-def decode_one(path: Path, ref: Path, write_ref: bool) -> dict[str, Any]:
-    """Decode `path` with the Python reader under this process's environment. write_ref: store
+def decode_one(path: Path, ref: Path, write_ref: bool, device: str = "cpu") -> dict[str, Any]:
+    """Decode `path` with the Python reader on `device` (with no fallback to the reference)
+    under this process's environment. write_ref: store
     the decode (bits of every tensor, float64 regenerated blocks, each site's band) in `ref`;
     otherwise compare with what `ref` holds."""
     import bbformat.reader as rd
@@ -150,8 +172,7 @@ def decode_one(path: Path, ref: Path, write_ref: bool) -> dict[str, Any]:
                                band.product_floor(g.shape[0], float(np.max(np.abs(mu)))), m is not None)
 
     rd.StoredCorrector = RecordingRef if write_ref else Recording  # type: ignore[misc]
-    solver = rot.decoder_eigensolver_name()
-    if solver.startswith("scipy"):
+    if "scipy" in device:
         # loaded before decoding, so that the decoder's BLAS pinning (one thread unless told
         # otherwise) covers scipy's own OpenBLAS too: one factor changes per cell
         import scipy.linalg  # noqa: F401
@@ -159,7 +180,7 @@ def decode_one(path: Path, ref: Path, write_ref: bool) -> dict[str, Any]:
     manifest: dict[str, Any] = json.loads((ref / "manifest.json").read_text()) if not write_ref else {"chunks": []}
     out: dict[str, Any] = {"chunks": 0, "chunks_exact": 0, "chunks_mismatch": [], "chunks_differ": [], "values": 0,
                            "values_differ": 0, "tensors_differ": 0, "regenerated": 0, "sites": []}
-    with rd.Reader(path, allow_inexact=True) as reader:
+    with rd.Reader(path, allow_inexact=True, device=device, fallback=False) as reader:
         out["digests"] = reader.has_digests
         for block in reader.iter_blocks():
             i = block.index
@@ -235,15 +256,17 @@ def decode_one(path: Path, ref: Path, write_ref: bool) -> dict[str, Any]:
     out["seconds"] = time.perf_counter() - t0
     out["blas"] = _blas_info()
     out["blas_during_decode"] = during
-    out["eigensolver"] = rot.decoder_eigensolver_name()
-    out["decode_blas_threads"] = os.environ.get(rot.DECODE_BLAS_ENV, "1")
-    if out["eigensolver"] == "torch":
+    out["device"] = device
+    if device.startswith(("torch", "cuda")):
         import torch
 
         cfg = torch.__config__.show()
         out["torch"] = {"version": torch.__version__, "threads": torch.get_num_threads(),
                         "lapack": [ln.strip() for ln in cfg.splitlines() if "LAPACK" in ln or "BLAS_INFO" in ln]}
-    if out["eigensolver"].startswith("scipy"):
+        if device.startswith("cuda"):
+            out["torch"]["gpu"] = torch.cuda.get_device_name(0)
+            out["torch"]["cuda"] = torch.version.cuda
+    if "scipy" in device:
         import scipy
 
         out["scipy"] = scipy.__version__
@@ -417,13 +440,15 @@ def synthetic_tensors(d: int, dtype: str, seed: int):  # type: ignore[no-untyped
     return lay, {"src": src, "anchor": anchor}
 
 
-def child_synthetic(d: int, dtype: str, dst: Path, version: str) -> dict[str, Any]:
+def child_synthetic(d: int, dtype: str, dst: Path, version: str, device: str = "cpu") -> dict[str, Any]:
     from bbformat.codec.encoder import encode_chunk
+    from bbformat.codec.linalg import device_backend
     from bbformat.writer import Writer
 
     lay, tensors = synthetic_tensors(d, dtype, seed=d)
+    la = device_backend(device)
     t0 = time.perf_counter()
-    enc = encode_chunk(lay, tensors, {}, "symmetric", 0.0, band=version == "1.2")
+    enc = encode_chunk(lay, tensors, {}, "symmetric", 0.0, band=version == "1.2", la=la)
     w = Writer(dst, "symmetric", 1, {"tolerance": 0.0}, format_version=version)
     w.add_encoded(enc)
     size = w.close()
@@ -472,7 +497,8 @@ def smol_source(work: Path, dtype: str) -> Path:
     return d
 
 
-def build_containers(work: Path, smollm2: bool, dims: list[int], dtypes: list[str], versions: list[str]) -> list[dict[str, Any]]:
+def build_containers(work: Path, smollm2: bool, dims: list[int], dtypes: list[str], versions: list[str],
+                     pack_devices: tuple[str, ...] = ("cpu",)) -> list[dict[str, Any]]:
     """Every container of the run, built (in child processes, this machine's default numerics)
     unless already in work/containers with its build record."""
     cdir = work / "containers"
@@ -503,12 +529,15 @@ def build_containers(work: Path, smollm2: bool, dims: list[int], dtypes: list[st
     for d in dims:
         for dt in dtypes:
             for ver in versions:
-                cid = f"synthetic-D{d}-{dt}-v{ver}"
-                path = cdir / f"{cid}.bb"
-                how = (f"one chunk: src ({d * (d + 1) // 2 // d + 2}, {d}) then anchor ({d}, {2 * d}) axis 0, normal(0, 0.05), seed {d}; "
-                       f"encode_chunk(..., 'symmetric', 0.0{'' if ver == '1.2' else ', band=False'}), Writer(format_version='{ver}')")
-                made(cid, path, ["--make-synthetic", str(d), dt, str(path), "--format-version", ver],
-                     {"family": "synthetic", "dtype": dt, "dim": d, "tolerance": 0.0, "version": ver, "how": how})
+                for dev in pack_devices if ver == "1.2" else ("cpu",):
+                    tag = "" if dev == "cpu" else "-pk-" + dev.replace(":", "")
+                    cid = f"synthetic-D{d}-{dt}-v{ver}{tag}"
+                    path = cdir / f"{cid}.bb"
+                    how = (f"one chunk: src ({d * (d + 1) // 2 // d + 2}, {d}) then anchor ({d}, {2 * d}) axis 0, normal(0, 0.05), seed {d}; "
+                           f"encode_chunk(..., 'symmetric', 0.0{'' if ver == '1.2' else ', band=False'}"
+                           f"{'' if dev == 'cpu' else f', la=device_backend({dev!r})'}), Writer(format_version='{ver}')")
+                    made(cid, path, ["--make-synthetic", str(d), dt, str(path), "--format-version", ver, "--device", dev],
+                         {"family": "synthetic", "dtype": dt, "dim": d, "tolerance": 0.0, "version": ver, "packed_on": dev, "how": how})
     for c in out:
         from bbformat.summary import inspect
 
@@ -564,7 +593,7 @@ def _run_cell(cell: dict[str, Any], c: dict[str, Any], work: Path, c_reader: dic
                 shutil.rmtree(ref, ignore_errors=True)
                 ref.mkdir(parents=True)
                 args.append("--write-ref")
-            res = run_json(args, env=clean_env(cell["env"]))
+            res = run_json(args + ["--device", cell["device"]], env=clean_env(cell["env"]))
             if cell["name"] == "reference":
                 (ref / "done").write_text("ok")
     except Exception as exc:
@@ -675,7 +704,8 @@ def container_label(c: dict[str, Any]) -> str:
     dt = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[c["dtype"]]
     if c["family"] == "smollm2":
         return f"SmolLM2 {dt} {'exact' if c['tolerance'] == 0 else 'τ=1e-3'}"
-    return f"synthetic D={c['dim']} {dt}"
+    packed = c.get("packed_on", "cpu")
+    return f"synthetic D={c['dim']} {dt}" + ("" if packed == "cpu" else f", packed on {packed}")
 
 
 def write_section(res: dict[str, Any]) -> list[str]:
@@ -702,8 +732,10 @@ def write_section(res: dict[str, Any]) -> list[str]:
              "--decode-one FILE --ref DIR`; the C reader as `bbread FILE --out DIR`). *ref* is the reference decode: this machine's "
              "default (numpy `eigh`, OpenBLAS's own kernel choice, 1 BLAS thread); every other cell's bit patterns are compared with it "
              "element by element. Kernel cells set `OPENBLAS_CORETYPE` (threadpoolctl's `architecture` of numpy's OpenBLAS in the cell: "
-             f"{res['kernel_seen']}{'; OpenBLAS reports its Prescott kernel table under the name Katmai' if 'Katmai' in res['kernel_seen'] else ''}); thread cells set `BBFORMAT_DECODE_BLAS_THREADS` (2, or `unpinned` with `OPENBLAS_NUM_THREADS=2`); "
-             "solver cells set `BBFORMAT_EIGENSOLVER` (the Gram matrix and products stay numpy's). The C reader sums the Gram matrix and "
+             f"{res['kernel_seen']}{'; OpenBLAS reports its Prescott kernel table under the name Katmai' if 'Katmai' in res['kernel_seen'] else ''}); thread cells use `--device numpy:numpy:2` and `numpy:numpy:unpinned` (with `OPENBLAS_NUM_THREADS=2`); "
+             "solver cells choose the backend with `--device numpy:SOLVER` (the Gram matrix and products stay numpy's), `solver-torch` "
+             "with `--device torch:cpu` (torch's Gram, eigensolver and products), `gpu-cuda` with `--device cuda`; no cell falls back to "
+             "the reference. The C reader sums the Gram matrix and "
              "E·diag(μ)·Eᵀ in its own loops and calls reference LAPACK's `dsyevd`, so it shares no floating-point code with the others.")
     L.append("")
     L.append("Legend: ✓ every chunk's content digest verified (format 1.2); **✗ k ch, v v** k chunks failed their digest and v values "
@@ -884,6 +916,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="cell groups (kernel, threads, solver, c) that decode the synthetic 1.1 files; 'none': only the reference")
     ap.add_argument("--synthetic-before-max-dim", type=int, default=None,
                     help="decode the synthetic 1.1 files with D above this by the reference only")
+    ap.add_argument("--pack-devices", default=None,
+                    help="backends the synthetic 1.2 sites are packed on (default: cpu, torch:cpu, and cuda where present)")
     ap.add_argument("--note", default="", help="a sentence for the report about how this run went")
     ap.add_argument("--fresh", action="store_true", help="run every cell again (default: reuse a cell's result kept in --work while its "
                     "container and reference are unchanged)")
@@ -897,17 +931,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tolerance", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--format-version", default="1.2", help=argparse.SUPPRESS)
     ap.add_argument("--make-synthetic", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
 
     if a.decode_one:
-        print(json.dumps(decode_one(a.decode_one, a.ref, a.write_ref)))
+        print(json.dumps(decode_one(a.decode_one, a.ref, a.write_ref, a.device)))
         return 0
     if a.pack:
         print(json.dumps(child_pack(a.pack[0], a.pack[1], a.tolerance, a.format_version)))
         return 0
     if a.make_synthetic:
         d, dt, dst = a.make_synthetic
-        print(json.dumps(child_synthetic(int(d), dt, Path(dst), a.format_version)))
+        print(json.dumps(child_synthetic(int(d), dt, Path(dst), a.format_version, a.device)))
         return 0
 
     t_start = time.perf_counter()
@@ -935,7 +970,8 @@ def main(argv: list[str] | None = None) -> int:
             c_reader = build_c_reader(a.work)
         except Exception as exc:
             missed.append(f"the C reader ({exc})")
-    containers = build_containers(a.work, smollm2, dims, dtypes, versions)
+    pack_devices = a.pack_devices or ("cpu,torch:cpu" + (",cuda" if gpu_available() else ""))
+    containers = build_containers(a.work, smollm2, dims, dtypes, versions, tuple(x for x in pack_devices.split(",") if x))
     synthetic_before = tuple(x for x in a.synthetic_before_cells.split(",") if x and x != "none")
     results = run_matrix(containers, cell_list, a.work, c_reader, a.jobs, a.fresh, synthetic_before, a.synthetic_before_max_dim)
     for r in results:

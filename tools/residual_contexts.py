@@ -27,7 +27,8 @@ import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bbformat.codec import decoder as P, rotation as rot  # noqa: E402
+from bbformat.codec import decoder as P  # noqa: E402
+from bbformat.codec.linalg import NumpyLinalg  # noqa: E402
 from bbformat.codec.dtypes import bits_to_f64  # noqa: E402
 from bbformat.codec.sections import StoredCorrector  # noqa: E402
 from bbformat.constants import SectionKind  # noqa: E402
@@ -68,16 +69,18 @@ def capture(path: Path) -> list[tuple]:
     """(approx, residuals, E, lambda, mu, stored bytes) of every site with x_residuals."""
     sites: list[tuple] = []
     last: dict = {}
-    eigh, regenerate = rot.decoder_eigh, rot.regenerate
 
-    def eigh_spy(a: np.ndarray):  # type: ignore[no-untyped-def]
-        w, v = eigh(a)
-        last["lam"] = w
-        return w, v
+    class Spy(NumpyLinalg):
+        """The reference backend, keeping each site's eigenvalues, eigenvectors and mu."""
 
-    def regen_spy(e: np.ndarray, mu: np.ndarray, paper: bool) -> np.ndarray:
-        last["e"], last["mu"] = e, mu
-        return regenerate(e, mu, paper)
+        def eigh(self, g: np.ndarray):  # type: ignore[no-untyped-def]
+            w, v = super().eigh(g)
+            last["lam"] = w
+            return w, v
+
+        def regenerate(self, e: np.ndarray, mu: np.ndarray, paper: bool) -> np.ndarray:
+            last["e"], last["mu"] = e, mu
+            return super().regenerate(e, mu, paper)
 
     class Capture(StoredCorrector):
         def correct_x(self, site: int, approx: np.ndarray, regenerated: np.ndarray | None = None) -> np.ndarray:
@@ -92,14 +95,10 @@ def capture(path: Path) -> list[tuple]:
                 sites.append((approx.copy(), r, last["e"], last["lam"], last["mu"], len(res), self.program.symbol_dtype))
             return super().correct_x(site, approx, regenerated)
 
-    rot.decoder_eigh, rot.regenerate = eigh_spy, regen_spy
-    try:
-        with Reader(path) as rd:
-            for i in range(len(rd)):
-                c = rd.read_chunk(i)
-                P.decode_program(c.program, c.payload, Capture(c.program, c.side))
-    finally:
-        rot.decoder_eigh, rot.regenerate = eigh, regenerate
+    with Reader(path) as rd:
+        for i in range(len(rd)):
+            c = rd.read_chunk(i)
+            P.decode_program(c.program, c.payload, Capture(c.program, c.side), Spy())
     return sites
 
 

@@ -56,7 +56,7 @@ class SlicedLlamaDecoderLayer(nn.Module):
 
 
 def build_model(config_json: dict[str, Any], slicing_config: dict[str, Any], dtype: torch.dtype = torch.float32,
-                names: Iterable[str] | None = None) -> nn.Module:
+                names: Iterable[str] | None = None, device: torch.device | str = "cpu") -> nn.Module:
     """An empty (uninitialised) sliced Llama with the shapes of `slicing_config` (`names`,
     the checkpoint's tensor names, is not needed: Llama's biases follow config.json)."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -70,4 +70,4 @@ def build_model(config_json: dict[str, Any], slicing_config: dict[str, Any], dty
         slice_decoder(model, config, slicing_config,
                       lambda i, d_in, d_attn, d_mlp: SlicedLlamaDecoderLayer(config, i, d_in, d_attn, d_mlp),
                       "norm", head_bias=False, norm_eps=config.rms_norm_eps)
-    return finish(model, dtype, lambda: LlamaRotaryEmbedding(config=config))
+    return finish(model, dtype, lambda: LlamaRotaryEmbedding(config=config), device)

@@ -45,7 +45,7 @@ class SlicedOPTDecoderLayer(nn.Module):
 
 
 def build_model(config_json: dict[str, Any], slicing_config: dict[str, Any], dtype: torch.dtype = torch.float32,
-                names: Iterable[str] | None = None) -> nn.Module:
+                names: Iterable[str] | None = None, device: torch.device | str = "cpu") -> nn.Module:
     """An empty sliced OPT with the shapes of `slicing_config`; a bias exists where `names`
     (the checkpoint's tensor names) has one (all of them when names is None)."""
     from transformers import OPTConfig, OPTForCausalLM
@@ -70,4 +70,4 @@ def build_model(config_json: dict[str, Any], slicing_config: dict[str, Any], dty
         dec.final_layer_norm = RMSN(hidden)
         head_bias = have is not None and HEAD_BIAS in have
         model.lm_head = nn.Linear(head_width(slicing_config, hidden), config.vocab_size, bias=head_bias)
-    return finish(model, dtype)
+    return finish(model, dtype, None, device)

@@ -40,7 +40,7 @@ class SlicedPhiDecoderLayer(nn.Module):
 
 
 def build_model(config_json: dict[str, Any], slicing_config: dict[str, Any], dtype: torch.dtype = torch.float32,
-                names: Iterable[str] | None = None) -> nn.Module:
+                names: Iterable[str] | None = None, device: torch.device | str = "cpu") -> nn.Module:
     """An empty sliced Phi-2 (PhiForCausalLM) with the widths of `slicing_config`: one output
     width per layer (mlp_output_dimensions), parameter-free norms, the head with its bias."""
     from transformers import PhiConfig, PhiForCausalLM
@@ -54,4 +54,4 @@ def build_model(config_json: dict[str, Any], slicing_config: dict[str, Any], dty
         slice_decoder(model, config, slicing_config,
                       lambda i, d_in, d_attn, d_mlp: SlicedPhiDecoderLayer(config, i, d_in, d_mlp),
                       "final_layernorm", head_bias=True)
-    return finish(model, dtype, lambda: PhiRotaryEmbedding(config=config))
+    return finish(model, dtype, lambda: PhiRotaryEmbedding(config=config), device)

@@ -36,7 +36,7 @@ class SlicedPhi3DecoderLayer(nn.Module):
 
 
 def build_model(config_json: dict[str, Any], slicing_config: dict[str, Any], dtype: torch.dtype = torch.float32,
-                names: Iterable[str] | None = None) -> nn.Module:
+                names: Iterable[str] | None = None, device: torch.device | str = "cpu") -> nn.Module:
     """An empty sliced Phi-3 (Phi3ForCausalLM) with the widths of `slicing_config`.
 
     The sliding window is widened by one: transformers 4.41 (which TransformerCompression
@@ -52,4 +52,4 @@ def build_model(config_json: dict[str, Any], slicing_config: dict[str, Any], dty
         slice_decoder(model, config, slicing_config,
                       lambda i, d_in, d_attn, d_mlp: SlicedPhi3DecoderLayer(config, i, d_in, d_attn, d_mlp),
                       "norm", head_bias=False)
-    return finish(model, dtype, lambda: Phi3RotaryEmbedding(config=config))
+    return finish(model, dtype, lambda: Phi3RotaryEmbedding(config=config), device)

@@ -78,12 +78,15 @@ def hf_config(cls: Any, config_json: dict[str, Any]) -> Any:
     return config
 
 
-def finish(model: nn.Module, dtype: torch.dtype, rotary: Callable[[], nn.Module] | None = None) -> nn.Module:
-    """Allocate a model built on the meta device (cast first: nothing is allocated twice);
-    `rotary()`, if given, makes the rotary embedding with real buffers. Evaluation mode, no grads."""
-    model = nn.Module.to(model, dtype).to_empty(device="cpu")
+def finish(model: nn.Module, dtype: torch.dtype, rotary: Callable[[], nn.Module] | None = None,
+           device: torch.device | str = "cpu") -> nn.Module:
+    """Allocate a model built on the meta device on `device` (cast first: nothing is allocated
+    twice, nor on the host for another device); `rotary()`, if given, makes the rotary
+    embedding with real buffers there. Evaluation mode, no grads."""
+    model = nn.Module.to(model, dtype).to_empty(device=device)
     if rotary is not None:
-        model.get_submodule("model").rotary_emb = rotary()
+        with torch.device(device):
+            model.get_submodule("model").rotary_emb = rotary()
     model.eval()
     model.requires_grad_(False)
     return model

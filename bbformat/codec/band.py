@@ -11,10 +11,15 @@ matrix) disagrees by, a rigorous bound on the summation error of the final produ
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .dtypes import bits_to_f64, bits_to_ordinal, f64_to_bits, ordinal_to_bits
 from ..container.program import bits_of
+
+if TYPE_CHECKING:
+    from .linalg import Array, Linalg
 
 BAND_FACTOR = 100.0  # safety factor over the observed disagreement of two eigensolvers
 EPS = float(np.finfo(np.float64).eps)
@@ -63,10 +68,10 @@ def product_floor(d: int, scale: float) -> float:
     return 2.0 * d * EPS * scale
 
 
-def max_abs_diff_of_product(m: np.ndarray, e: np.ndarray, e2: np.ndarray, row_block: int = 1 << 14) -> float:
-    """max |m @ e - m @ e2| (as max |m @ (e - e2)|), in row blocks: no R x D temporary."""
-    diff = e - e2
+def max_abs_product(la: "Linalg", m: "Array", diff: "Array", row_block: int = 1 << 14) -> float:
+    """max |m @ diff| on backend `la`, in row blocks: no R x D temporary (the encoder's
+    disagreement on a paper anchor, m @ e - m @ e2 taken as m @ (e - e2))."""
     out = 0.0
     for i in range(0, m.shape[0], row_block):
-        out = max(out, float(np.max(np.abs(m[i : i + row_block] @ diff), initial=0.0)))
+        out = max(out, la.max_abs(la.matmul(m[i : i + row_block], diff)))
     return out

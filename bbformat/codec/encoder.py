@@ -16,6 +16,7 @@ from ..container.program import BlockProgram, Op, SiteEntry, TensorEntry, bits_o
 from .layout import ChunkLayout, SiteSpec
 from .rounding import round_feedback
 from .decoder import decode_program
+from .linalg import REFERENCE, Array, Linalg
 from .simulate import SimulatingCorrector, SiteFix
 from .sections import Section, build_site_sections, side_cost_bound
 from .stack import SymbolStack
@@ -105,10 +106,11 @@ def _report_stored_sizes(enc: EncodedChunk, sites: list[int]) -> None:
         report.side_bytes = sum(sec.cost for sec in enc.sections if sec.site == i)
 
 
-def canonical_rotation(anchor: np.ndarray, axis: int) -> np.ndarray:
-    """U0 with (anchor U0)^T (anchor U0) diagonal, eigenvalues ascending (Alg. 1)."""
-    _, u0 = rot.eigh(rot.gram(rot.axis_matrix(anchor, axis)))
-    return u0
+def canonical_rotation(anchor: Array, axis: int, la: Linalg = REFERENCE) -> np.ndarray:
+    """U0 with (anchor U0)^T (anchor U0) diagonal, eigenvalues ascending (Alg. 1); `anchor` is
+    an array of backend `la`, U0 comes back to the host."""
+    _, u0 = la.eigh(la.gram(la.axis_matrix(anchor, axis)))
+    return la.host(u0)
 
 
 # A 2-D tensor whose float64 copy would be larger than this is rotated and its Gram matrix
@@ -132,34 +134,35 @@ def _row_blocks(m: np.ndarray) -> range:
     return range(0, m.shape[0], max(1, BLOCK_F64_BYTES // (8 * max(1, m.shape[1]))))
 
 
-def canonical_rotation_of(t: RawTensor, axis: int) -> np.ndarray:
+def canonical_rotation_of(t: RawTensor, axis: int, la: Linalg = REFERENCE) -> np.ndarray:
     """canonical_rotation of a stored tensor; a large one's Gram is summed over row blocks."""
     if not is_large(t):
-        return canonical_rotation(t.to_f64(), axis)
+        return canonical_rotation(la.widen(t), axis, la)
     m = rot.axis_matrix(t.bits, axis)
-    g = np.zeros((m.shape[1], m.shape[1]))
+    g: Array = None
     step = _row_blocks(m).step
     for i in _row_blocks(m):
-        block = bits_to_f64(m[i : i + step], t.dtype)
-        g += rot.gram(block)
-    _, u0 = rot.eigh(g)
-    return u0
+        part = la.gram(la.widen(RawTensor(t.dtype, m[i : i + step])))
+        g = part if g is None else g + part
+    _, u0 = la.eigh(g)
+    return la.host(u0)
 
 
-def rotate_rounded_blocks(t: RawTensor, axis: int, r: np.ndarray) -> RawTensor:
+def rotate_rounded_blocks(t: RawTensor, axis: int, r: np.ndarray, la: Linalg = REFERENCE) -> RawTensor:
     """fp(t rotated by r on `axis`) for a large 2-D tensor, a row block of its axis matrix at a time."""
     m = rot.axis_matrix(t.bits, axis)
     out = np.empty(t.bits.shape, t.bits.dtype)
     om = rot.axis_matrix(out, axis)  # a view: rows written through it land in `out`
     step = _row_blocks(m).step
+    rd = la.asarray(r)
     for i in _row_blocks(m):
-        om[i : i + step] = f64_to_bits(bits_to_f64(m[i : i + step], t.dtype) @ r, t.dtype)
+        om[i : i + step] = f64_to_bits(la.host(la.matmul(la.widen(RawTensor(t.dtype, m[i : i + step])), rd)), t.dtype)
     return RawTensor(t.dtype, out)
 
 
-def _rotate(x: np.ndarray, rots: list[tuple[int, np.ndarray]]) -> np.ndarray:
+def _rotate(la: Linalg, x: Array, rots: list[tuple[int, np.ndarray]]) -> Array:
     for axis, r in rots:
-        x = rot.rotate_axis(x, axis, r)
+        x = la.rotate(x, axis, la.asarray(r))
     return x
 
 
@@ -174,6 +177,7 @@ def encode_chunk(
     defer: bool = False,
     band: bool = True,
     demote: bool = True,
+    la: Linalg = REFERENCE,
 ) -> EncodedChunk:
     """Encode one chunk. `tensors` may be a lazy mapping that reads a tensor on every access
     (pack's, so a block's inputs are not all held at once): each is read a few times and
@@ -195,10 +199,14 @@ def encode_chunk(
 
     demote=False keeps every usable site rotated even where its side information does not
     pay for itself or another reader could decide its signs differently (conformance vectors
-    use it to exercise large corrections); such a file is valid but may be larger than plain."""
+    use it to exercise large corrections); such a file is valid but may be larger than plain.
+
+    la: where the linear algebra runs (codec/linalg.py), the simulated decoder's included, so
+    the corrections and the band are computed with that backend's numerics."""
     check_choice("scheme", scheme, ROTATION_SCHEMES)
-    with rot.one_blas_thread():
-        return _encode_chunk(_ChunkContext.make(layout, tensors, incoming, scheme, tolerance, canonical, moments, defer, band), demote)
+    with la.threads(), la.guard():
+        return _encode_chunk(_ChunkContext.make(layout, tensors, incoming, scheme, tolerance, canonical, moments, defer, band, la),
+                             demote)
 
 
 @dataclass
@@ -219,11 +227,13 @@ class _ChunkContext:
     moments: Moments  # followed through the incoming rotations: H' = Rᵀ H R
     defer: bool
     band: bool
+    la: Linalg
     feedback_cache: dict[tuple[str, bytes], RawTensor] = field(default_factory=dict)
 
     @classmethod
     def make(cls, layout: ChunkLayout, tensors: Mapping[str, RawTensor], incoming: Rotations, scheme: str, tolerance: float,
-             canonical: dict[str, np.ndarray] | None, moments: Moments | None, defer: bool, band: bool) -> "_ChunkContext":
+             canonical: dict[str, np.ndarray] | None, moments: Moments | None, defer: bool, band: bool,
+             la: Linalg = REFERENCE) -> "_ChunkContext":
         # A site that would have to pop before anything is pushed (the start of the
         # symmetric chain) has no bits source: it is not a usable site and is left out.
         dropped = [s for s in layout.sites if _first_touched(layout, s, scheme) == 0]
@@ -232,7 +242,7 @@ class _ChunkContext:
         entries = [TensorEntry(n, t.dtype, t.shape) for n in layout.tensors for t in (tensors[n],)]
         incoming_of = {n: [(ax, r) for (t, ax), r in incoming.items() if t == n] for n in layout.tensors}
         ctx = cls(layout, dropped, tensors, incoming_of, entries, choose_symbol_dtype(entries), plan_ops(layout, scheme), scheme,
-                  tolerance, {} if canonical is None else canonical, _moments_after(moments or {}, incoming, incoming_of), defer, band)
+                  tolerance, {} if canonical is None else canonical, _moments_after(moments or {}, incoming, incoming_of), defer, band, la)
         ctx.fill_canonical()
         return ctx
 
@@ -247,17 +257,17 @@ class _ChunkContext:
     def index(self, name: str) -> int:
         return self.layout.tensors.index(name)
 
-    def base(self, name: str) -> np.ndarray:
-        """The input in float64 with the other chunks' rotations applied, made when needed and
-        dropped after (a block's float64 copy whole would be 4x its fp16 size)."""
-        return _rotate(self.tensors[name].to_f64(), self.incoming_of[name])
+    def base(self, name: str) -> Array:
+        """The input in float64 with the other chunks' rotations applied (a backend array), made
+        when needed and dropped after (a block's float64 copy whole would be 4x its fp16 size)."""
+        return _rotate(self.la, self.la.widen(self.tensors[name]), self.incoming_of[name])
 
     def fill_canonical(self) -> None:
         for s in self.layout.sites:
             if s.name not in self.canonical:
                 a = s.anchor.tensor
-                self.canonical[s.name] = canonical_rotation(self.base(a), s.anchor.axis) if self.incoming_of[a] else \
-                    canonical_rotation_of(self.tensors[a], s.anchor.axis)
+                self.canonical[s.name] = canonical_rotation(self.base(a), s.anchor.axis, self.la) if self.incoming_of[a] else \
+                    canonical_rotation_of(self.tensors[a], s.anchor.axis, self.la)
 
 
 def _moments_after(moments: Moments, incoming: Rotations, incoming_of: dict[str, list[tuple[int, np.ndarray]]]) -> Moments:
@@ -310,13 +320,14 @@ def round_rotated(name: str, x: np.ndarray, rots: list[tuple[int, np.ndarray]], 
     return cache[key]
 
 
-def _eigen_of_top(stack: SymbolStack, n_pop: int, dim: int, sym_dtype: str, w: int) -> tuple[str | None, np.ndarray, np.ndarray]:
-    """(reason the site cannot be used or None, eigenvalues as stored, eigenvectors) of the
-    symmetric matrix the top n_pop symbols make; the matrix itself is dropped here."""
+def _eigen_of_top(la: Linalg, stack: SymbolStack, n_pop: int, dim: int, sym_dtype: str, w: int) -> tuple[str | None, np.ndarray, np.ndarray]:
+    """(reason the site cannot be used or None, eigenvalues as stored, eigenvectors; on the
+    host) of the symmetric matrix the top n_pop symbols make; the matrix itself is dropped here."""
     xv = bits_to_f64(stack.peek(n_pop), sym_dtype)
     if not np.all(np.isfinite(xv)):
         return "non-finite popped values", np.zeros(0), np.zeros(0)
-    mu, v = rot.eigh(rot.block_to_matrix(xv, dim))
+    mu_d, v_d = la.eigh(la.from_block(xv, dim))
+    mu, v = la.host(mu_d), la.host(v_d)
     mu_w = mu.astype(wide_dtype(w))
     if not np.all(np.isfinite(mu_w)):
         return "eigenvalues overflow", mu_w, v
@@ -357,15 +368,17 @@ def _final_value(ctx: _ChunkContext, fw: _Forward, name: str) -> RawTensor:
                 rots.append((a.axis, r))
     every = ctx.incoming_of[name] + rots
     if len(every) == 1 and name not in ctx.moments and is_large_entry(entry):
-        t = rotate_rounded_blocks(ctx.tensors[name], *every[0])
+        t = rotate_rounded_blocks(ctx.tensors[name], *every[0], ctx.la)
     elif every:
-        t = round_rotated(name, _rotate(ctx.base(name), rots), rots, entry.dtype, ctx.moments, ctx.feedback_cache)
+        x = ctx.la.host(_rotate(ctx.la, ctx.base(name), rots))
+        t = round_rotated(name, x, rots, entry.dtype, ctx.moments, ctx.feedback_cache)
     else:
         t = ctx.tensors[name]
     if q is not None:
         # paper: W' = fp(W_c Q) with the canonical W_c = fp(W U0) and Q = V (Alg. 1, 5)
         fw.true_anchor[q[0]] = t
-        t = RawTensor.from_f64(rot.rotate_axis(t.to_f64(), q[1], fw.paper_q[q[0]]), entry.dtype)
+        la = ctx.la
+        t = RawTensor.from_f64(la.host(la.rotate(la.widen(t), q[1], la.asarray(fw.paper_q[q[0]]))), entry.dtype)
     return t
 
 
@@ -397,7 +410,7 @@ def _forward_site(ctx: _ChunkContext, fw: _Forward, s_idx: int) -> None:
     if reason is None and len(fw.stack) < n_pop:
         reason = "no bits source" if len(fw.stack) == 0 else "too few symbols below"
     if reason is None:
-        reason, mu_w, v = _eigen_of_top(fw.stack, n_pop, s.dim, ctx.sym_dtype, ctx.w)
+        reason, mu_w, v = _eigen_of_top(ctx.la, fw.stack, n_pop, s.dim, ctx.sym_dtype, ctx.w)
     if reason is not None:
         fw.plain[s_idx] = reason
         # paper: the canonical direction is applied regardless (Alg. 1)
@@ -414,7 +427,8 @@ def _forward_site(ctx: _ChunkContext, fw: _Forward, s_idx: int) -> None:
         fw.anchor_rot[s_idx] = fw.follower_rot[s_idx] = u0
         fw.paper_q[s_idx] = v
     else:
-        fw.anchor_rot[s_idx] = fw.follower_rot[s_idx] = u0 @ v.T
+        la = ctx.la
+        fw.anchor_rot[s_idx] = fw.follower_rot[s_idx] = la.host(la.matmul(la.asarray(u0), la.asarray(v).T))
 
 
 def _program(ctx: _ChunkContext, plain: dict[int, str]) -> BlockProgram:
@@ -432,8 +446,8 @@ def _encode_once(ctx: _ChunkContext, plain: dict[int, str]) -> _Attempt:
     # the payload's bytes once, and the symbols as a read-only view of them (not a second copy)
     payload_bytes = little_endian_bytes(fw.stack.take())
     payload = np.frombuffer(payload_bytes, dtype=np.dtype(uint_dtype(ctx.w)).newbyteorder("<")).astype(uint_dtype(ctx.w), copy=False)
-    sim = SimulatingCorrector(ctx.sym_dtype, ctx.tolerance, fw.true_x, fw.true_signs, fw.true_anchor, band=ctx.band)
-    intended = decode_program(program, payload, sim, reference=True)
+    sim = SimulatingCorrector(ctx.sym_dtype, ctx.tolerance, fw.true_x, fw.true_signs, fw.true_anchor, band=ctx.band, la=ctx.la)
+    intended = decode_program(program, payload, sim, ctx.la)
     sections = [Section(SectionKind.PAYLOAD, NO_SITE, payload_bytes)]
     reports: list[SiteReport] = []
     newly: dict[int, str] = {}

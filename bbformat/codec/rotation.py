@@ -8,10 +8,8 @@ rotate_axis and regenerate (tools/bench's "pack linalg s"); see its docstring.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from contextvars import ContextVar
+from contextlib import AbstractContextManager, contextmanager
 from functools import lru_cache
 from time import perf_counter
 
@@ -51,6 +49,16 @@ def linalg_clock(record: Callable[[str, float], None]) -> Iterator[None]:
         yield
     finally:
         _clock = None
+
+
+def clock_active() -> bool:
+    """Whether a linalg_clock is on (backends other than numpy time their own calls)."""
+    return _clock is not None
+
+
+def record(name: str, t0: float) -> None:
+    """Report a call that began at perf_counter() == t0 to the active linalg_clock, if any."""
+    _record(name, t0)
 
 
 def _record(name: str, t0: float) -> None:
@@ -95,61 +103,6 @@ def eigh_upper(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if t0 is not None:
         _record("eigh_upper", t0)
     return w, v
-
-
-def _scipy(driver: str) -> Eigensolver:
-    def solve(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        import scipy.linalg  # type: ignore[import-untyped]  # testing only: not a dependency
-
-        w, v = scipy.linalg.eigh(a, driver=driver, check_finite=False)
-        return w, v
-
-    return solve
-
-
-def _torch_eigh(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    import torch
-
-    w, v = torch.linalg.eigh(torch.from_numpy(np.ascontiguousarray(a)))
-    return w.numpy(), v.numpy()
-
-
-# Eigensolvers a reader may decode with (SPEC.md 7.5 allows any); for cross-reader tests.
-EIGENSOLVERS: dict[str, Eigensolver] = {
-    "numpy": eigh,
-    "numpy-upper": eigh_upper,
-    "scipy-evd": _scipy("evd"),
-    "scipy-evr": _scipy("evr"),
-    "scipy-ev": _scipy("ev"),
-    "torch": _torch_eigh,
-}
-EIGENSOLVER_ENV = "BBFORMAT_EIGENSOLVER"
-_decoder_solver: ContextVar[str | None] = ContextVar("bbformat_decoder_eigensolver", default=None)
-
-
-def decoder_eigensolver_name() -> str:
-    """The decoder's eigensolver: set by decoder_eigensolver(), else $BBFORMAT_EIGENSOLVER, else numpy."""
-    name = _decoder_solver.get() or os.environ.get(EIGENSOLVER_ENV) or "numpy"
-    if name not in EIGENSOLVERS:
-        raise ValueError(f"unknown eigensolver {name!r} (choose {', '.join(EIGENSOLVERS)})")
-    return name
-
-
-def decoder_eigh(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return EIGENSOLVERS[decoder_eigensolver_name()](a)
-
-
-@contextmanager
-def decoder_eigensolver(name: str) -> Iterator[None]:
-    """Decode with another eigensolver in this thread (testing; the encoder's own simulation
-    of the decoder always uses the reference)."""
-    if name not in EIGENSOLVERS:
-        raise ValueError(f"unknown eigensolver {name!r} (choose {', '.join(EIGENSOLVERS)})")
-    token = _decoder_solver.set(name)
-    try:
-        yield
-    finally:
-        _decoder_solver.reset(token)
 
 
 def block_to_matrix(values: np.ndarray, d: int) -> np.ndarray:
@@ -213,14 +166,7 @@ def one_blas_thread() -> AbstractContextManager[object]:
     return limit
 
 
-DECODE_BLAS_ENV = "BBFORMAT_DECODE_BLAS_THREADS"
-
-
-def decoder_blas_threads() -> AbstractContextManager[object]:
-    """The reader's BLAS threads: one (the default), or for cross-reader tests
-    $BBFORMAT_DECODE_BLAS_THREADS = N, or "unpinned" (whatever the process has)."""
-    value = os.environ.get(DECODE_BLAS_ENV, "1")
-    if value == "unpinned":
-        return nullcontext()
-    limit: AbstractContextManager[object] = _controller().limit(limits=int(value), user_api="blas")
+def blas_threads(n: int) -> AbstractContextManager[object]:
+    """BLAS on n threads while the context is active (NumpyLinalg's blas_threads)."""
+    limit: AbstractContextManager[object] = _controller().limit(limits=n, user_api="blas")
     return limit

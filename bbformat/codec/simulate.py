@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import band, rotation as rot
-from .decoder import solve
+from . import band
 from .dtypes import RawTensor, bits_to_f64
+from .linalg import REFERENCE, Array, Linalg, apply_paper_signs, solve
 
 
 def needs_fix(approx: np.ndarray, true: np.ndarray, dtype: str, tolerance: float) -> np.ndarray:
@@ -52,6 +52,7 @@ class SimulatingCorrector:
     true_signs: dict[int, np.ndarray]
     true_anchor: dict[int, RawTensor]
     band: bool = False
+    la: Linalg = REFERENCE  # the backend the simulated decoder runs on (its second eigensolver too)
     fixes: dict[int, SiteFix] = field(default_factory=dict)
     unsafe: dict[int, str] = field(default_factory=dict)
     # per site, from the second eigensolver: (its regenerated block, that block's summation floor);
@@ -66,26 +67,28 @@ class SimulatingCorrector:
         self._fix(site).signs = self.true_signs[site]
         return self.true_signs[site]
 
-    def note_basis(self, site: int, g: np.ndarray, e: np.ndarray, mu: np.ndarray, m: np.ndarray | None) -> None:
+    def note_basis(self, site: int, g: Array, e: Array, mu: np.ndarray, m: Array | None) -> None:
         """A second eigensolver on the same Gram matrix: how far another reader may land."""
         if not self.band:
             return
+        la = self.la
         d = g.shape[0]
-        e2 = solve(g, rot.eigh_upper)
-        if e2 is None or not np.all(np.isfinite(e)):
+        e2 = solve(la, g, second=True)
+        if e2 is None or not la.all_finite(e):
             self.unsafe[site] = "no second eigendecomposition to bound the band"
             return
         paper = m is not None
         if paper:
-            e2 = rot.apply_paper_signs(e2, self.true_signs[site])
-            sums, sums2 = e.sum(axis=0), e2.sum(axis=0)
+            e2 = apply_paper_signs(la, e2, self.true_signs[site])
+            sums, sums2 = la.column_sums(e), la.column_sums(e2)
             delta = band.width(float(np.max(np.abs(sums - sums2))), band.product_floor(d, float(np.sqrt(d))))
             if float(np.min(np.abs(sums))) <= delta:
                 self.unsafe[site] = "a sign decision lies within the band of 0"
-        self._alt_x[site] = (rot.matrix_to_block(rot.regenerate(e2, mu, paper)), band.product_floor(d, float(np.max(np.abs(mu)))))
+        self._alt_x[site] = (la.block(la.regenerate(e2, la.asarray(mu), paper)), band.product_floor(d, float(np.max(np.abs(mu)))))
         if m is not None:
-            row_norm = float(np.sqrt(np.max(np.einsum("ij,ij->i", m, m), initial=0.0)))
-            self._anchor_delta[site] = band.width(band.max_abs_diff_of_product(m, e, e2), band.product_floor(d, row_norm))
+            row_norm = la.max_row_norm(m)
+            observed = band.max_abs_product(la, m, e - e2)
+            self._anchor_delta[site] = band.width(observed, band.product_floor(d, row_norm))
 
     def correct_x(self, site: int, approx: np.ndarray, regenerated: np.ndarray | None = None) -> np.ndarray:
         true = self.true_x[site]
