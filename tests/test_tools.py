@@ -238,7 +238,25 @@ def test_bench_gpu_runs_its_steps_through_the_torch_backend(tmp_path: Path) -> N
     assert res["verify_device"]["report"]["exact"] is True and res["verify_device"]["report"]["fallback_chunks"] == []
     assert res["verify_device"]["report"]["device"] == "torch:cpu" and res["verify_cpu"]["report"]["exact"] is True
     assert res["load_model_warm"]["logits_finite"] and res["floors"]["sites"] >= 2
+    assert res["determinism"] == {"ok": True, "dim": 64, "same": True, "sha256": res["determinism"]["sha256"]}
     text = report.read_text()
     assert "## 12. On a GPU" in text and "| every digest verified on the device, 0 fallbacks | met" in text
     r = _tool(str(TOOLS / "bench_gpu.py"), "--not-run", "No GPU was lent to this session.", "--report", str(report))
     assert r.returncode == 0 and "**Not run.** No GPU was lent" in report.read_text() and report.read_text().count("## 12.") == 1
+
+
+def test_decode_split_accounts_for_the_whole_decode(tmp_path: Path) -> None:
+    """tools/decode_split.py: per backend, the decode's seconds split into linear algebra and host."""
+    from bbformat.checkpoint import write_checkpoint
+    from bbformat.testing import make_tiny_checkpoint
+    import bbformat
+
+    write_checkpoint(make_tiny_checkpoint("llama", seed=1, layers=2), tmp_path / "src")
+    bbformat.pack(tmp_path / "src", tmp_path / "m.bb")
+    r = _tool(str(TOOLS / "decode_split.py"), str(tmp_path / "m.bb"), "--devices", "cpu,torch:cpu")
+    assert r.returncode == 0, r.stderr
+    rows = [line.split("|") for line in r.stdout.splitlines()[2:]]
+    assert [row[1].strip() for row in rows] == ["cpu", "torch:cpu"]
+    for row in rows:
+        total, la, host = float(row[2]), float(row[3].split()[0]), float(row[4])
+        assert la >= 0 and host > 0 and abs(total - la - host) < 0.02 and row[3].count("/") == 2

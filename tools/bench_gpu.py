@@ -19,7 +19,8 @@ Steps, each in a fresh process (wall time inside it, its VmHWM, the GPU's peak a
   7. ZipNN's (and byte-grouped zstd-3's) decompression of the plain tensors (bench_scale's tasks);
   8. the device's floors: per distinct site shape, Gram + eigh + rebuild (decoder) and the
      encoder's linear algebra, float64 on the device, best of 3 after a warm-up; and the time
-     to read the container with a cold cache.
+     to read the container with a cold cache;
+  9. determinism: one synthetic site packed twice on the device, each in a fresh process.
 Steps run in that order while --budget-s lasts; a step that would start past it, or runs past
 what is left, is reported as not run. The goals of issue 23 are marked met or missed.
 """
@@ -324,6 +325,23 @@ def zipnn_rows(r: Run, st_file: Path) -> Json:
     return out
 
 
+def determinism(r: Run, d: int) -> Json:
+    """A synthetic D x 2D site (crosscheck's) packed twice on the device, each in a fresh
+    process: the same bytes both times?"""
+    import hashlib
+
+    digests = []
+    for i in range(2):
+        path = r.work / f"determinism{i}.bb"
+        path.unlink(missing_ok=True)
+        res = r.run(f"determinism{i}", [sys.executable, str(TOOLS / "crosscheck.py"), "--make-synthetic", str(d), "float16", str(path),
+                                        "--format-version", "1.2", "--device", r.device])
+        if not res["ok"]:
+            return {"ok": False, "error": res["error"], "dim": d}
+        digests.append(hashlib.sha256(path.read_bytes()).hexdigest())
+    return {"ok": True, "dim": d, "same": digests[0] == digests[1], "sha256": digests}
+
+
 def bench(work: Path, device: str, layers: int, budget_s: float, quick: bool, skip_cold: bool) -> Json:
     work.mkdir(parents=True, exist_ok=True)
     r = Run(work, device, budget_s)
@@ -351,6 +369,7 @@ def bench(work: Path, device: str, layers: int, budget_s: float, quick: bool, sk
         res["plain_codecs"] = zipnn_rows(r, st_file) if st_file else {}
         res["read_cold"] = r.task("read_cold", "read", [str(bb)], cold=cold)
         res["floors"] = r.task("floors", "floors", [str(bb)])
+    res["determinism"] = determinism(r, 64 if quick else 2048)
     res["elapsed_s"] = time.perf_counter() - r.t0
     return res
 
@@ -452,6 +471,13 @@ def section(res: Json) -> list[str]:
         for k in fl["encode_shapes"]:
             lines.append(f"| encoder: canonical, popped eigh, rotations, simulation, band | D {k['dim']}, {len(k['touched'])} rotated | "
                          f"{k['count']} | {k['site_s']:.4f} |")
+    det = res.get("determinism") or {}
+    if det.get("ok"):
+        lines += ["", f"Determinism: a synthetic D={det['dim']} float16 site (tools/crosscheck.py --make-synthetic) packed twice on "
+                  f"`{res['device']}`, each in a fresh process: {'the same bytes' if det['same'] else 'DIFFERENT bytes'} "
+                  f"(sha256 {det['sha256'][0][:16]}…{'' if det['same'] else ' / ' + det['sha256'][1][:16] + '…'})."]
+    elif det:
+        lines += ["", f"Determinism: not measured ({det.get('error')})."]
     lines += ["", "Goals (issue 23):", "", "| goal | result |", "|---|---|"]
     lines += [f"| {g} | {r} |" for g, r in goals(res)]
     return lines

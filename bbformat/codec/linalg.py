@@ -237,7 +237,9 @@ class TorchLinalg:
     # -- bookkeeping -------------------------------------------------------------------------
 
     def threads(self) -> AbstractContextManager[object]:
-        return nullcontext()
+        """The host's numpy BLAS on one thread, as for the reference (the encoder's host-side
+        products, e.g. calibration moments, then do not depend on the thread count)."""
+        return rot.one_blas_thread()
 
     @contextmanager
     def guard(self) -> Iterator[None]:

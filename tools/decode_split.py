@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Where a decode's time goes: the linear algebra against everything else, per backend.
+
+    python tools/decode_split.py FILE.bb [--devices cpu,torch:cpu] [--workers 1]
+
+Decodes every block of FILE with each backend (bbformat.codec.linalg device specs) on one
+decoding thread, timing the linear algebra through rotation.linalg_clock (Gram, eigh,
+regenerate; on a GPU each call is synchronized), and prints the whole decode, the linear
+algebra by kind, and the rest: the host's work (reading, CRCs, entropy stage, corrections,
+rounding, digests, copies), which stays on the host whatever the device.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bbformat.codec import rotation as rot  # noqa: E402
+from bbformat.reader import Reader  # noqa: E402
+
+
+def split(path: Path, device: str, workers: int) -> dict[str, float]:
+    spent: dict[str, float] = defaultdict(float)
+    lock = threading.Lock()
+
+    def record(name: str, seconds: float) -> None:
+        with lock:
+            spent[name] += seconds
+
+    with rot.linalg_clock(record), Reader(path, device=device) as r:
+        t = time.perf_counter()
+        for _ in r.iter_blocks(workers=workers):
+            pass
+        total = time.perf_counter() - t
+    return {"total": total, **spent, "host": total - sum(spent.values())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("file", type=Path)
+    ap.add_argument("--devices", default="cpu,torch:cpu")
+    ap.add_argument("--workers", type=int, default=1)
+    a = ap.parse_args(argv)
+    print("| device | decode s | linear algebra s (gram / eigh / regenerate) | host s |")
+    print("|---|---|---|---|")
+    for dev in a.devices.split(","):
+        s = split(a.file, dev, a.workers)
+        la = " / ".join(f"{s.get(k, 0.0):.2f}" for k in ("gram", "eigh", "regenerate"))
+        print(f"| {dev} | {s['total']:.2f} | {s['total'] - s['host']:.2f} ({la}) | {s['host']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
