@@ -542,13 +542,14 @@ CODES = {
     "E_VERIFY": ("pack --verify found the decoded container differs from the encoder's intent", "§11.2 (closing note)", None),
     "E_OUTPUT": ("the output cannot be written (permissions, I/O error); nothing partial is left", "§11.2 (closing note)", None),
     "E_NO_SPACE": ("the output's file system is full or a file-size limit was hit; nothing partial is left", "§11.2 (closing note)", None),
+    "E_DEVICE": ("the device chosen for the linear algebra (--device) is missing, cannot run float64 linear algebra, or ran out of memory; nothing is written", "§11.2 (closing note)", None),
     "E_WRITER_STATE": ("Writer calls out of order (e.g. close() before every declared chunk)", "§11.2 (closing note)", None),
     "E_FORMAT": ("class default of FormatError (never raised without a specific code)", "—", None),
     "E_CRC": ("class default of IntegrityError (never raised without a specific code)", "—", None),
     "E_LIMIT": ("class default of LimitError (never raised without a specific code)", "—", None),
     "E_BBFORMAT": ("class default of BBFormatError (never raised without a specific code)", "—", None),
 }
-CLASS_OF = {"E_DIGEST": bberr.DigestError, "E_OUTPUT": bberr.OutputError, "E_NO_SPACE": bberr.NoSpaceError, "E_INPUT": bberr.InputError, "E_UNSUPPORTED_MODEL": bberr.UnsupportedModelError, "E_VERIFY": bberr.VerifyError,
+CLASS_OF = {"E_DIGEST": bberr.DigestError, "E_OUTPUT": bberr.OutputError, "E_NO_SPACE": bberr.NoSpaceError, "E_DEVICE": bberr.DeviceError, "E_INPUT": bberr.InputError, "E_UNSUPPORTED_MODEL": bberr.UnsupportedModelError, "E_VERIFY": bberr.VerifyError,
             "E_FORMAT": bberr.FormatError, "E_CRC": bberr.IntegrityError, "E_LIMIT": bberr.LimitError, "E_BBFORMAT": bberr.BBFormatError}
 
 

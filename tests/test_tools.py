@@ -260,3 +260,29 @@ def test_decode_split_accounts_for_the_whole_decode(tmp_path: Path) -> None:
     for row in rows:
         total, la, host = float(row[2]), float(row[3].split()[0]), float(row[4])
         assert la >= 0 and host > 0 and abs(total - la - host) < 0.02 and row[3].count("/") == 2
+
+
+def test_exponent_study_measures_known_sources() -> None:
+    """tools/exponent_study.py on bf16 patterns with exactly 4 equally frequent exponents and a
+    column-determined exponent: the ideal order-0 row is 2 bits a value, the adaptive and real
+    coders land just above it, and a column context takes the exponent to almost nothing."""
+    import zstandard
+
+    sys.path.insert(0, str(TOOLS))
+    import exponent_study as es
+
+    zstd = {lvl: zstandard.ZstdCompressor(level=lvl) for lvl in (3, 19)}
+    rng = np.random.default_rng(0)
+    rows, cols = 256, 512
+    exp = rng.permutation(np.repeat(np.arange(120, 124), rows * cols // 4)).reshape(rows, cols)
+    bits = ((rng.integers(0, 2, exp.shape) << 15) | (exp << 7) | rng.integers(0, 128, exp.shape)).astype(np.uint16)
+    r = es.study_tensor(bits, "bfloat16", zstd)
+    n = rows * cols
+    assert r["order0-ideal"] == pytest.approx(2 * n)
+    assert 2 * n < r["order0-adaptive"] < 2 * n + 2000 and 2 * n < r["rans-static-order0"] < 2.01 * n + 100
+    assert r["sign_mant_raw"] == 8 * n and r["plain"] == 16 * n
+    by_col = np.broadcast_to(120 + (np.arange(cols) * 4 // cols)[None, :], (rows, cols))  # the exponent follows the column
+    bits2 = ((by_col << 7) | rng.integers(0, 128, (rows, cols))).astype(np.uint16)
+    r2 = es.study_tensor(bits2, "bfloat16", zstd)
+    assert r2["order0-ideal"] == pytest.approx(2 * n)
+    assert r2["ctx-column-class"] < 0.1 * r2["order0-ideal"]
