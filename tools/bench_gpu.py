@@ -43,25 +43,13 @@ TOOLS = ROOT / "tools"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(TOOLS))
 import mdsection  # noqa: E402
+from bench_scale import GIB, log, vm_hwm  # noqa: E402  (the one copy of each)
 
 SECTION_TITLE = "## 12. On a GPU: load, verify and pack with `--device cuda` (tools/bench_gpu.py)"
-GIB = 2**30
 Json = dict[str, Any]
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 # ====================================================================== child side
-
-
-def vm_hwm() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def _gpu_peak(device: str) -> int | None:
