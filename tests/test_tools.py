@@ -279,7 +279,13 @@ def test_exponent_study_measures_known_sources() -> None:
     r = es.study_tensor(bits, "bfloat16", zstd)
     n = rows * cols
     assert r["order0-ideal"] == pytest.approx(2 * n)
-    assert 2 * n < r["order0-adaptive"] < 2 * n + 2000 and 2 * n < r["rans-static-order0"] < 2.01 * n + 100
+    assert 2 * n < r["order0-adaptive"] < 2 * n + 2000
+    try:
+        import constriction  # noqa: F401  (optional: the study's rANS row)
+
+        assert 2 * n < r["rans-static-order0"] < 2.01 * n + 100
+    except ImportError:
+        assert np.isnan(r["rans-static-order0"])
     assert r["sign_mant_raw"] == 8 * n and r["plain"] == 16 * n
     by_col = np.broadcast_to(120 + (np.arange(cols) * 4 // cols)[None, :], (rows, cols))  # the exponent follows the column
     bits2 = ((by_col << 7) | rng.integers(0, 128, (rows, cols))).astype(np.uint16)
