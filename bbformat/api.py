@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .codec.dtypes import RawTensor
-from .codec.linalg import Linalg, device_backend, torch_device_of
+from .codec.linalg import REFERENCE, Linalg, device_backend, torch_device_of
 from .codec.entropy import check_entropy_mode
 from .constants import FORMAT_VERSIONS, PACK_SCHEMES, written_version
 from .container.framing import check_format_version
@@ -139,10 +139,9 @@ def pack(
 def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str, tolerance: float | None, verify: bool,
                      progress: Progress | None, calibration: str | os.PathLike[str] | torch.Tensor | None,
                      calibration_samples: int, calibration_seqlen: int, entropy: str, format_version: str = FORMAT_VERSION,
-                     la: Linalg | None = None) -> PackReport:
+                     la: Linalg = REFERENCE) -> PackReport:
     from .adapters import plan
 
-    la = device_backend(la)
     layout = plan(ckpt, "symmetric" if scheme == "none" else scheme)
     if scheme == "none":  # the same blocks, no rotation sites: every tensor is stored as given
         layout = ModelLayout(layout.architecture, "none", [ChunkLayout(c.name, c.tensors, ()) for c in layout.chunks])
@@ -328,6 +327,7 @@ class InexactBlocks:
         self.path = str(path)
         self.names: list[str] = []
         self.fallback: list[str] = []
+        self.device = "cpu"  # the reader's backend, from note()
 
     def see(self, block: DecodedBlock) -> DecodedBlock:
         if block.exact is False:
@@ -337,13 +337,15 @@ class InexactBlocks:
         return block
 
     def note(self, r: Reader) -> None:
-        """The reader's own note (a file without digests, decoded with the reference), as a DeviceNote."""
+        """Watch reader `r`: its backend names the device in warn(), and its own note (a file
+        without digests, decoded with the reference) is given now, as a DeviceNote."""
+        self.device = r.linalg.name
         if r.note:
             warnings.warn(DeviceNote(r.note), stacklevel=3)
 
-    def warn(self, device: str = "cpu") -> None:
+    def warn(self) -> None:
         if self.fallback:
-            warnings.warn(DeviceNote(f"{self.path}: {len(self.fallback)} chunks missed their digests on {device} and were decoded "
+            warnings.warn(DeviceNote(f"{self.path}: {len(self.fallback)} chunks missed their digests on {self.device} and were decoded "
                                      f"again with the reference: {', '.join(self.fallback[:5])}"
                                      f"{', ...' if len(self.fallback) > 5 else ''}"), stacklevel=3)
         if self.names:
@@ -363,7 +365,7 @@ def read_tensors(path: str | os.PathLike[str], *, max_block_bytes: int | str | N
         inexact.note(r)
         out = _decode_to_torch(r, None, inexact, torch_device_of(r.linalg))
         keys = r.metadata.get("keys") or list(out)
-    inexact.warn(r.linalg.name)
+    inexact.warn()
     return {k: out[k] for k in keys}
 
 
@@ -431,7 +433,7 @@ def unpack(
             _stream_weights(r, path, fmt, wanted, progress, workers, inexact)
 
         out = publish_checkpoint(Path(dst), stem, files, fmt, weights)
-    inexact.warn(r.linalg.name)
+    inexact.warn()
     return out
 
 

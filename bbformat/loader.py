@@ -100,7 +100,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
                 for block in blocks:
                     fill(block)
                     del block
-        inexact.warn(r.linalg.name)
+        inexact.warn()
     else:
         with read_checkpoint(p) as ckpt:
             sd = ckpt.state_dict

@@ -53,8 +53,10 @@ class LazyTensors(Mapping[str, RawTensor]):
 
 
 def input_canonical(get: TensorSource, anchor: AxisRef, la: Linalg = REFERENCE) -> np.ndarray:
-    """The canonical direction of an anchor as the input holds it (no rotation applied)."""
-    return canonical_rotation_of(get(anchor.tensor), anchor.axis, la)
+    """The canonical direction of an anchor as the input holds it (no rotation applied); the
+    backend's device errors as DeviceError, on whichever thread computes it."""
+    with la.guard():
+        return canonical_rotation_of(get(anchor.tensor), anchor.axis, la)
 
 
 def independent_anchors(layout: ModelLayout) -> set[str]:
@@ -117,12 +119,6 @@ class EncodeChain:
                     self.pending[(f.tensor, f.axis)] = self.canonical[s.name]
 
 
-def _canonical_on_thread(get: TensorSource, anchor: AxisRef, la: Linalg) -> np.ndarray:
-    """input_canonical on the prefetch thread (its device errors as DeviceError)."""
-    with la.guard():
-        return input_canonical(get, anchor, la)
-
-
 def encode_chunks(chain: EncodeChain) -> Iterator[tuple[ChunkLayout, EncodedChunk]]:
     """Encode the chunks in order. The canonical directions of independent anchors are computed
     CANONICAL_AHEAD chunks ahead on a thread. The caller holds the backend's thread settings
@@ -135,7 +131,7 @@ def encode_chunks(chain: EncodeChain) -> Iterator[tuple[ChunkLayout, EncodedChun
         if ci < len(layout.chunks):
             for s in layout.chunks[ci].sites:
                 if s.anchor.tensor in independent and s.name not in ahead:
-                    ahead[s.name] = pool.submit(_canonical_on_thread, chain.get, s.anchor, chain.la)
+                    ahead[s.name] = pool.submit(input_canonical, chain.get, s.anchor, chain.la)
 
     with ThreadPoolExecutor(1, thread_name_prefix="bbformat-canonical") as pool:
         for ci in range(CANONICAL_AHEAD):

@@ -28,7 +28,6 @@ from .constants import (
     MAGIC_SIZE,
     MIN_CHUNK_LENGTH,
     MIN_FILE_SIZE,
-    RequiredFlag,
 )
 from .container import records as R
 from .container.chunks import ParsedChunk, descriptor_extent, parse_chunk, parse_descriptor
@@ -289,7 +288,7 @@ class Reader:
     @property
     def has_digests(self) -> bool:
         """Whether every chunk records the digest of its decoded tensors (format 1.2, DIGESTS)."""
-        return bool(self.header.required_flags & RequiredFlag.DIGESTS)
+        return self.header.has_digests
 
     def decode_block(self, i: int) -> DecodedBlock:
         return decode_parsed(self.read_chunk(i), self._allow_inexact, self.linalg, self._fallback)
@@ -372,8 +371,7 @@ class StreamReader:
         self._header_length = header_length(parse_header_fixed(fixed_bytes))
         self.header: Header = parse_header(fixed_bytes + _read_exact(f, self._header_length - HEADER_FIXED_SIZE, "header"))
         self._started = False
-        has_digests = bool(self.header.required_flags & RequiredFlag.DIGESTS)
-        self.linalg, self.note = reader_backend(asked, has_digests, "stream")
+        self.linalg, self.note = reader_backend(asked, self.header.has_digests, "stream")
 
     def __iter__(self) -> Iterator[DecodedBlock]:
         if self._started:

@@ -11,7 +11,7 @@ from .container.program import bits_of
 from .codec.entropy import decode_planes
 from .codec.section_kinds import SECTION_KINDS, SiteContext
 from .compat import legacy_reader_problems
-from .constants import CODEC_NAMES, CRC_SIZE, SECTION_KIND_NAMES, RequiredFlag, SectionKind
+from .constants import CODEC_NAMES, CRC_SIZE, SECTION_KIND_NAMES, SectionKind
 from .container.chunks import parse_chunk
 from .container.crc import crc32c
 from .reader import Reader, resolve_budget
@@ -105,7 +105,7 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
         "architecture": meta.get("architecture"),
         "scheme": r.header.scheme,
         "tolerance": meta.get("tolerance"),
-        "content_digests": bool(r.header.required_flags & RequiredFlag.DIGESTS),
+        "content_digests": r.header.has_digests,
         "warnings": legacy_reader_problems(_side_files(meta)),
         "dtypes": sorted({t["dtype"] for b in blocks for t in b["tensors"]}),
         "blocks": blocks,

@@ -143,6 +143,7 @@ def decode_one(path: Path, ref: Path, write_ref: bool, device: str = "cpu") -> d
     import bbformat.reader as rd
     from bbformat.codec import band
     from bbformat.codec import rotation as rot
+    from bbformat.codec.linalg import REFERENCE, apply_paper_signs
     from bbformat.codec.dtypes import f64_to_bits
     from bbformat.codec.sections import StoredCorrector
 
@@ -167,7 +168,7 @@ def decode_one(path: Path, ref: Path, write_ref: bool, device: str = "cpu") -> d
             self._alt = getattr(self, "_alt", {})
             _, e2 = rot.eigh_upper(g)
             if m is not None:  # paper: sign-fixed with the stored bits, as the encoder does
-                e2 = rot.apply_paper_signs(e2, self.signs(site))
+                e2 = apply_paper_signs(REFERENCE, e2, self.signs(site))
             self._alt[site] = (rot.matrix_to_block(rot.regenerate(e2, mu, m is not None)),
                                band.product_floor(g.shape[0], float(np.max(np.abs(mu)))), m is not None)
 

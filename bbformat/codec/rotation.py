@@ -147,12 +147,6 @@ def paper_signs(v: np.ndarray) -> np.ndarray:
     return negative
 
 
-def apply_paper_signs(e: np.ndarray, negative: np.ndarray) -> np.ndarray:
-    """Alg. 2: flip each recovered eigenvector (column of E = row of Q) to the stored sign."""
-    flip = (e.sum(axis=0) < 0) != negative
-    return e * np.where(flip, -1.0, 1.0)
-
-
 @lru_cache(maxsize=1)
 def _controller() -> ThreadpoolController:
     return ThreadpoolController()

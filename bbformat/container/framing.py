@@ -30,6 +30,7 @@ from ..constants import (
     SCHEME_CODES,
     SCHEME_NAMES,
     Codec,
+    RequiredFlag,
     minor_for,
 )
 from ..errors import FormatError, InputError, IntegrityError, LimitError, check_choice
@@ -47,6 +48,11 @@ class Header:
     minor: int = FORMAT_MINOR
     length: int = 0
     required_flags: int = 0
+
+    @property
+    def has_digests(self) -> bool:
+        """Every chunk records the digest of its decoded values (format 1.2, DIGESTS)."""
+        return bool(self.required_flags & RequiredFlag.DIGESTS)
 
 
 def check_format_version(format_version: str) -> None:
