@@ -12,6 +12,7 @@ from .errors import (
     LimitError,
     NoSpaceError,
     OutputError,
+    OutputExistsError,
     UnsupportedModelError,
     VerifyError,
 )
@@ -20,7 +21,7 @@ from .container.framing import Header
 from .reader import DecodedBlock, Reader, StreamReader, iter_stream
 from .writer import Writer
 
-__version__ = "1.2.0"
+__version__ = "1.3.0"
 
 
 def __getattr__(name: str) -> object:
@@ -46,6 +47,7 @@ __all__ = [
     "LimitError",
     "NoSpaceError",
     "OutputError",
+    "OutputExistsError",
     "PackReport",
     "Reader",
     "StreamReader",

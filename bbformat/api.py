@@ -23,6 +23,7 @@ from .container.program import TensorEntry
 from .compat import legacy_reader_problems
 from .container.digest import content_crc
 from .errors import FormatError, InputError, VerifyError, check_choice
+from .fsutil import check_output_file
 from .packing import BoundedWorker, EncodeChain, Progress, encode_chunks
 from .reader import DECODE_WORKERS, DecodedBlock, Reader, decode_workers
 from .writer import Writer
@@ -81,23 +82,33 @@ def pack(
     entropy: str | None = None,
     format_version: str = FORMAT_VERSION,
     device: str | Linalg | None = None,
+    overwrite: bool = False,
 ) -> PackReport:
     """Encode a SliceGPT checkpoint directory (TransformerCompression layout) into `dst`.
+
+    `dst` must not exist unless `overwrite` (OutputExistsError, E_EXISTS, before any work); the
+    finished file is published under its name atomically and, without `overwrite`, only if
+    nothing has appeared there meanwhile (fsutil.rename_no_replace). With `overwrite` a file
+    or symlink at `dst` is replaced (a symlink itself, not its target); a directory, a device
+    or FIFO, and one of the input's own files never are.
 
     `calibration` (a UTF-8 text file, or a (samples, seqlen) tensor of token ids) makes
     the encoder round rotated tensors with error feedback under the model's own input
     statistics, so the stored rotated model stays closer to the input's function (Llama).
     Decoding is unaffected.
 
-    `entropy` codes each chunk's payload after bits-back (SPEC.md 8.6): "none" (raw), "zstd",
-    "planes" (byte planes with per-tensor contexts) or "auto" (the smallest per chunk).
-    "planes" and "auto" need a 1.1 reader at least. None (the default): "none", or "auto" for
-    scheme "none".
+    `entropy` codes each chunk's payload after bits-back (SPEC.md 8.6, 8.7): "none" (raw),
+    "zstd", "planes" (byte planes with per-tensor contexts), "exponent" (each float's exponent
+    and top mantissa bits as one rANS symbol; format 1.3) or "auto" (the smallest per chunk
+    of those the format version allows). "planes" needs a 1.1 reader at least, "exponent" a
+    1.3 reader, and so does "auto" in format 1.3 when a chunk chose codec 3. None (the
+    default): "none", or "auto" for scheme "none".
 
     `scheme` "none" takes no bits back: no rotation, the entropy stage alone, so unpack gives
     back the input's bits exactly (a 1.2 file).
 
-    `format_version` "1.2" (the default) records each chunk's digest of its decoded values,
+    `format_version` "1.3" (the default) is 1.2 with payload codec 3 allowed; a file whose
+    payloads do not use it is written as 1.2. "1.2" records each chunk's digest of its decoded values,
     and stores explicitly every regenerated value another correct reader could round
     differently (the band, SPEC.md 9 and 12.6), so every conforming reader decodes the
     same bits and can prove it; 1.1 readers refuse such files. "1.1" writes files that 1.0
@@ -122,24 +133,26 @@ def pack(
         entropy = "auto" if scheme == "none" else "none"
     check_entropy_mode(entropy)
     check_format_version(format_version)
-    if scheme == "none" and format_version != "1.2":
-        raise InputError("scheme 'none' needs format 1.2 (1.1 readers know only the paper and symmetric schemes)")
+    if scheme == "none" and format_version == "1.1":
+        raise InputError("scheme 'none' needs format 1.2 or later (1.1 readers know only the paper and symmetric schemes)")
+    if entropy == "exponent" and format_version != "1.3":
+        raise InputError(f"entropy mode 'exponent' (payload codec 3) needs format 1.3, not {format_version}")
     if scheme == "none" and calibration is not None:
         raise InputError("--calibration rounds rotated weights; scheme 'none' rotates nothing")
-    _check_paths(Path(src), Path(dst))
+    _check_paths(Path(src), Path(dst), overwrite)
     la = device_backend(device)
     # Every input check (files, pickle, JSON, config vs tensors, NaN/Inf) happens before the
     # Writer creates anything at dst. The weights are mapped, not read: each block's tensors
     # are read when it is encoded and released after (memory: a few blocks, not the model).
     with read_checkpoint(Path(src)) as ckpt:
         return _pack_checkpoint(ckpt, dst, scheme, tolerance, verify, progress, calibration, calibration_samples,
-                                calibration_seqlen, entropy, format_version, la)
+                                calibration_seqlen, entropy, format_version, la, overwrite)
 
 
 def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str, tolerance: float | None, verify: bool,
                      progress: Progress | None, calibration: str | os.PathLike[str] | torch.Tensor | None,
                      calibration_samples: int, calibration_seqlen: int, entropy: str, format_version: str = FORMAT_VERSION,
-                     la: Linalg = REFERENCE) -> PackReport:
+                     la: Linalg = REFERENCE, overwrite: bool = False) -> PackReport:
     from .adapters import plan
 
     layout = plan(ckpt, "symmetric" if scheme == "none" else scheme)
@@ -187,7 +200,7 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
     # as it is written: the encoder holds one block, the worker at most PACK_QUEUE more.
     coding = "symmetric" if scheme == "none" else scheme  # no sites: no mode to choose
     with Writer(dst, scheme, len(layout.chunks), metadata, entropy=entropy, background_header=True,
-                format_version=format_version) as w, BoundedWorker() as worker, la.threads():
+                format_version=format_version, overwrite=overwrite) as w, BoundedWorker() as worker, la.threads():
         chain = EncodeChain(layout, get, coding, tolerance, moments, band=w.mixed_corrections, progress=progress, la=la)
         for _chunk, enc in encode_chunks(chain):
             digests.append({n: _digest(t) for n, t in enc.intended.items()})
@@ -210,19 +223,22 @@ def _write_chunk(w: Writer, enc: EncodedChunk, crc: int | None) -> None:
     w.add_chunk(enc.program, w.code_sections(enc.program, enc.finish()), coded=True, content_crc=crc)
 
 
-def _check_paths(src: Path, dst: Path) -> None:
-    """Refuse an output path that is a directory or would replace one of the input's files."""
+def _check_paths(src: Path, dst: Path, overwrite: bool = False) -> None:
+    """Refuse an output path that is a directory, would replace one of the input's files, is
+    not a regular file, or exists without `overwrite`."""
     from .checkpoint import input_files
 
     inputs = input_files(src)  # also: SRC exists and holds a weights file
     if dst.is_dir():
         raise InputError(f"{dst} is a directory; give the path of the .bb file to write")
     if not dst.parent.is_dir():
-        raise InputError(f"output directory {dst.parent} does not exist")
+        what = "is not a directory" if os.path.lexists(dst.parent) else "does not exist"
+        raise InputError(f"output directory {dst.parent} {what}")
     target = dst.resolve()
     for p in inputs:
         if p.resolve() == target:
             raise InputError(f"refusing to write {dst}: it would replace the input file {p}")
+    check_output_file(dst, overwrite)
 
 
 def verify_container(path: str | os.PathLike[str], digests: list[dict[str, str]], device: str | Linalg | None = None) -> None:
@@ -395,8 +411,14 @@ def unpack(
     workers: int | None = None,
     allow_inexact: bool = False,
     device: str | Linalg | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write the TransformerCompression layout back: <stem>.pt (or .safetensors) and the JSON files.
+
+    `dst` must be absent or an empty directory unless `overwrite` (OutputExistsError, E_EXISTS,
+    naming what would be replaced, before anything is decoded); then files of the same names
+    in `dst` are replaced and others left alone. Without `overwrite` the publication never
+    replaces anything, even what appears at `dst` while it decodes (checkpoint.publish_checkpoint).
 
     The weights file is streamed: each tensor is written as its block decodes (safetensors:
     its header first, from the descriptors; .pt: torch's zip, record by record, the pickle
@@ -432,7 +454,7 @@ def unpack(
         def weights(path: Path) -> None:
             _stream_weights(r, path, fmt, wanted, progress, workers, inexact)
 
-        out = publish_checkpoint(Path(dst), stem, files, fmt, weights)
+        out = publish_checkpoint(Path(dst), stem, files, fmt, weights, overwrite=overwrite)
     inexact.warn()
     return out
 

@@ -16,6 +16,7 @@ import torch
 
 from .adapters import llama_torch
 from .adapters.llama import NAMES
+from .adapters.torch_base import require_transformers
 from .checkpoint import Checkpoint
 from .codec.encoder import Moments
 from .codec.rounding import quantize_moment
@@ -31,19 +32,15 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
 def check_calibratable(ckpt: Checkpoint) -> None:
     if ckpt.hf_config.get("model_type") != "llama":
         raise UnsupportedModelError(f"calibrated rounding supports Llama models; this is {ckpt.hf_config.get('model_type')!r}")
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise InputError("calibration needs the 'transformers' package") from None
+    require_transformers("calibration")
 
 
 def calibration_tokens(ckpt: Checkpoint, text_path: str | os.PathLike[str], samples: int = DEFAULT_SAMPLES,
                        seqlen: int = DEFAULT_SEQLEN) -> torch.Tensor:
     """The first samples × seqlen tokens of a UTF-8 text, with the checkpoint's tokenizer."""
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        raise InputError("calibration needs the 'transformers' package") from None
+    require_transformers("calibration")
+    from transformers import AutoTokenizer
+
     if samples < 1 or seqlen < 2:
         raise InputError(f"calibration needs samples >= 1 and seqlen >= 2, got {samples} x {seqlen}")
     try:

@@ -15,10 +15,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .constants import ENTROPY_MODES, PACK_SCHEMES, ROTATION_SCHEMES, ExitStatus
+from .constants import (ENTROPY_MODES, FORMAT_MAJOR, FORMAT_MINOR, FORMAT_VERSIONS, PACK_SCHEMES, ROTATION_SCHEMES, ExitStatus,
+                        written_version)
+from . import __version__
 from .api import DeviceNote, InexactWarning, pack, unpack, verify
-from .errors import BBFormatError, DigestError
-from .summary import format_summary, inspect
+from .errors import BBFormatError, DigestError, InputError, output_error, output_exists
+from .summary import bound_words, format_summary, inspect
 
 EXIT_USAGE = ExitStatus.USAGE
 EXIT_INTERNAL = ExitStatus.INTERNAL
@@ -83,7 +85,7 @@ def _progress(quiet: bool, verb: str) -> Callable[[int, int, str], None] | None:
 def _cmd_pack(a: argparse.Namespace) -> int:
     rep = pack(a.src, a.out, scheme=a.scheme, tolerance=a.tolerance, verify=a.verify, progress=_progress(a.quiet, "pack"),
                calibration=a.calibration, calibration_samples=a.calibration_samples, calibration_seqlen=a.calibration_seqlen,
-               entropy=a.entropy, format_version=a.format_version, device=a.device)
+               entropy=a.entropy, format_version=a.format_version, device=a.device, overwrite=a.force)
     info = inspect(a.out)
     if a.json:
         print(json.dumps({**info["totals"], "larger_than_plain": info["totals"]["container_bytes"] >= info["totals"]["plain_bytes"]},
@@ -92,8 +94,9 @@ def _cmd_pack(a: argparse.Namespace) -> int:
         t = info["totals"]
         print(
             f"wrote {a.out}: {t['container_bytes']:,} B for {t['plain_bytes']:,} B plain "
-            f"({t['saved_pct_of_plain']:.2f}% saved on the weights"
-            + (f", {t['saved_pct_of_bound']:.1f}% of the bits-back bound; " if t["gross_bound_bits"] else "; no bits back, ")
+            f"({t['bits_per_weight']:.3f} bits per weight against {t['plain_bits_per_weight']:g}; "
+            f"{t['saved_pct_of_plain']:.2f}% saved on the weights"
+            + (f", {bound_words(info)}; " if t["gross_bound_bits"] else "; no bits back, ")
             + f"scheme {rep.scheme}, tolerance {rep.tolerance}{', verified' if a.verify else ''})"
         )
     for w in rep.warnings:
@@ -119,7 +122,8 @@ def _cmd_unpack(a: argparse.Namespace) -> int:
         warnings.simplefilter("always", InexactWarning)
         warnings.simplefilter("always", DeviceNote)
         out = unpack(a.src, a.dst, fmt=a.format, progress=_progress(a.quiet, "unpack"), max_block_bytes=a.max_memory,
-                     max_site_dim=a.max_site_dim, workers=a.workers, allow_inexact=a.allow_inexact, device=a.device)
+                     max_site_dim=a.max_site_dim, workers=a.workers, allow_inexact=a.allow_inexact, device=a.device,
+                     overwrite=a.force)
     for w in caught:
         if issubclass(w.category, InexactWarning):
             sys.stderr.write(f"bbformat: warning: {w.message}\n")
@@ -157,16 +161,15 @@ def _cmd_demo(a: argparse.Namespace) -> int:
     from .testing import make_tiny_checkpoint, reference_logits
 
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(a.keep) if a.keep else Path(tmp)
-        root.mkdir(parents=True, exist_ok=True)
-        src, out, back = root / "model", root / "model.bb", root / "unpacked"
+        root = _demo_dir(Path(a.keep), a.force) if a.keep else Path(tmp)
+        src, out, back = (root / name for name in DEMO_OUTPUTS)
         ckpt = make_tiny_checkpoint(a.arch, seed=a.seed, layers=a.layers)
-        write_checkpoint(ckpt, src)
+        write_checkpoint(ckpt, src, overwrite=a.force)
         print(f"1. wrote a tiny sliced {a.arch} model ({a.layers} layers) to {src}")
-        pack(src, out, scheme=a.scheme, verify=True, progress=_progress(a.quiet, "pack"))
+        pack(src, out, scheme=a.scheme, verify=True, progress=_progress(a.quiet, "pack"), overwrite=a.force)
         print(f"2. packed it into {out} (scheme {a.scheme}) and verified it bit for bit\n")
         print(format_summary(inspect(out)) + "\n")
-        unpack(out, back)
+        unpack(out, back, overwrite=a.force)
         print(f"3. unpacked it to {back}")
         ids = np.random.default_rng(a.seed).integers(0, int(ckpt.hf_config["vocab_size"]), size=(2, 16))
         before = reference_logits(ckpt, ids)
@@ -178,9 +181,55 @@ def _cmd_demo(a: argparse.Namespace) -> int:
         return 0 if ok else 1
 
 
+DEMO_OUTPUTS = ("model", "model.bb", "unpacked")  # what `demo --keep DIR` leaves in DIR
+
+
+def _demo_dir(root: Path, force: bool) -> Path:
+    """`demo --keep DIR`: DIR, created (with its parents) if absent. Refused before anything is
+    written: DIR, or its nearest existing ancestor, not a directory (E_INPUT); any of
+    DEMO_OUTPUTS already in DIR, unless --force (E_EXISTS); DIR not creatable (E_OUTPUT)."""
+    for p in (root, *root.parents):
+        if os.path.lexists(p):
+            if not p.is_dir():
+                raise InputError(f"--keep {root}: {p} is not a directory")
+            break
+    if not force:
+        there = [str(root / n) for n in DEMO_OUTPUTS if os.path.lexists(root / n)]
+        if there:
+            raise output_exists(", ".join(there), hint=f"--force replaces {'them' if len(there) > 1 else 'it'}")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise output_error(exc, root) from None
+    return root
+
+
+def _version() -> str:
+    """`bbformat --version`: the package's version and the container versions it writes and reads,
+    from constants (FORMAT_VERSIONS: what pack --format-version offers; FORMAT_MAJOR/MINOR: what
+    the reader decodes), so that a new format version shows here by itself."""
+    written = sorted({written_version(v, e) for v in FORMAT_VERSIONS for e in ENTROPY_MODES},
+                     key=lambda v: tuple(map(int, v.split("."))), reverse=True)
+    return (f"bbformat {__version__}\n"
+            f"container format: writes {', '.join(written)} (pack --format-version {'|'.join(FORMAT_VERSIONS)}, "
+            f"default {FORMAT_VERSIONS[0]}); reads {FORMAT_MAJOR}.0 to {FORMAT_MAJOR}.{FORMAT_MINOR} "
+            f"(and any later {FORMAT_MAJOR}.x whose required flags it knows)")
+
+
+class _VersionAction(argparse.Action):
+    """--version: _version() as it is (argparse's own version action re-wraps the lines), exit 0."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        sys.stdout.write(_version() + "\n")
+        raise SystemExit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="bbformat", description="Bits-back container for SliceGPT-sliced transformer weights.")
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    p.add_argument("--version", action=_VersionAction, nargs=0,
+                   help="print the package version and the container format versions it writes and reads")
+    sub = p.add_subparsers(dest="cmd", parser_class=_Parser)  # none given: main() prints the help
     pk = sub.add_parser("pack", help="encode a SliceGPT checkpoint directory into a .bb container")
     pk.add_argument("src", help="directory in TransformerCompression layout (<stem>.pt or .safetensors, <stem>.json, config.json)")
     pk.add_argument("out", help="output .bb file (written atomically)")
@@ -194,14 +243,17 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--calibration-samples", type=int, default=16, metavar="N", help="calibration sequences (default 16)")
     pk.add_argument("--calibration-seqlen", type=int, default=512, metavar="T", help="tokens per calibration sequence (default 512)")
     pk.add_argument("--entropy", choices=ENTROPY_MODES, default=None,
-                    help="entropy stage on each payload after bits-back (SPEC.md 8.6): none (the default, except with "
-                         "--scheme none), zstd, planes (byte planes, exponent byte coded per tensor and context), auto "
-                         "(smallest per chunk; the default with --scheme none)")
-    pk.add_argument("--format-version", choices=("1.2", "1.1"), default="1.2",
-                    help="1.2 (default): every chunk records a digest of its decoded values and the encoder stores every value "
+                    help="entropy stage on each payload after bits-back (SPEC.md 8.6, 8.7): none (the default, except with "
+                         "--scheme none), zstd, planes (byte planes, top byte coded per tensor and context), exponent (each "
+                         "float's exponent and top mantissa bits as one rANS symbol per tensor and column class; format 1.3), "
+                         "auto (smallest per chunk among those the format version allows; the default with --scheme none)")
+    pk.add_argument("--format-version", choices=FORMAT_VERSIONS, default=FORMAT_VERSIONS[0],
+                    help="1.3 (default): as 1.2, and payloads may use the exponent codec (a file that does not is written as "
+                         "1.2). 1.2: every chunk records a digest of its decoded values and the encoder stores every value "
                          "another reader's floating point could round differently, so every conforming reader decodes the same "
                          "bits and checks it; 1.1 readers refuse it. 1.1: readable by 1.0/1.1 readers, exact only on readers "
                          "whose floating point matches this machine's, with nothing to check it by")
+    pk.add_argument("-f", "--force", action="store_true", help="replace OUT if it exists (without: refused, exit 2, E_EXISTS)")
     pk.add_argument("--quiet", action="store_true")
     pk.add_argument("--json", action="store_true", help="print the size totals as JSON")
     pk.set_defaults(func=_cmd_pack)
@@ -209,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("src")
     up.add_argument("dst", help="output directory")
     up.add_argument("--format", choices=("pt", "safetensors"), default="pt")
+    up.add_argument("-f", "--force", action="store_true",
+                    help="write into DST even if it exists and is not empty, replacing its files of the same names "
+                         "(without: refused, exit 2, E_EXISTS)")
     up.add_argument("--allow-inexact", action="store_true",
                     help="write the files even if some blocks decode to values other than their digests (E_DIGEST), "
                          "and name those blocks on stderr")
@@ -240,7 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="refuse a rotation site larger than D (bounds decode time, O(D^3) per site; default: 32768)")
     ins.set_defaults(func=_cmd_inspect)
     dm = sub.add_parser("demo", help="run pack/inspect/unpack end to end on a tiny built-in sliced model")
-    dm.add_argument("--keep", metavar="DIR", help="keep the model, container and unpacked files in DIR")
+    dm.add_argument("--keep", metavar="DIR", help="keep the model, container and unpacked files in DIR (DIR/model, "
+                                                  "DIR/model.bb, DIR/unpacked; none of them may exist, unless --force)")
+    dm.add_argument("-f", "--force", action="store_true", help="with --keep: replace DIR/model, DIR/model.bb and DIR/unpacked")
     dm.add_argument("--scheme", choices=ROTATION_SCHEMES, default=ROTATION_SCHEMES[0])
     dm.add_argument("--arch", choices=("llama", "opt", "phi2", "phi3"), default="llama")
     dm.add_argument("--layers", type=int, default=4)
@@ -262,8 +319,9 @@ def _quiet_closed_stdout() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except BrokenPipeError:
         return _quiet_closed_stdout()
     except SystemExit:  # --help (or a usage error): flush here, where a closed pipe is handled
@@ -272,6 +330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BrokenPipeError:
             return _quiet_closed_stdout()
         raise
+    if args.cmd is None:  # a bare `bbformat`: the help, on stderr, as a usage error (README, Exit codes)
+        sys.stderr.write(parser.format_help())
+        return EXIT_USAGE
     try:
         status = int(args.func(args))
         sys.stdout.flush()  # here, so that a closed pipe is met inside this handler

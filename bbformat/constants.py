@@ -16,11 +16,12 @@ from enum import IntEnum
 
 FORMAT_MAJOR = 1
 """Header and footer `major` (SPEC.md 4, 10.2); any other value is E_VERSION."""
-FORMAT_MINOR = 2
+FORMAT_MINOR = 3
 """The newest minor this code knows; a writer writes the lowest its file needs (minor_for)."""
-FORMAT_VERSIONS = ("1.2", "1.1")
-"""What a writer can be asked to write (`pack --format-version`), the default first; "1.1"
-writes minor 0 unless the payloads may use codec 2."""
+FORMAT_VERSIONS = ("1.3", "1.2", "1.1")
+"""What a writer can be asked to write (`pack --format-version`), the default first. The file
+gets the lowest minor its features need: "1.3" writes minor 2 unless payloads may use codec
+3; "1.1" writes minor 0 unless the payloads may use codec 2."""
 
 # ----------------------------------------------------------------------------- magics
 
@@ -103,7 +104,17 @@ MAX_FOLLOWERS_PER_CHUNK = 1 << 16
 MAX_PLANES_SEGMENTS = 1 << 16
 """Segments of a codec-2 payload (SPEC.md 8.6, E_LIMIT_COUNT)."""
 MAX_PLANES_CLASSES = 16
-"""Classes per axis of a codec-2 segment, K (SPEC.md 8.6)."""
+"""Classes per axis of a codec-2 segment, K (SPEC.md 8.6); column classes of a codec-3 segment (8.7)."""
+MAX_EXPONENT_TABLES = 1024
+"""Tables (segments x classes) of a codec-3 payload (SPEC.md 8.7, E_LIMIT_COUNT)."""
+MAX_EXPONENT_LANES = 1 << 16
+"""rANS lanes of a codec-3 payload, Q (SPEC.md 8.7)."""
+MAX_EXPONENT_CODE_BITS = 12
+"""Bits of a codec-3 code: the exponent field and the joined mantissa bits (SPEC.md 8.7)."""
+RANS_PRECISION_BITS = 14
+"""Every codec-3 table's frequencies sum to 2^16 (SPEC.md 8.7)."""
+RANS_LOW = 1 << 16
+"""A codec-3 lane's state lies in [2^16, 2^32); it starts and ends at 2^16 (SPEC.md 8.7)."""
 
 # ----------------------------------------------------------------------------- header fields
 
@@ -114,9 +125,10 @@ class RequiredFlag(IntEnum):
     PLANES = 0x1  # 1.1: payload sections may use codec 2 (SPEC.md 8.6)
     DIGESTS = 0x2  # 1.2: every chunk records content_crc of its decoded tensors (SPEC.md 5.4)
     MIXED_CORRECTIONS = 0x4  # 1.2: x_residuals and x_patches may share a symmetric-mode site (SPEC.md 8.4)
+    EXPONENT = 0x8  # 1.3: payload sections may use codec 3 (SPEC.md 8.7)
 
 
-REQUIRED_FLAGS_KNOWN = int(RequiredFlag.PLANES | RequiredFlag.DIGESTS | RequiredFlag.MIXED_CORRECTIONS)
+REQUIRED_FLAGS_KNOWN = int(RequiredFlag.PLANES | RequiredFlag.DIGESTS | RequiredFlag.MIXED_CORRECTIONS | RequiredFlag.EXPONENT)
 """Every required flag this code understands (SPEC.md 4, 11.2 item 4)."""
 OPTIONAL_FLAGS_KNOWN = 0x0
 """None are defined; readers ignore optional_flags (SPEC.md 4)."""
@@ -148,6 +160,7 @@ class Codec(IntEnum):
     RAW = 0
     ZSTD = 1  # exactly one zstd frame declaring its content size
     PLANES = 2  # 1.1, payload only, in a file with RequiredFlag.PLANES (SPEC.md 8.6)
+    EXPONENT = 3  # 1.3, payload only, in a file with RequiredFlag.EXPONENT (SPEC.md 8.7)
 
 
 CODEC_NAMES: dict[int, str] = {int(c): c.name.lower() for c in Codec}
@@ -211,33 +224,39 @@ EXPONENT_FIELD = {"float16": (10, 5), "bfloat16": (7, 8), "float32": (23, 8)}
 
 METADATA_ZSTD_ABOVE = 4096
 """The writer tries zstd on metadata longer than this (SPEC.md 4.1, informative)."""
-ENTROPY_MODES = ("none", "zstd", "planes", "auto")
-"""How a writer stores payloads (`pack --entropy`, SPEC.md 8.6): raw, one zstd frame, codec 2,
-or the smallest of the three per chunk."""
+ENTROPY_MODES = ("none", "zstd", "planes", "exponent", "auto")
+"""How a writer stores payloads (`pack --entropy`, SPEC.md 8.6, 8.7): raw, one zstd frame,
+codec 2, codec 3 (format 1.3), or the smallest of those the format version allows, per chunk."""
 PLANES_ENTROPY_MODES = ("planes", "auto")
 """The entropy modes whose payloads may use codec 2: a file written so sets RequiredFlag.PLANES."""
+EXPONENT_ENTROPY_MODES = ("exponent", "auto")
+"""The entropy modes whose payloads may use codec 3 in a 1.3 file (RequiredFlag.EXPONENT)."""
 
 
 def required_flags_for(format_version: str, entropy: str) -> int:
-    """The required flags of a file written as `format_version` ("1.2" or "1.1") with payloads
-    stored by `entropy` (SPEC.md 4): 1.2 records digests and may mix corrections; planes and
-    auto may use codec 2."""
+    """The required flags of a file written as `format_version` ("1.3", "1.2" or "1.1") with
+    payloads stored by `entropy` (SPEC.md 4): 1.2 and 1.3 record digests and may mix
+    corrections; planes and auto may use codec 2; in 1.3, exponent and auto may use codec 3."""
     flags = int(RequiredFlag.PLANES) if entropy in PLANES_ENTROPY_MODES else 0
-    if format_version == "1.2":
+    if format_version in ("1.2", "1.3"):
         flags |= RequiredFlag.DIGESTS | RequiredFlag.MIXED_CORRECTIONS
+    if format_version == "1.3" and entropy in EXPONENT_ENTROPY_MODES:
+        flags |= RequiredFlag.EXPONENT
     return flags
 
 
 def minor_for(required_flags: int) -> int:
     """The lowest minor version whose features a file with these flags uses (SPEC.md 4,
-    Versions): 2 with DIGESTS or MIXED_CORRECTIONS, else 1 with PLANES, else 0."""
+    Versions): 3 with EXPONENT, 2 with DIGESTS or MIXED_CORRECTIONS, else 1 with PLANES, else 0."""
+    if required_flags & RequiredFlag.EXPONENT:
+        return 3
     if required_flags & (RequiredFlag.DIGESTS | RequiredFlag.MIXED_CORRECTIONS):
         return 2
     return 1 if required_flags & RequiredFlag.PLANES else 0
 
 
 def written_version(format_version: str, entropy: str) -> str:
-    """The version ("1.2", "1.1" or "1.0") of a file written as `format_version` with `entropy`."""
+    """The version ("1.3", "1.2", "1.1" or "1.0") of a file written as `format_version` with `entropy`."""
     return f"{FORMAT_MAJOR}.{minor_for(required_flags_for(format_version, entropy))}"
 
 
@@ -303,6 +322,7 @@ ERROR_CODES: dict[str, ExitStatus] = {
     "E_DIGEST": ExitStatus.DIGEST,
     # not about container validity (SPEC.md 11.2, last paragraph)
     "E_INPUT": ExitStatus.INPUT,
+    "E_EXISTS": ExitStatus.INPUT,  # an InputError: the output exists and was not named for replacement
     "E_UNSUPPORTED_MODEL": ExitStatus.UNSUPPORTED_MODEL,
     "E_VERIFY": ExitStatus.VERIFY,
     "E_WRITER_STATE": ExitStatus.ERROR,

@@ -34,6 +34,22 @@ class UnsupportedModelError(InputError):
     exit_status = ExitStatus.UNSUPPORTED_MODEL
 
 
+class OutputExistsError(InputError):
+    """The output exists and replacing it was not asked for (`--force`, `overwrite=True`).
+    Nothing was written."""
+
+    code = "E_EXISTS"
+    exit_status = ExitStatus.INPUT
+
+
+def output_exists(what: str, many: bool = False, hint: str | None = None) -> OutputExistsError:
+    """The one wording of a refused replacement: "refusing to replace WHAT; --force (Python:
+    overwrite=True) replaces it" (`many`: them), or `hint` instead of the part after ";"."""
+    if hint is None:
+        hint = f"--force (Python: overwrite=True) replaces {'them' if many else 'it'}"
+    return OutputExistsError(f"refusing to replace {what}; {hint}")
+
+
 class FormatError(BBFormatError):
     """A container violates SPEC.md; `code` names the MUST-reject rule."""
 

@@ -11,15 +11,20 @@ modified for `STALE_TEMP_SECONDS` (so a concurrent writer's live temp is left al
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import re
 import secrets
 import shutil
 import stat
+import sys
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, Callable
+
+from .errors import InputError, output_exists
 
 TEMP_MARK = ".bbtmp-"
 # a temp untouched this long belongs to a dead process: a live writer modifies it far more often
@@ -95,6 +100,76 @@ def remove_stale_temps(directory: Path, name: str, older_than: float = STALE_TEM
     return removed
 
 
+_NO_LINK = {errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP}
+_RENAME_NOREPLACE = 1  # linux/fs.h
+
+
+def _renameat2_noreplace(src: Path, dst: Path) -> bool:
+    """Linux renameat2(RENAME_NOREPLACE): True once renamed; FileExistsError if `dst` exists;
+    False where the call or the file system does not offer it."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    if fn(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.EEXIST:
+        raise FileExistsError(err, os.strerror(err), str(dst))
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM):
+        return False
+    raise OSError(err, os.strerror(err), str(dst))
+
+
+def rename_no_replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """Give the complete file `src` the name `dst` unless `dst` exists (FileExistsError: nothing
+    changed), in one step, so that nothing that appears at `dst` meanwhile, under any name a
+    check saw absent, is ever replaced. A hard link (fails with EEXIST, atomically) then the
+    temp name's removal; where the file system has no hard links, Linux's renameat2 with
+    RENAME_NOREPLACE; only where neither exists (e.g. FAT on another OS) a check and a plain
+    rename, whose window is the few microseconds between them. For files only: a directory
+    is renamed with os.replace, which never replaces anything but an empty directory."""
+    src, dst = Path(src), Path(dst)
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in _NO_LINK:
+            raise
+        if _renameat2_noreplace(src, dst):
+            return
+        if os.path.lexists(dst):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dst)) from None
+        os.rename(src, dst)
+        return
+    os.unlink(src)
+
+
+def check_output_file(path: str | os.PathLike[str], overwrite: bool) -> None:
+    """Refuse, before anything is written, an output file that may not be replaced: a directory
+    (or a symlink to one), and anything but a regular file or a symlink (a device, FIFO or socket:
+    a rename would remove it, not write to it), whatever `overwrite` says; anything that exists
+    without `overwrite` (OutputExistsError, E_EXISTS). A symlink is replaced itself, never the file
+    it points to. The publication is checked again, atomically (rename_no_replace): this check
+    only makes the refusal come before the work."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return  # absent, or unreachable: the write itself reports it
+    if path.is_dir():
+        raise InputError(f"{path} is a directory; give the path of the file to write")
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        raise InputError(f"{path} is not a regular file; refusing to replace it")
+    if not overwrite:
+        raise output_exists(str(path))
+
+
 def probe_write(path: str | os.PathLike[str]) -> OSError | None:
     """The OSError behind a failed write of `path` that a library reported without an errno
     (torch's C++ writer raises a RuntimeError), found by appending up to 1 MiB to the file,
@@ -149,11 +224,18 @@ class AtomicOutput:
     leaves the output untouched. As a context manager: leaving the block by an exception
     (KeyboardInterrupt included) discards; leaving it normally publishes, unless publish(),
     publish_entries() or discard() already ran. OSErrors propagate as they are.
+
+    replace=False never replaces anything that exists at publication: a file is published
+    with rename_no_replace, a directory with a rename (which on POSIX replaces at most an
+    empty directory, with or without replace), and publish_entries moves each file with
+    rename_no_replace. What exists
+    raises FileExistsError (publish_entries first takes back the files it had moved).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, directory: bool = False, where: Path | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, replace: bool = True) -> None:
         self.path = Path(path)
+        self.replace = replace
         self.where = self.path.parent if where is None else where
         self.name = self.path.name if name is None else name
         self.temp = self.where / temp_name(self.name)
@@ -179,7 +261,10 @@ class AtomicOutput:
         self._sync()
         if check is not None:
             check(self.temp)
-        os.replace(self.temp, self.path)
+        if self.replace or self.file is None:  # a directory: rename(2) replaces at most an empty directory
+            os.replace(self.temp, self.path)
+        else:
+            rename_no_replace(self.temp, self.path)
         self._done = True
         fsync_dir(self.path.parent)
         remove_stale_temps(self.where, self.name)
@@ -191,8 +276,19 @@ class AtomicOutput:
         assert self.file is None, "publish_entries is for a staging directory"
         self._sync()
         self.path.mkdir(exist_ok=True)
+        moved: list[str] = []
         for entry in names:
-            os.replace(self.temp / entry, self.path / entry)
+            if self.replace:
+                os.replace(self.temp / entry, self.path / entry)
+            else:
+                try:
+                    rename_no_replace(self.temp / entry, self.path / entry)
+                except FileExistsError:
+                    for back in reversed(moved):  # take back what this call published: nothing is left half-new
+                        os.rename(self.path / back, self.temp / back)
+                    self.moved = 0
+                    raise
+            moved.append(entry)
             self.moved += 1
         os.rmdir(self.temp)
         self._done = True

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
+from .adapters.torch_base import require_transformers
 from .adapters.torch_models import build_model
 from .api import InexactBlocks
 from .checkpoint import Checkpoint, read_checkpoint
@@ -68,6 +69,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
     memory holds a few blocks, never the model. Chunks the device misses are decoded again
     with the reference (a DeviceNote says how many); a missing device is DeviceError.
     """
+    require_transformers("load_model")  # before anything is read or decoded
     p = Path(path)
     la = device_backend(device)
     target = torch.device(torch_device_of(la))

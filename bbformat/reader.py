@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Iterator
 
 from .codec.dtypes import RawTensor
-from .codec.entropy import decode_planes
+from .codec.payload import decode_payload
 from .codec.decoder import decode_program
 from .container.program import BlockProgram, TensorEntry
 from .codec.linalg import REFERENCE, Linalg, device_backend
@@ -258,7 +258,7 @@ class Reader:
     def read_chunk(self, i: int) -> ParsedChunk:
         data = self.read_chunk_bytes(i)
         return parse_chunk(data, expected_index=i, expected_crc=self.entries[i].crc, max_block_bytes=self._budget,
-                           max_site_dim=self._max_dim, required_flags=self.header.required_flags, decode_planes=decode_planes)
+                           max_site_dim=self._max_dim, required_flags=self.header.required_flags, decode_payload=decode_payload)
 
     def read_program(self, i: int) -> BlockProgram:
         """Chunk i's program (its tensors, sites and ops) from its descriptor alone, without
@@ -393,7 +393,7 @@ class StreamReader:
                 raise FormatError("chunk length too small", "E_BOUNDS")
             data = _read_exact(f, length - CHUNK_FIXED_SIZE, "chunk", prefix=head)
             chunk = parse_chunk(data, expected_index=i, max_block_bytes=self._budget, max_site_dim=self._max_dim,
-                                required_flags=header.required_flags, decode_planes=decode_planes)
+                                required_flags=header.required_flags, decode_payload=decode_payload)
             entries.append(IndexEntry(pos, length, chunk.crc))
             pos += length
             del data  # a coded payload is decoded by now; a raw one is still held by the chunk

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from .container.program import bits_of
-from .codec.entropy import decode_planes
+from .codec.payload import decode_payload
 from .codec.section_kinds import SECTION_KINDS, SiteContext
 from .compat import legacy_reader_problems
 from .constants import CODEC_NAMES, CRC_SIZE, SECTION_KIND_NAMES, SectionKind
@@ -35,12 +35,12 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
     with Reader(path, max_block_bytes=budget, max_site_dim=max_site_dim) as r:
         meta = r.metadata
         blocks = []
-        tot_plain = tot_bound = 0
+        tot_plain = tot_bound = tot_values = 0
         for i, e in enumerate(r.entries):
             raw = r.read_chunk_bytes(i)
             crc_ok = crc32c(raw[:-CRC_SIZE]) == int.from_bytes(raw[-CRC_SIZE:], "little") == e.crc
             ch = parse_chunk(raw, expected_index=i, check_crc=False, max_block_bytes=budget, max_site_dim=max_site_dim,
-                             required_flags=r.header.required_flags, decode_planes=decode_planes)
+                             required_flags=r.header.required_flags, decode_payload=decode_payload)
             p = ch.program
             w = p.symbol_bits
             plain = sum(t.numel * bits_of(t.dtype) // 8 for t in p.tensors)
@@ -95,6 +95,7 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
             )
             tot_plain += plain
             tot_bound += bound
+            tot_values += sum(t.numel for t in p.tensors)
         container = r.file_size
         header = r.header.length
     weights = container - header
@@ -115,6 +116,10 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
             "metadata_bytes": header,
             "weights_bytes": weights,
             "saved_bits": saved,
+            "values": tot_values,
+            "bits_per_weight": 8.0 * weights / tot_values if tot_values else 0.0,
+            "plain_bits_per_weight": 8.0 * tot_plain / tot_values if tot_values else 0.0,
+            "file_bits_per_weight": 8.0 * container / tot_values if tot_values else 0.0,
             "saved_pct_of_plain": 100.0 * saved / (8 * tot_plain) if tot_plain else 0.0,
             "gross_bound_bits": tot_bound,
             "saved_pct_of_bound": 100.0 * saved / tot_bound if tot_bound else 0.0,
@@ -128,8 +133,21 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
     }
 
 
+def bound_words(info: dict[str, Any]) -> str:
+    """What "N% of the gross bits-back bound" means, in a few words (inspect's summary and pack's
+    report): the bound is what the rotations alone can save; the entropy stage saves on top of
+    it, so a file with coded payloads can exceed 100%."""
+    t = info["totals"]
+    if not t["gross_bound_bits"]:
+        return "no bits back (no rotation sites)"
+    coded = any(b["payload_codec"] != "raw" for b in info["blocks"])
+    return (f"{t['saved_pct_of_bound']:.1f}% of the gross bits-back bound ({t['gross_bound_bits']:,} b: the most the "
+            "rotations alone can save" + ("; the entropy stage saves beyond it" if coded else "") + ")")
+
+
 def format_summary(info: dict[str, Any]) -> str:
     t = info["totals"]
+    plainly = any(r["stored_plainly"] for b in info["blocks"] for r in b["rotations"])
     lines = [
         f"bbformat {info['version']}  {info['file']}",
         f"architecture {info['architecture']}  scheme {info['scheme']}  tolerance {info['tolerance']}  dtypes {','.join(info['dtypes'])}",
@@ -144,13 +162,15 @@ def format_summary(info: dict[str, Any]) -> str:
             f"{b['index']:>3} {b['name'][:14]:<14} {len(b['tensors']):>7} {rots[:22]:<22} {b['plain_bytes']:>11,} {b['payload_bytes']:>11,} "
             f"{b['payload_codec']:>6} {b['sign_bits']:>6} {b['corrections']:>7} {b['correction_bytes']:>8,} {b['crc']:>5}"
         )
+    lines += [""]
+    if plainly:  # the legend of the P marks above, only when there is one
+        lines.append("P = rotation stored plainly (did not pay for itself, or no bits source)")
     lines += [
-        "",
-        "P = rotation stored plainly (did not pay for itself, or no bits source)",
         f"plain array layout  {t['plain_bytes']:>14,} B",
         f"container           {t['container_bytes']:>14,} B  (metadata/header {t['metadata_bytes']:,} B, weights {t['weights_bytes']:,} B)",
-        f"bits saved          {t['saved_bits']:>14,} b  = {t['saved_pct_of_plain']:.3f}% of plain, {t['saved_pct_of_bound']:.1f}% of the gross bits-back bound ({t['gross_bound_bits']:,} b)"
-        + ("; with the entropy stage (payload coding), so above the bound" if any(b["payload_codec"] != "raw" for b in info["blocks"]) else ""),
+        f"bits per weight     {t['bits_per_weight']:>14.3f}    (weights only, {t['values']:,} values; plain {t['plain_bits_per_weight']:g}; "
+        f"whole file {t['file_bits_per_weight']:.3f})",
+        f"bits saved          {t['saved_bits']:>14,} b  = {t['saved_pct_of_plain']:.3f}% of plain, {bound_words(info)}",
         f"rotations {t['rotations']} ({t['rotations_stored_plainly']} plain)  sign bits {t['sign_bits']}  corrections {t['corrections']:,} ({t['correction_bytes']:,} B)  CRC {'all ok' if t['all_crc_ok'] else 'MISMATCH'}",
     ]
     return "\n".join(lines)

@@ -17,15 +17,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
-from .codec.entropy import check_entropy_mode, code_payload
+from .codec.entropy import check_entropy_mode
+from .codec.payload import code_payload
 from .constants import RequiredFlag, SectionKind, minor_for, required_flags_for
 from .container.digest import content_crc
 from .container.program import BlockProgram
 from .codec.sections import Section
 from .container.chunks import BuiltChunk, build_chunk_parts
 from .container.framing import IndexEntry, build_footer, build_index, check_format_version, check_header, seal_header
-from .errors import BBFormatError, InputError, output_error
-from .fsutil import AtomicOutput
+from .errors import BBFormatError, InputError, output_error, output_exists
+from .fsutil import AtomicOutput, check_output_file
 
 
 if TYPE_CHECKING:
@@ -40,21 +41,30 @@ class WriterStateError(BBFormatError):
 
 class Writer:
     def __init__(self, dest: str | os.PathLike[str] | BinaryIO, scheme: str, chunk_count: int, metadata: dict[str, Any],
-                 entropy: str = "none", background_header: bool = False, format_version: str = "1.2") -> None:
-        """entropy: how add_chunk stores each payload (SPEC.md 8.6): "none" raw, "zstd" one
-        zstd frame, "planes" codec 2, "auto" the smallest of the three per chunk. "planes" and
-        "auto" set the required flag PLANES, which 1.0 readers refuse.
+                 entropy: str = "none", background_header: bool = False, format_version: str = "1.3", *,
+                 overwrite: bool = False) -> None:
+        """entropy: how add_chunk stores each payload (SPEC.md 8.6, 8.7): "none" raw, "zstd" one
+        zstd frame, "planes" codec 2, "exponent" codec 3 (format 1.3), "auto" the smallest of
+        those the format version allows, per chunk. "planes" and "auto" set the required flag
+        PLANES, which 1.0 readers refuse; in 1.3, "exponent" and "auto" set EXPONENT, which
+        1.2 readers refuse.
 
-        format_version "1.2" (the default) sets DIGESTS and MIXED_CORRECTIONS: every chunk
+        format_version "1.3" (the default) and "1.2" set DIGESTS and MIXED_CORRECTIONS: every chunk
         records the digest of its decoded tensors (add_chunk's content_crc, SPEC.md 5.4), which
         1.1 readers refuse; "1.1" writes neither (a 1.0 file unless PLANES is set).
 
         background_header: compress the metadata (zstd-19; seconds for a tokenizer) on a
-        thread of its own; the header is written before the first chunk, as always."""
+        thread of its own; the header is written before the first chunk, as always.
+
+        overwrite: a path destination that exists is refused (OutputExistsError, E_EXISTS)
+        unless True, here and again, atomically, when close() publishes the file
+        (fsutil.rename_no_replace): a file that appears meanwhile is never replaced."""
         check_entropy_mode(entropy)
         check_format_version(format_version)
         self._entropy = entropy
         self._flags = required_flags_for(format_version, entropy)
+        if entropy == "exponent" and format_version != "1.3":
+            raise InputError(f"entropy mode 'exponent' (payload codec 3) needs format 1.3, not {format_version}")
         fields = check_header(scheme, chunk_count, metadata, self._flags)  # refuses bad input before a temp file exists
         self._header_pool: ThreadPoolExecutor | None = None
         self._header: Future[bytes] | None = None  # a background header not yet written
@@ -68,9 +78,10 @@ class Writer:
                 raise InputError(f"output directory {parent} does not exist")
             if self._path.is_dir():
                 raise InputError(f"output {self._path} is a directory")
+            check_output_file(self._path, overwrite)
             self._existed = os.path.lexists(self._path)
             try:
-                self._atomic = AtomicOutput(self._path)
+                self._atomic = AtomicOutput(self._path, replace=overwrite)
             except OSError as exc:
                 raise output_error(exc, self._path, self._untouched()) from None
             assert self._atomic.file is not None
@@ -186,7 +197,7 @@ class Writer:
         self._waiting.clear()
 
     def _code(self, program: BlockProgram, section: Section) -> Section:
-        codec, stored = code_payload(program, section.data, self._entropy)
+        codec, stored = code_payload(program, section.data, self._entropy, self._flags)
         return Section(section.kind, section.site, section.data, codec, stored)
 
     def close(self, check: "Callable[[Path], None] | None" = None) -> int:
@@ -207,6 +218,9 @@ class Writer:
             self._out.flush()
             if self._atomic is not None:
                 self._atomic.publish(check)
+        except FileExistsError:  # appeared since __init__ (overwrite=False): left as it is
+            self.abort()
+            raise output_exists(f"{self._path}: it appeared while this file was written") from None
         except OSError as exc:
             self._fail(exc)
         except BaseException:  # check refused the file, or an interrupt: nothing is published

@@ -78,7 +78,7 @@ from bbformat.reader import Reader, iter_stream  # noqa: E402
 import impl_python  # noqa: E402
 import run as runner  # noqa: E402
 
-SPEC_VERSION = "1.2"  # of the manifest; each vector records the version that introduced it
+SPEC_VERSION = "1.3"  # of the manifest; each vector records the version that introduced it
 U64 = (1 << 64) - 1
 ZSTD = zstandard.ZstdCompressor(level=19, write_content_size=True, write_checksum=False)
 
@@ -538,6 +538,7 @@ CODES = {
     "E_DIGEST": ("(1.2, DIGESTS) a chunk's decoded tensors' CRC32C differs from its content_crc: the reader did not decode what the encoder's own decoding produced (the one outcome that depends on the reader's arithmetic; a reader within the band of SPEC.md §9 never meets it on a file the reference wrote)", "§5.4, §7.1, §9", 29),
     # not about container validity (bbformat/errors.py)
     "E_INPUT": ("bad input to the tools: paths, options, checkpoint files", "§11.2 (closing note)", None),
+    "E_EXISTS": ("an output exists and was not named for replacement (pack/unpack/demo --force, overwrite=True); nothing is written", "§11.2 (closing note)", None),
     "E_UNSUPPORTED_MODEL": ("an architecture, dtype or state dict the encoder refuses", "§11.2 (closing note)", None),
     "E_VERIFY": ("pack --verify found the decoded container differs from the encoder's intent", "§11.2 (closing note)", None),
     "E_OUTPUT": ("the output cannot be written (permissions, I/O error); nothing partial is left", "§11.2 (closing note)", None),
@@ -549,7 +550,7 @@ CODES = {
     "E_LIMIT": ("class default of LimitError (never raised without a specific code)", "—", None),
     "E_BBFORMAT": ("class default of BBFormatError (never raised without a specific code)", "—", None),
 }
-CLASS_OF = {"E_DIGEST": bberr.DigestError, "E_OUTPUT": bberr.OutputError, "E_NO_SPACE": bberr.NoSpaceError, "E_DEVICE": bberr.DeviceError, "E_INPUT": bberr.InputError, "E_UNSUPPORTED_MODEL": bberr.UnsupportedModelError, "E_VERIFY": bberr.VerifyError,
+CLASS_OF = {"E_EXISTS": bberr.OutputExistsError, "E_DIGEST": bberr.DigestError, "E_OUTPUT": bberr.OutputError, "E_NO_SPACE": bberr.NoSpaceError, "E_DEVICE": bberr.DeviceError, "E_INPUT": bberr.InputError, "E_UNSUPPORTED_MODEL": bberr.UnsupportedModelError, "E_VERIFY": bberr.VerifyError,
             "E_FORMAT": bberr.FormatError, "E_CRC": bberr.IntegrityError, "E_LIMIT": bberr.LimitError, "E_BBFORMAT": bberr.BBFormatError}
 
 
@@ -1259,8 +1260,8 @@ def add_invalid(S: Suite) -> None:  # noqa: C901 - one list of vectors
     inv("x_version_minor_footer", mod(bs, ftr={"minor": 3}).build(), "§10.2", "header minor 0, footer minor 3", "E_VERSION", 3)
 
     # ---- 4 E_REQUIRED_FLAG, 6 E_SCHEME ---------------------------------------------------------
-    for bit in (3, 31):  # bit 0 is PLANES since 1.1 (add_planes), bits 1 and 2 DIGESTS and MIXED_CORRECTIONS since 1.2 (add_v12)
-        inv(f"x_required_flag_bit{bit}", mod(bs, hdr={"required_flags": 1 << bit}).build(), "§4", f"required_flags bit {bit} set", "E_REQUIRED_FLAG", 4)
+    # bit 0 is PLANES since 1.1 (add_planes), bits 1 and 2 DIGESTS and MIXED_CORRECTIONS since 1.2 (add_v12), bit 3 EXPONENT
+    # since 1.3 (add_exponent, which holds the unknown-bit vectors now)
     for sc in (0, 4, 255):  # 3 is `none` since 1.2 (add_v12: o_scheme_3_with_sites, which was x_scheme_3)
         inv(f"x_scheme_{sc}", mod(bs, scheme=sc).build(), "§4", f"header scheme {sc}", "E_SCHEME", 6)
 
@@ -2114,8 +2115,6 @@ def add_planes(S: Suite) -> None:  # noqa: C901 - one list of vectors
     x = with_planes(bs, 0, good)
     x.chunks[0].sec(SectionKind.PAYLOAD).codec = 3
     inv("x_planes_section_codec3", x.build(), "section codec 3 with PLANES set", "E_CODEC", 7)
-    inv("x_required_flag_planes_and_bit3", with_planes(bs, 0, good, flags=0x9).build(), "required_flags PLANES and bit 3 set",
-        "E_REQUIRED_FLAG", 4, "§4")
     S.valid("v_mixed_flag_planes_minor1", with_planes(bs, 0, good, flags=0x5).build(), "§4, §8.1",
             "required_flags PLANES and bit 2 (MIXED_CORRECTIONS) set, minor 1, no site with both corrections: rejected by 1.1 readers "
             "(it was x_required_flag_planes_and_bit2), accepted since 1.2", since="1.2")
@@ -2467,7 +2466,8 @@ def add_v12(S: Suite) -> None:  # noqa: C901 - one list of vectors
     x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != SectionKind.X_RESIDUALS] + [raw_sec(SectionKind.X_RESIDUALS, 0, residual_section(ap, "float32", r))]
     S.invalid("x_mixed_residuals_over_patched", x.build(), "§8.4",
               f"v_mixed_sym_f32 with its x_residuals rebuilt over every block position, the {pos.size} patched ones included (with "
-              "residual 0): groups hold more varints than their residual positions", "E_SECTION_CONTENT", 25, since=V)
+              "residual 0): groups hold more varints than their residual positions; a reader MAY report it as E_DIGEST "
+              "(SPEC.md 8.4: its contexts come from its own values)", "E_SECTION_CONTENT", 25, also=("E_DIGEST",), since=V)
 
 
 def add_phi(S: Suite) -> None:
@@ -2490,6 +2490,318 @@ def add_phi(S: Suite) -> None:
                 f"{len(programs)} chunks, {nonplain_sites} non-plain sites, up to {followers} followers on a site", since=V)
 
 
+# =============================================================================================
+# Version 1.3: payload codec 3, "exponent" (SPEC.md 8.7)
+# =============================================================================================
+
+EXPONENT_FLAG = 0x8
+EXP_FIELDS = {1: (10, 5, 16), 2: (7, 8, 16), 3: (23, 8, 32)}  # symbol dtype code -> (s, e, W), SPEC.md 8.7
+
+
+def exp_table(counts: dict[int, int]) -> list[tuple[int, int]]:
+    """A valid table for these counts, by a rule of its own (not the package's): every used
+    symbol 1 + its share of the rest, the remainder to the most frequent (ties: lowest)."""
+    used = sorted(counts)
+    spare = (1 << 14) - len(used)
+    n = sum(counts.values())
+    f = {a: 1 + spare * counts[a] // n for a in used}
+    top = max(used, key=lambda a: (counts[a], -a))
+    f[top] += (1 << 14) - sum(f.values())
+    return [(a, f[a]) for a in used]
+
+
+def exp_symbols(sym: np.ndarray, dtype_code: int, t: int) -> tuple[list[int], list[int], int, int, int]:
+    """(codes, rest fields, code bits B, shift c, rest bits R) of symbols with t joined bits."""
+    s, e, w = EXP_FIELDS[dtype_code]
+    c, b = s - t, e + t
+    codes = [(int(x) >> c) & ((1 << b) - 1) for x in sym]
+    rests = [((int(x) >> (w - 1)) << c) | (int(x) & ((1 << c) - 1)) for x in sym]
+    return codes, rests, b, c, w - b
+
+
+def exp_bytes(sym: np.ndarray, dtype_code: int, t: int, segs: list[tuple[int, int, int, list[int]]], lanes: int,
+              codec: Callable[[int], int] = lambda i: 0, nonminimal: bool = False) -> bytes:
+    """Codec-3 bytes written symbol by symbol, from SPEC.md 8.7 (independently of
+    bbformat/codec/exponent.py and rans.py). segs: (n, r, K, column classes)."""
+    codes, rests, b, _, rb = exp_symbols(sym, dtype_code, t)
+    P = len(codes)
+    table_of: list[tuple[int, int]] = []  # (segment, class) of every symbol
+    pos = 0
+    for j, (n, r, k, cc) in enumerate(segs):
+        table_of += [(j, cc[i % r] if k > 1 else 0) for i in range(n)]
+        pos += n
+    assert pos == P
+    tables: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    raw_tables = b""
+    for j, (n, r, k, cc) in enumerate(segs):
+        for cl in range(k):
+            counts: dict[int, int] = {}
+            for i, key in enumerate(table_of):
+                if key == (j, cl):
+                    counts[codes[i]] = counts.get(codes[i], 0) + 1
+            tab = exp_table(counts or {0: 1})
+            tables[(j, cl)] = tab
+            raw_tables += varint(len(tab))
+            prev = -1
+            for a, f in tab:
+                raw_tables += (varint(a - prev - 1) if not nonminimal else bytes([0x80 | (a - prev - 1) & 0x7F, (a - prev - 1) >> 7])) + varint(f)
+                prev = a
+    x = [1 << 16] * lanes
+    words: list[int] = []
+    for i in range(P - 1, -1, -1):
+        tab = tables[table_of[i]]
+        start = sum(f for a, f in tab if a < codes[i])
+        f = dict(tab)[codes[i]]
+        lane = i % lanes
+        if x[lane] >= f << 18:
+            words.append(x[lane] & 0xFFFF)
+            x[lane] >>= 16
+        x[lane] = (x[lane] // f << 14) + x[lane] % f + start
+    stream = struct.pack(f"<{lanes}I", *x) + struct.pack(f"<{len(words)}H", *reversed(words))
+    b0, b1 = divmod(rb, 8)
+    rest = b"".join(r.to_bytes(b0, "little") for r in [v & ((1 << (8 * b0)) - 1) for v in rests]) if b0 else b""
+    for g in range(-(-P // 8)):
+        v = 0
+        for k in range(8):
+            if 8 * g + k < P:
+                v |= (rests[8 * g + k] >> (8 * b0)) << (b1 * k)
+        rest += v.to_bytes(b1, "little") if b1 else b""
+    out = bytes([t]) + varint(len(segs)) + b"".join(varint(n) + varint(r) + bytes([k]) for n, r, k, _ in segs) + varint(lanes)
+    out += pgroup(b"".join(bytes(cc) for n, r, k, cc in segs if k > 1), codec(0))
+    out += varint(len(raw_tables)) + pgroup(raw_tables, codec(1))
+    return out + varint(len(stream)) + stream + rest
+
+
+def with_exponent(bb: BB, chunk: int, stored: bytes, flags: int = EXPONENT_FLAG, minor: int = 3) -> BB:
+    x = bb.copy()
+    x.hdr.update(required_flags=flags, minor=minor)
+    sec = x.chunks[chunk].sec(SectionKind.PAYLOAD)
+    sec.stored, sec.codec = stored, 3
+    return x
+
+
+def symbol_dtype(c: Chk) -> int:
+    return int(R.DESCRIPTOR.parse(c.descriptor()).symbol_dtype)
+
+
+def vint(b: bytes, off: int) -> tuple[int, int]:
+    """(value, length) of the varint at b[off:]."""
+    v = k = 0
+    while True:
+        v |= (b[off + k] & 0x7F) << (7 * k)
+        k += 1
+        if b[off + k - 1] < 0x80:
+            return v, k
+
+
+def eseg(n: int, r: int, k: int, seed: int) -> tuple[int, int, int, list[int]]:
+    return (n, r, k, classes(r, seed, k)) if k > 1 else (n, r, 1, [])
+
+
+def decoded_tensors(data: bytes) -> dict[str, str]:
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "v.bb"
+        p.write_bytes(data)
+        res = impl_python.decode_path(p)
+    assert res["result"] == "accept", res
+    return {n: v["sha256"] for n, v in res["tensors"].items()}
+
+
+def add_exponent(S: Suite) -> None:  # noqa: C901 - one list of vectors
+    V = "1.3"
+    bs = base_sym()
+    c0, c1 = bs.chunks[0], bs.chunks[1]
+    sym, _ = payload_symbols(c0)
+    d0 = symbol_dtype(c0)
+    P = sym.size
+    a, b, c = 100, 37, 5
+    mixed = [eseg(a, 7, 4, 11), eseg(b, 1, 2, 12), eseg(c, c, 1, 0), eseg(P - a - b - c, 9, 16, 13)]
+    one = [eseg(P, P, 1, 0)]
+    zodd = lambda i: i % 2  # noqa: E731
+    want = decoded_tensors(bs.build())  # every valid vector below decodes to the base's tensors
+
+    def valid(vid: str, bb: BB, what: str, section: str = "§8.7") -> None:
+        data = bb.build()
+        assert decoded_tensors(data) == want, vid
+        S.valid(vid, data, section, what, since=V)
+
+    valid("v_exponent_one_segment", with_exponent(bs, 0, exp_bytes(sym, d0, 0, one, 1)),
+          "float16 payload as codec 3: t = 0, one segment, K = 1, one lane, raw groups; the float32 chunk stays raw")
+    valid("v_exponent_contexts_lanes", with_exponent(bs, 0, exp_bytes(sym, d0, 2, mixed, 7, zodd)),
+          "codec 3 with 4 segments (K = 4, 2, 1, 16; row lengths 7, 1, n, 9; classes without symbols), t = 2, 7 lanes, a zstd tables group")
+    valid("v_exponent_lane_per_symbol", with_exponent(bs, 0, exp_bytes(sym, d0, 1, one, P)), "codec 3 with Q = P lanes: every lane codes one symbol")
+    valid("v_exponent_max_joined_f16", with_exponent(bs, 0, exp_bytes(sym, d0, 7, [eseg(P, 16, 4, 3)], 5)),
+          "float16 with t = 7 (a 12-bit code, 4 rest bits: half a byte per symbol), K = 4")
+    valid("v_exponent_nonminimal_varints", with_exponent(bs, 0, exp_bytes(sym, d0, 0, one, 3, nonminimal=True)),
+          "codec 3 whose table gaps are written as two-byte (non-minimal) varints")
+    s32, _ = payload_symbols(c1)
+    d1 = symbol_dtype(c1)
+    assert EXP_FIELDS[d1][2] == 32
+    for t in (0, 3, 4):
+        valid(f"v_exponent_float32_t{t}", with_exponent(bs, 1, exp_bytes(s32, d1, t, [eseg(s32.size, 4, 2, 21)], 2)),
+              f"codec 3 on a float32 chunk, t = {t} ({24 - t} rest bits: {(24 - t) // 8} bytes and {(24 - t) % 8} packed bits per symbol), K = 2")
+    both = with_exponent(bs, 0, exp_bytes(sym, d0, 2, mixed, 4))
+    both.chunks[1].sec(SectionKind.PAYLOAD).stored = exp_bytes(s32, d1, 1, [eseg(s32.size, 3, 1, 0)], 1)
+    both.chunks[1].sec(SectionKind.PAYLOAD).codec = 3
+    valid("v_exponent_both_chunks", both, "codec 3 in both chunks of a file")
+    mixed_codecs = with_exponent(bs, 1, exp_bytes(s32, d1, 2, [eseg(s32.size, 12, 1, 0)], 1), flags=0x9)
+    mixed_codecs.chunks[0].sec(SectionKind.PAYLOAD).stored = planes_bytes(sym, 16, [seg(P, P, 1, 0)])
+    mixed_codecs.chunks[0].sec(SectionKind.PAYLOAD).codec = 2
+    valid("v_exponent_and_planes", mixed_codecs, "codec 2 in chunk 0 and codec 3 in chunk 1 of a file with PLANES and EXPONENT")
+    for seed in range(401, 500):
+        enc = site_chunk(seed, "symmetric", 0.0, dtype="bfloat16")
+        if nonplain(enc):
+            break
+    bf = BB([chk_from(enc)], scheme=2, meta=meta("symmetric", 0.0))
+    sb, _ = payload_symbols(bf.chunks[0])
+    db = symbol_dtype(bf.chunks[0])
+    assert EXP_FIELDS[db] == (7, 8, 16)
+    for t in (0, 1, 4):
+        data = with_exponent(bf, 0, exp_bytes(sb, db, t, [eseg(sb.size, 16, 4, 31)], 3)).build()
+        assert decoded_tensors(data) == decoded_tensors(bf.build())
+        S.valid(f"v_exponent_bfloat16_t{t}", data, "§8.7", f"codec 3 on a bfloat16 chunk with a non-plain site, t = {t}, K = 4", since=V)
+    bp = base_paper()
+    sp, _ = payload_symbols(bp.chunks[0])
+    dp = symbol_dtype(bp.chunks[0])
+    data = with_exponent(bp, 0, exp_bytes(sp, dp, 2, [eseg(sp.size // 2, 12, 2, 41), eseg(sp.size - sp.size // 2, 5, 1, 0)], 2)).build()
+    assert decoded_tensors(data) == decoded_tensors(bp.build())
+    S.valid("v_exponent_paper", data, "§8.7", "codec 3 on a PAPER chunk (signs, x_patches, anchor_patches)", since=V)
+    S.valid("v_exponent_flag_minor0", mod(bs, hdr={"required_flags": EXPONENT_FLAG}).build(), "§4",
+            "required_flags bit 3 (EXPONENT) set, minor 0, no codec-3 payload: rejected by 1.2 readers (it was x_required_flag_bit3), "
+            "accepted since 1.3", since=V)
+    S.valid("v_exponent_flag_planes_unused", with_planes(bs, 0, planes_bytes(sym, 16, [seg(P, P, 1, 0)]), flags=0x9).build(), "§4",
+            "required_flags PLANES and EXPONENT, a codec-2 payload and no codec-3 one (it was x_required_flag_planes_and_bit3)", since=V)
+    for mode in ("exponent", "auto"):
+        from bbformat.checkpoint import write_checkpoint
+        from bbformat.api import pack
+        from bbformat.testing import make_tiny_checkpoint
+
+        ck = make_tiny_checkpoint("llama", seed=6, layers=2, hidden=32, heads=4, kv_heads=2, vocab=32, max_positions=16, dtype="bfloat16")
+        with tempfile.TemporaryDirectory() as d:
+            write_checkpoint(ck, Path(d) / "m")
+            pack(Path(d) / "m", Path(d) / "m.bb", verify=True, entropy=mode, format_version="1.3")
+            data = (Path(d) / "m.bb").read_bytes()
+        with Reader(io.BytesIO(data)) as r:
+            codecs = [r.read_chunk(i).sections[0]["codec"] for i in range(len(r))]
+        assert 3 in codecs, codecs
+        S.valid(f"v_exponent_writer_{mode}", data, "§8.7",
+                f"the reference writer, pack --entropy {mode} (Llama, bfloat16, 2 layers, format 1.3); payload codecs {codecs}", since=V)
+
+    def inv(vid: str, data: bytes, what: str, code: str = "E_SECTION_CONTENT", rule: int = 25, section: str = "§8.7") -> None:
+        S.invalid(vid, data, section, what, code, rule, since=V)
+
+    good = exp_bytes(sym, d0, 2, mixed, 7)
+    inv("x_exponent_without_flag", with_exponent(bs, 0, good, flags=0, minor=0).build(), "codec 3 payload in a file without required flags",
+        "E_CODEC", 7)
+    inv("x_exponent_planes_flag_only", with_exponent(bs, 0, good, flags=0x1, minor=1).build(), "codec 3 payload with only PLANES set",
+        "E_CODEC", 7)
+    x = with_exponent(bs, 0, good)
+    x.chunks[0].sec(SectionKind.X_RESIDUALS).codec = 3
+    inv("x_exponent_on_residuals", x.build(), "codec 3 on an x_residuals section", "E_CODEC", 7)
+    x = with_exponent(bs, 0, good)
+    x.chunks[0].sec(SectionKind.PAYLOAD).codec = 4
+    inv("x_exponent_section_codec4", x.build(), "section codec 4 with EXPONENT set", "E_CODEC", 7)
+    for bit in (4, 31):  # rejected since 1.0 (bit 4 was x_required_flag_bit3's successor: bit 3 is EXPONENT now)
+        S.invalid(f"x_required_flag_bit{bit}", mod(bs, hdr={"required_flags": 1 << bit}).build(), "§4", f"required_flags bit {bit} set",
+                  "E_REQUIRED_FLAG", 4)
+    S.invalid("x_required_flag_planes_and_bit4", with_planes(bs, 0, planes_bytes(sym, 16, [seg(P, P, 1, 0)]), flags=0x11).build(), "§4",
+              "required_flags PLANES and bit 4 set", "E_REQUIRED_FLAG", 4, since="1.1")
+
+    small = exp_bytes(sym, d0, 0, one, 2)  # t | N=1 | n r K | Q | maps | T | tables | S | stream | rest
+    head_len = 1 + len(varint(1) + varint(P) + varint(P) + b"\x01")
+    assert small[head_len] == 2
+
+    def at(data: bytes, off: int, new: bytes, drop: int = 1) -> bytes:
+        return data[:off] + new + data[off + drop :]
+
+    def ex(data: bytes) -> bytes:
+        return with_exponent(bs, 0, data).build()
+
+    inv("x_exponent_joined_over", ex(at(small, 0, bytes([8]))), "t = 8 for float16 (at most min(10, 12 - 5) = 7)")
+    inv("x_exponent_segments_0", ex(at(small, 1, varint(0))), "segment_count 0")
+    inv("x_exponent_segments_65537", ex(bytes([0]) + varint(65537)), "segment_count 65,537 (over the limit, checked first)", "E_LIMIT_COUNT", 27)
+    inv("x_exponent_seglen_over", ex(at(small, 1, varint(1) + varint(P + 1) + varint(P) + b"\x01", head_len - 1)), "a segment longer than P")
+    inv("x_exponent_cover", ex(at(small, 1, varint(1) + varint(P - 1) + varint(P - 1) + b"\x01", head_len - 1)), "segments covering P - 1 symbols")
+    inv("x_exponent_rowlen_0", ex(at(small, 1, varint(1) + varint(P) + varint(0) + b"\x01", head_len - 1)), "row_length 0")
+    inv("x_exponent_classes_17", ex(at(small, 1, varint(1) + varint(P) + varint(P) + b"\x11", head_len - 1)), "K = 17")
+    many = bytes([0]) + varint(65) + b"".join(varint(1) + varint(1) + b"\x10" for _ in range(64)) + varint(P - 64) + varint(1) + b"\x10"
+    inv("x_exponent_tables_1040", ex(many + varint(1)), "65 segments with K = 16: 1,040 tables, over 1,024", "E_LIMIT_COUNT", 27)
+    inv("x_exponent_lanes_0", ex(at(small, head_len, varint(0))), "lanes Q = 0")
+    inv("x_exponent_lanes_over_p", ex(at(small, head_len, varint(P + 1))), f"lanes Q = P + 1 = {P + 1}")
+    # the class maps group of `good`: one byte class >= K
+    gm = exp_bytes(sym, d0, 2, [eseg(P, 9, 4, 5)], 7)
+    gh = 1 + len(varint(1) + varint(P) + varint(9) + b"\x04") + 1  # t, records, Q (one byte)
+    assert gm[gh : gh + 2] == varint(9) + b"\x00"
+    inv("x_exponent_class_ge_k", ex(at(gm, gh + 2 + 4, b"\x04")), "column class 4 with K = 4")
+    inv("x_exponent_maps_group_size", ex(gm[:gh] + varint(10) + b"\x00" + gm[gh + 2 : gh + 11] + b"\x00" + gm[gh + 11 :]),
+        "class-map group of 10 raw bytes where G = 9", "E_SECTION_SIZE", 24)
+    inv("x_exponent_maps_group_codec2", ex(at(gm, gh + 1, b"\x02")), "class-map group codec 2", "E_CODEC", 7)
+    # tables: the small payload's (one table) at offset tl
+    tl = head_len + 1 + 2  # Q, empty maps group 00 00
+    tlen = small[tl]
+    assert tlen < 0x80 and small[tl + 1] == tlen and small[tl + 2] == 0  # T, group L = T, raw
+    tables = small[tl + 3 : tl + 3 + tlen]
+    after = small[tl + 3 + tlen :]
+
+    def with_tables(raw: bytes, declared: int | None = None) -> bytes:
+        return small[:tl] + varint(len(raw) if declared is None else declared) + varint(len(raw)) + b"\x00" + raw + after
+
+    bound = 1 * 10 * (1 + 2 * 32)
+    inv("x_exponent_tables_length_over", ex(small[:tl] + varint(bound + 1) + b"\x00"), f"tables_length {bound + 1} over (sum K) * 10 * (1 + 2 * 2^B)")
+    inv("x_exponent_tables_group_size", ex(with_tables(tables, tlen + 1)), "tables group of T - 1 bytes", "E_SECTION_SIZE", 24)
+    m = tables[0]
+    inv("x_exponent_table_count_0", ex(with_tables(b"\x00" + tables[1:])), "a table with 0 entries")
+    inv("x_exponent_table_count_over", ex(with_tables(varint(33) + tables[1:])), "a table with 33 entries for a 5-bit code")
+    inv("x_exponent_table_short", ex(with_tables(varint(m + 1) + tables[1:])), "a table with one entry more than its bytes hold")
+    inv("x_exponent_table_gap_over", ex(with_tables(tables[:1] + varint(32) + tables[2:])), "a first gap of 32 (symbol 32 for a 5-bit code)")
+    _, g0 = vint(tables, 1)
+    _, f0 = vint(tables, 1 + g0)
+    inv("x_exponent_table_freq_0", ex(with_tables(tables[: 1 + g0] + b"\x00" + tables[1 + g0 + f0 :])), "a frequency of 0")
+    inv("x_exponent_table_sum", ex(with_tables(tables[:-1] + bytes([tables[-1] ^ 1]))), "frequencies not summing to 2^14")
+    inv("x_exponent_tables_trailing", ex(with_tables(tables + b"\x00")), "a byte after the last table")
+    so = tl + 3 + tlen  # stream_length
+    sv, sl = vint(small, so)
+    stream = small[so + sl : so + sl + sv]
+    rest = small[so + sl + sv :]
+
+    def with_stream(st: bytes, declared: int | None = None, tail: bytes | None = None) -> bytes:
+        return small[:so] + varint(len(st) if declared is None else declared) + st + (rest if tail is None else tail)
+
+    inv("x_exponent_stream_length_over", ex(with_stream(stream, 4 * 2 + 2 * P + 2)), "stream_length over 4Q + 2P")
+    inv("x_exponent_stream_past_section", ex(small[:so] + varint(sv) + stream[: sv - 3]), "a stream running past the section")
+    inv("x_exponent_stream_short", ex(with_stream(stream[:6], tail=b"")), "a stream shorter than its 2 lanes' states")
+    inv("x_exponent_stream_odd", ex(with_stream(stream + b"\x00")), "a stream with half a word")
+    inv("x_exponent_state_low", ex(with_stream(struct.pack("<I", 0xFFFF) + stream[4:])), "a lane starting at 2^16 - 1")
+    inv("x_exponent_words_left", ex(with_stream(stream + b"\x00\x00")), "a word left over after the last symbol")
+    inv("x_exponent_stream_ends_early", ex(with_stream(stream[:-2])), "a stream one word short")
+    st = bytearray(stream)
+    st[0] ^= 0x01
+    inv("x_exponent_final_state", ex(with_stream(bytes(st))), "lane 0's state changed: the lane does not end at 2^16")
+    inv("x_exponent_rest_short", ex(small[:-1]), "the rest one byte short")
+    inv("x_exponent_trailing", ex(small + b"\x00"), "a byte after the rest")
+    assert s32.size % 8  # the float32 chunk: t = 3 leaves 21 rest bits, 5 of them packed, with padding fields in the last group
+    pad = exp_bytes(s32, d1, 3, [eseg(s32.size, 4, 1, 0)], 1)
+    assert decoded_tensors(with_exponent(bs, 1, pad).build()) == want
+    inv("x_exponent_rest_padding", with_exponent(bs, 1, pad[:-1] + bytes([pad[-1] | 0x80])).build(),
+        f"float32 chunk, t = 3: a non-zero padding field after its last symbol ({s32.size} symbols)")
+    inv("x_exponent_table_freq_over", ex(with_tables(tables[: 1 + g0] + varint(2**14 + 1) + tables[1 + g0 + f0 :])),
+        "a frequency of 2^14 + 1")
+    two = varint(2) + varint(20) + varint(2**13) + varint(20) + varint(2**13)  # codes 20 and 41: each gap < 32, the code not
+    inv("x_exponent_table_code_over", ex(with_tables(two)), "a table whose gaps are each < 2^B = 32 but whose second code is 41")
+    zt = zstandard.ZstdCompressor(write_content_size=False).compress(tables)
+    inv("x_exponent_tables_zstd_no_size", ex(small[:tl] + varint(tlen) + varint(len(zt)) + b"\x01" + zt + after),
+        "a zstd tables group whose frame declares no content size", "E_SECTION_SIZE", 24)
+    over = bytes([0]) + varint(65) + b"".join(varint(1) + varint(1) + b"\x10" for _ in range(65))
+    inv("x_exponent_tables_over_and_cover", ex(over + varint(1)),
+        "65 segments with K = 16 (1,040 tables) that do not cover P: the cover is checked first")
+    bad_both = at(gm, gh + 2 + 4, b"\x04")
+    tpos = gh + 2 + 9  # tables_length, then the tables group: its codec byte made 2
+    _, tlen_len = vint(bad_both, tpos)
+    _, glen_len = vint(bad_both, tpos + tlen_len)
+    bad_both = at(bad_both, tpos + tlen_len + glen_len, b"\x02")
+    inv("x_exponent_class_and_tables", ex(bad_both), "a column class >= K and a tables group of codec 2: the classes are checked first")
+
+
 def add_all(S: Suite) -> None:
     add_valid(S)
     add_invalid(S)
@@ -2497,6 +2809,7 @@ def add_all(S: Suite) -> None:
     add_planes(S)
     add_v12(S)
     add_phi(S)
+    add_exponent(S)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -77,11 +77,11 @@ def test_read_errors(tmp_path: Path) -> None:
     (d / "config.json").unlink()
     with pytest.raises(InputError, match="config.json"):
         read_checkpoint(d)
-    write_checkpoint(ckpt, d)
+    write_checkpoint(ckpt, d, overwrite=True)
     (d / f"{ckpt.stem}.json").unlink()
     with pytest.raises(InputError, match="SlicingConfig"):
         read_checkpoint(d)
-    write_checkpoint(ckpt, d)
+    write_checkpoint(ckpt, d, overwrite=True)
     torch.save(dict(ckpt.state_dict), d / "other.pt")
     (d / "other.json").write_text("{}")
     with pytest.raises(InputError, match="ambiguous"):

@@ -95,7 +95,7 @@ def test_max_memory_budget(model_dir: Path, tmp_path: Path, capsys: pytest.Captu
     """--max-memory refuses a block over its declared working set before decoding it (exit 6)."""
     out = tmp_path / "m.bb"
     assert main(["pack", str(model_dir), str(out), "--quiet"]) == 0
-    for argv in (["inspect", str(out)], ["unpack", str(out), str(tmp_path / "u"), "--quiet"]):
+    for argv in (["inspect", str(out)], ["unpack", str(out), str(tmp_path / "u"), "--quiet", "--force"]):
         assert main([*argv, "--max-memory", "4K"]) == 6
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "[E_LIMIT_MEMORY]" in err and "needs up to" in err
@@ -191,7 +191,36 @@ def test_pack_says_when_the_container_is_larger_than_plain(tmp_path: Path, capsy
     assert main(["pack", str(src), str(tmp_path / "m.bb")]) == 0
     err = capsys.readouterr().err
     assert err.count("note:") == 1 and "is not smaller than the plain weights" in err
-    assert main(["pack", str(src), str(tmp_path / "m.bb"), "--json", "--quiet"]) == 0
+    assert main(["pack", str(src), str(tmp_path / "m.bb"), "--json", "--quiet", "--force"]) == 0
     assert json.loads(capsys.readouterr().out)["larger_than_plain"] is True
-    assert main(["pack", str(src), str(tmp_path / "m.bb"), "--quiet"]) == 0
+    assert main(["pack", str(src), str(tmp_path / "m.bb"), "--quiet", "--force"]) == 0
     assert "note:" not in capsys.readouterr().err
+
+
+def test_pack_explains_the_bound_and_inspect_prints_only_the_legend_it_uses(model_dir: Path, tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """pack says what "% of the bits-back bound" means, as inspect does (above 100% with the
+    entropy stage); inspect's "P =" legend appears only under a table with a P in it."""
+    import copy
+
+    from bbformat.summary import format_summary, inspect
+
+    assert main(["pack", str(model_dir), str(tmp_path / "a.bb"), "--entropy", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "of the gross bits-back bound" in out and "the most the rotations alone can save" in out
+    assert "the entropy stage saves beyond it" in out
+    assert main(["pack", str(model_dir), str(tmp_path / "n.bb")]) == 0
+    out = capsys.readouterr().out
+    assert "the most the rotations alone can save" in out and "beyond" not in out
+    info = inspect(tmp_path / "n.bb")
+    for plainly in (False, True):
+        changed = copy.deepcopy(info)
+        for b in changed["blocks"]:
+            for r in b["rotations"]:
+                r["stored_plainly"] = False
+        rot = next(r for b in changed["blocks"] for r in b["rotations"])
+        rot["stored_plainly"] = plainly
+        text = format_summary(changed)
+        assert ("P = rotation stored plainly" in text) == plainly
+        first = rot["dim"]
+        assert any(f" {first}P" in line for line in text.splitlines()) == plainly  # the mark the legend explains

@@ -205,10 +205,10 @@ def test_accept_newer_minor_version(sample_bytes: bytes, tmp_path: Path) -> None
     assert len(_read(reseal_footer(bytes(data)), tmp_path)) == 2
 
 
-@pytest.mark.parametrize("flags", [0x8, 0x9, 0x80000000])
+@pytest.mark.parametrize("flags", [0x10, 0x11, 0x80000000])
 def test_reject_unknown_required_flag(sample_bytes: bytes, tmp_path: Path, flags: int) -> None:
     """Bit 0 (PLANES) is known since 1.1 (tests/test_entropy.py), bits 1 and 2 since 1.2
-    (tests/test_digests.py); any other bit is refused."""
+    (tests/test_digests.py), bit 3 since 1.3 (tests/test_exponent.py); any other bit is refused."""
     assert _code(_with_header(sample_bytes, 12, struct.pack("<I", flags)), tmp_path) == "E_REQUIRED_FLAG"
 
 

@@ -23,7 +23,7 @@ from bbformat.api import pack
 src, out = sys.argv[1], sys.argv[2]
 res = {"torch_threads": torch.get_num_threads()}
 for scheme, tol in json.loads(sys.argv[3]):
-    pack(src, out, scheme=scheme, tolerance=tol)
+    pack(src, out, scheme=scheme, tolerance=tol, overwrite=True)
     res[f"{scheme} {tol}"] = hashlib.sha256(open(out, "rb").read()).hexdigest()
 print(json.dumps(res))
 """
@@ -49,7 +49,7 @@ def test_byte_identical_across_runs_and_thread_counts(tmp_path: Path) -> None:
     two = _digests_in_subprocess(src, tmp_path / "b.bb", 2)
     here = {}
     for scheme, tol in MODES:
-        pack(src, tmp_path / "d.bb", scheme=scheme, tolerance=tol)
+        pack(src, tmp_path / "d.bb", scheme=scheme, tolerance=tol, overwrite=True)
         here[f"{scheme} {tol}"] = hashlib.sha256((tmp_path / "d.bb").read_bytes()).hexdigest()
     assert one == two == here
     assert len(set(one.values())) == len(MODES)  # the modes really differ
@@ -66,7 +66,7 @@ def test_pipelined_pack_writes_the_sequential_bytes(tmp_path: Path, monkeypatch:
     write_checkpoint(ckpt, src)
     got = {}
     for scheme, tol in MODES:
-        pack(src, tmp_path / "p.bb", scheme=scheme, tolerance=tol)
+        pack(src, tmp_path / "p.bb", scheme=scheme, tolerance=tol, overwrite=True)
         got[(scheme, tol)] = (tmp_path / "p.bb").read_bytes()
     from bbformat.adapters import plan
     from bbformat.checkpoint import read_checkpoint
@@ -75,5 +75,5 @@ def test_pipelined_pack_writes_the_sequential_bytes(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(packing, "CANONICAL_AHEAD", 0)
     monkeypatch.setattr(packing, "PACK_QUEUE", 0)
     for scheme, tol in MODES:
-        pack(src, tmp_path / "s.bb", scheme=scheme, tolerance=tol)
+        pack(src, tmp_path / "s.bb", scheme=scheme, tolerance=tol, overwrite=True)
         assert (tmp_path / "s.bb").read_bytes() == got[(scheme, tol)], (scheme, tol)

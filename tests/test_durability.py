@@ -187,8 +187,9 @@ def _pack_scenario(src: Path, out_dir: Path, new: bytes, old: bytes | None, poin
     if old is not None:
         out.write_bytes(old)
     tally, temps = Tally(), set()
+    force = ["--force"] if old is not None else []  # without it, an existing output is refused (E_EXISTS)
     for kp in points:
-        outcome = _run_until(_argv("pack", str(src), str(out)), kp, out_dir, pattern)
+        outcome = _run_until(_argv("pack", str(src), str(out), *force), kp, out_dir, pattern)
         names = set(os.listdir(out_dir))
         now_temps = {n for n in names if pattern.match(n)}
         assert names - now_temps <= {"m.bb"}, (kp, names)
@@ -226,7 +227,7 @@ def _pack_scenario(src: Path, out_dir: Path, new: bytes, old: bytes | None, poin
     os.symlink(out_dir / "m.bb.bbtmp-0123456789ab", out_dir / ".m.bb.bbtmp-ffffffffffff")  # never a symlink
     _age(out_dir / ".m.bb.bbtmp-ffffffffffff")
     keep[".m.bb.bbtmp-ffffffffffff"] = None
-    r = subprocess.run(_argv("pack", str(src), str(out)), env=_env(), capture_output=True, text=True)
+    r = subprocess.run(_argv("pack", str(src), str(out), *force), env=_env(), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert out.read_bytes() == new  # deterministic: the same bytes as the measured run
     assert set(os.listdir(out_dir)) == {"m.bb", *keep}
@@ -273,9 +274,10 @@ def _unpack_scenario(bb: Path, parent: Path, new: dict[str, bytes], old: dict[st
         for n, data in old.items():
             (dst / n).write_bytes(data)
     watch = dst if old is not None else parent  # staging: inside an existing DST, else next to it
+    force = ["--force"] if old is not None else []  # without it, an existing DST with files is refused (E_EXISTS)
     tally, temps = Tally(), set()
     for kp in points:
-        outcome = _run_until(_argv("unpack", str(bb), str(dst)), kp, watch, pattern)
+        outcome = _run_until(_argv("unpack", str(bb), str(dst), *force), kp, watch, pattern)
         around = set(os.listdir(parent))
         sibling = {n for n in around if pattern.match(n)}
         assert around - sibling <= {"u"}, (kp, around)
@@ -337,7 +339,7 @@ def _unpack_scenario(bb: Path, parent: Path, new: dict[str, bytes], old: dict[st
     (home / ".u.bbtmp-aaaaaaaaaaaa" / "sub").mkdir()  # holds a directory: not ours to delete
     for n in keep[1:]:
         _age(home / n)
-    r = subprocess.run(_argv("unpack", str(bb), str(dst)), env=_env(), capture_output=True, text=True)
+    r = subprocess.run(_argv("unpack", str(bb), str(dst), *force), env=_env(), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert _files(dst) == new
     left = set(os.listdir(home)) - set(new) - {"u"}
@@ -392,7 +394,7 @@ def test_unpack_into_empty_directory_is_one_rename(tmp_path: Path) -> None:
     assert read_checkpoint(tmp_path / "out" / "empty").stem == ckpt.stem
     # an existing non-empty DST: files replaced in place, other files left alone, no staging left
     (tmp_path / "out" / "empty" / "notes.txt").write_bytes(b"mine")
-    bbformat.unpack(bb, tmp_path / "out" / "empty", fmt="pt")
+    bbformat.unpack(bb, tmp_path / "out" / "empty", fmt="pt", overwrite=True)
     assert sorted(os.listdir(tmp_path / "out" / "empty")) == sorted([*_files(tmp_path / "src"), "notes.txt"])
     assert os.listdir(tmp_path / "out") == ["empty"]
 
@@ -443,8 +445,9 @@ def _no_space_cases(v: dict[str, Path], root: Path, run: Callable[[list[str]], s
             shutil.copy(v["old_bb"], d / "m.bb")
             shutil.copytree(v["old_dir"], d / "u")
         before = _listing(d)
-        cases.append((d, before, run(["pack", str(v["src"]), str(d / "m.bb")])))
-        cases.append((d, before, run(["unpack", str(v["bb"]), str(d / "u")])))
+        force = ["--force"] if present else []  # without it, the old outputs are refused before any write (E_EXISTS)
+        cases.append((d, before, run(["pack", str(v["src"]), str(d / "m.bb"), *force])))
+        cases.append((d, before, run(["unpack", str(v["bb"]), str(d / "u"), *force])))
     for d, before, p in cases:
         out, err = p.communicate(timeout=RUN_TIMEOUT)
         _one_line_no_space(subprocess.CompletedProcess(p.args, p.returncode, out, err))
@@ -510,7 +513,7 @@ def test_api_pack_out_of_space(tmp_path: Path) -> None:
         if present:
             (d / "m.bb").write_bytes(old)
         with _file_size_limit(os.path.getsize(tmp_path / "ref.bb") // 2), pytest.raises(NoSpaceError, match="cannot write") as ei:
-            bbformat.pack(src, d / "m.bb")
+            bbformat.pack(src, d / "m.bb", overwrite=present)
         assert isinstance(ei.value, OutputError) and isinstance(ei.value, BBFormatError)
         assert ei.value.code == "E_NO_SPACE" and ei.value.exit_status == 8
         assert _listing(d) == ({"m.bb": old} if present else {})
@@ -530,7 +533,7 @@ def test_api_unpack_out_of_space(tmp_path: Path, fmt: str) -> None:
             write_checkpoint(other, d / "u", fmt=fmt)
         before = _listing(d)
         with _file_size_limit(limit), pytest.raises(NoSpaceError, match="cannot write"):
-            bbformat.unpack(tmp_path / "m.bb", d / "u", fmt=fmt)
+            bbformat.unpack(tmp_path / "m.bb", d / "u", fmt=fmt, overwrite=present)
         assert _listing(d) == before
 
 
@@ -573,7 +576,7 @@ def test_writer_out_of_space(tmp_path: Path) -> None:
             (d / "m.bb").write_bytes(b"an earlier container")
         before = _listing(d)
         with _file_size_limit(4096), pytest.raises(NoSpaceError, match="m.bb"):
-            with Writer(d / "m.bb", "symmetric", 2, {"a": 1}, format_version="1.1") as w:
+            with Writer(d / "m.bb", "symmetric", 2, {"a": 1}, format_version="1.1", overwrite=present) as w:
                 w.add_chunk(program, sections)
                 w.add_chunk(program, sections)
         assert _listing(d) == before
@@ -644,7 +647,7 @@ def test_unpack_killed_before_every_rename_of_the_burst(tmp_path: Path) -> None:
     dst.mkdir()
     for n, data in old.items():
         (dst / n).write_bytes(data)
-    full = _run_killing_at_replace(0, "unpack", str(bb), str(dst))
+    full = _run_killing_at_replace(0, "unpack", str(bb), str(dst), "--force")
     assert full.returncode == 0, full.stderr
     n_replace = int(full.stdout.split()[-1])
     assert n_replace >= len(new)  # one replace per file into an existing directory
@@ -654,7 +657,7 @@ def test_unpack_killed_before_every_rename_of_the_burst(tmp_path: Path) -> None:
         dst.mkdir()
         for n, data in old.items():
             (dst / n).write_bytes(data)
-        r = _run_killing_at_replace(k, "unpack", str(bb), str(dst))
+        r = _run_killing_at_replace(k, "unpack", str(bb), str(dst), "--force")
         assert r.returncode == -signal.SIGKILL, (k, r.returncode, r.stderr)
         files = {p.name: p.read_bytes() for p in dst.iterdir() if p.is_file()}
         assert set(files) == set(new), (k, sorted(files))

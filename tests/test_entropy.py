@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from bbformat.codec.entropy import code_payload, decode_planes, encode_planes, payload_segments, read_segments
-from bbformat.constants import Codec
+from bbformat.codec.entropy import decode_planes, encode_planes, payload_segments, read_segments
+from bbformat.codec.payload import code_payload
+from bbformat.constants import Codec, RequiredFlag
 from bbformat.codec.encoder import encode_chunk
 from bbformat.codec.layout import ChunkLayout, SiteSpec
 from bbformat.container.program import AxisRef
@@ -125,7 +126,7 @@ def test_payload_segments_follow_the_final_stack() -> None:
     assert sum(n for n, _ in segs) == p.payload_symbols() == enc.payload.size
 
 
-@pytest.mark.parametrize("mode, codec", [("none", Codec.RAW), ("zstd", Codec.ZSTD), ("planes", Codec.PLANES)])
+@pytest.mark.parametrize("mode, codec", [("none", Codec.RAW), ("zstd", Codec.ZSTD), ("planes", Codec.PLANES), ("exponent", Codec.EXPONENT)])
 def test_code_payload_modes(mode: str, codec: int) -> None:
     enc = _chunk()
     data = enc.payload.astype("<u2").tobytes()
@@ -137,8 +138,12 @@ def test_code_payload_modes(mode: str, codec: int) -> None:
 def test_auto_keeps_the_smallest() -> None:
     enc = _chunk()
     data = enc.payload.astype("<u2").tobytes()
-    sizes = {m: len(code_payload(enc.program, data, m)[1]) for m in ("none", "zstd", "planes")}
+    sizes = {m: len(code_payload(enc.program, data, m)[1]) for m in ("none", "zstd", "planes", "exponent")}
     assert len(code_payload(enc.program, data, "auto")[1]) == min(sizes.values())
+    no_exponent = int(RequiredFlag.PLANES)  # a 1.2 file: auto never picks codec 3
+    assert len(code_payload(enc.program, data, "auto", no_exponent)[1]) == min(v for k, v in sizes.items() if k != "exponent")
+    with pytest.raises(InputError):
+        code_payload(enc.program, data, "exponent", no_exponent)
 
 
 def test_a_coding_that_would_grow_falls_back_to_raw() -> None:
@@ -146,7 +151,7 @@ def test_a_coding_that_would_grow_falls_back_to_raw() -> None:
     enc = _chunk()
     rng = np.random.default_rng(0)
     data = rng.integers(0, 1 << 16, enc.program.payload_symbols(), dtype=np.uint16).astype("<u2").tobytes()
-    for mode in ("zstd", "planes", "auto"):
+    for mode in ("zstd", "planes", "exponent", "auto"):
         assert code_payload(enc.program, data, mode) == (Codec.RAW, data)
 
 

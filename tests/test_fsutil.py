@@ -96,3 +96,54 @@ def test_temp_names_match_only_their_output() -> None:
     name = temp_name("a.bb")
     assert temp_pattern("a.bb").match(name) and not temp_pattern("b.bb").match(name)
     assert not temp_pattern("a.bb").match(name + "x") and name.startswith(".a.bb" + TEMP_MARK)
+
+
+@pytest.mark.parametrize("no_link, no_renameat2", [(False, False), (True, False), (True, True)])
+def test_rename_no_replace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_link: bool, no_renameat2: bool) -> None:
+    """A name that exists is never replaced, whichever way the file system lets the file be
+    published: a hard link, Linux's renameat2(RENAME_NOREPLACE), or (neither) a check and a rename."""
+    import errno
+
+    from bbformat import fsutil
+
+    if no_link:
+        def refuse_link(*a: object, **k: object) -> None:
+            raise OSError(errno.EPERM, "no hard links here")
+
+        monkeypatch.setattr(fsutil.os, "link", refuse_link)
+    if no_renameat2:
+        monkeypatch.setattr(fsutil, "_renameat2_noreplace", lambda src, dst: False)
+    src, dst = tmp_path / ".a.bbtmp-0123456789ab", tmp_path / "a"
+    src.write_bytes(b"new")
+    dst.write_bytes(b"theirs")
+    with pytest.raises(FileExistsError):
+        fsutil.rename_no_replace(src, dst)
+    assert dst.read_bytes() == b"theirs" and src.read_bytes() == b"new"
+    dst.unlink()
+    fsutil.rename_no_replace(src, dst)
+    assert dst.read_bytes() == b"new" and not src.exists() and os.listdir(tmp_path) == ["a"]
+
+
+def test_publish_without_replace(tmp_path: Path) -> None:
+    """AtomicOutput(replace=False): a file is published only under a free name; a staging
+    directory's files are moved in only if none is taken, else those moved are taken back."""
+    out = tmp_path / "m.bb"
+    a = AtomicOutput(out, replace=False)
+    assert a.file is not None
+    a.file.write(b"new")
+    out.write_bytes(b"theirs")
+    with pytest.raises(FileExistsError):
+        a.publish()
+    a.discard()
+    assert out.read_bytes() == b"theirs" and _temps(tmp_path) == []
+    dst = tmp_path / "d"
+    dst.mkdir()
+    s = AtomicOutput(dst, directory=True, where=dst, name="d", replace=False)
+    for n in ("a.json", "b.json", "w.pt"):
+        write_synced(s.temp / n, n.encode())
+    (dst / "w.pt").write_bytes(b"theirs")
+    with pytest.raises(FileExistsError):
+        s.publish_entries(["a.json", "b.json", "w.pt"])
+    assert s.moved == 0 and sorted(os.listdir(s.temp)) == ["a.json", "b.json", "w.pt"]
+    s.discard()
+    assert os.listdir(dst) == ["w.pt"] and (dst / "w.pt").read_bytes() == b"theirs"

@@ -128,3 +128,29 @@ def test_load_model_runs_sliced_opt(tmp_path: Path, dtype: str) -> None:
         full = models[1](out).logits  # greedy decoding with the cache agrees with a full forward
     assert out.shape == (1, 14)
     assert torch.equal(full[0, 7:-1].argmax(-1), out[0, 8:])
+
+
+@pytest.mark.parametrize("arch", ["llama", "opt", "phi2", "phi3"])
+def test_generate_emits_no_cache_deprecation_warning(tmp_path: Path, arch: str) -> None:
+    """The sliced layers hand the cache to transformers' attention under the name the model used
+    (issue 25: `past_key_values=None` beside 5.x's `cache` gave a FutureWarning on every step),
+    and greedy decoding with that cache still agrees with a full forward."""
+    import warnings
+
+    from bbformat.checkpoint import write_checkpoint
+    from bbformat.loader import load_model
+    from bbformat.testing import make_tiny_checkpoint
+
+    ck = make_tiny_checkpoint(arch, seed=2, layers=2)
+    write_checkpoint(ck, tmp_path / "m")
+    model = load_model(tmp_path / "m", torch.float32)
+    ids = _ids(int(ck.hf_config["vocab_size"]))[:1, :8]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False)
+            full = model(out).logits
+    bad = [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))
+           and ("past_key_value" in str(w.message) or "cache" in str(w.message))]
+    assert not bad, bad
+    assert out.shape == (1, 13) and torch.equal(full[0, 7:-1].argmax(-1), out[0, 8:])

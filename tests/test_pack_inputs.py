@@ -192,7 +192,7 @@ def test_other_weight_file_names_are_never_unpickled(tmp_path: Path) -> None:
 
 def test_safetensors_is_preferred_over_a_pt_of_the_same_stem(tmp_path: Path) -> None:
     src, ckpt = _model(tmp_path)
-    write_checkpoint(ckpt, src, fmt="safetensors")
+    write_checkpoint(ckpt, src, fmt="safetensors", overwrite=True)  # beside the .pt _model wrote
     marker = tmp_path / "MARKER"
     torch.save(_plausible(ckpt, _Payload(Path.touch, marker)), src / f"{ckpt.stem}.pt")
     bbformat.pack(src, tmp_path / "m.bb", verify=True)

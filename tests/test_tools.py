@@ -292,3 +292,25 @@ def test_exponent_study_measures_known_sources() -> None:
     r2 = es.study_tensor(bits2, "bfloat16", zstd)
     assert r2["order0-ideal"] == pytest.approx(2 * n)
     assert r2["ctx-column-class"] < 0.1 * r2["order0-ideal"]
+
+
+def test_bench_entropy_writes_its_table(tmp_path: Path) -> None:
+    """tools/bench_entropy.py --quick on two tiny slices: every input's table, its goals marked,
+    and the section written into a report; ZipNN's bfloat16 input rewriting is worked around."""
+    for dtype in ("float16", "float32"):
+        r = _tool(str(TOOLS / "make_tiny.py"), "--dtype", dtype, "--layers", "1", "--hidden", "32", "--heads", "4", "--kv-heads", "2",
+                  "--vocab", "64", str(tmp_path / dtype))
+        assert r.returncode == 0, r.stderr
+    report = tmp_path / "B.md"
+    report.write_text("# B\n")
+    r = _tool(str(TOOLS / "bench_entropy.py"), "--f16", str(tmp_path / "float16"), "--f32", str(tmp_path / "float32"), "--quick",
+              "--report", str(report), "--json", str(tmp_path / "b.json"))
+    assert r.returncode == 0, r.stderr
+    text = report.read_text()
+    assert text.count("| `--scheme none` (entropy auto, format 1.3) |") == 3 and "bits per weight" in text
+    res = json.loads((tmp_path / "b.json").read_text())
+    for inp in res:
+        rows = {x["key"]: x for x in inp["rows"]}
+        assert set(rows) >= {"none13", "sym_raw", "sym13", "zstd", "ideal"} and rows["none13"]["codecs"]
+        assert 0 < rows["ideal"]["bytes"] < inp["plain_bytes"] and all(x["bytes"] > 0 for x in rows.values() if x["bytes"] is not None)
+    assert text.count("**met**") + text.count("**missed**") >= 6

@@ -203,7 +203,7 @@ def _task_compress(args: list[str]) -> Json:
         import zipnn  # noqa: F401  (here only to say whether it is installed)
 
         zipnns: dict[str, Any] = {}
-        codecs["zipnn"] = lambda raw, e: _zipnn_codec(zipnns, e["dtype"], threads).compress(raw)
+        codecs["zipnn"] = lambda raw, e: _zipnn_codec(zipnns, e["dtype"], threads).compress(bytearray(raw))  # ZipNN rewrites bf16 input
         res["zipnn_version"] = _version("zipnn")
     except ImportError as exc:
         res["zipnn"] = {"ok": False, "error": f"not installed ({exc})"}
@@ -426,6 +426,7 @@ class Ctx:
     keep: bool = False
     skip_generate: bool = False
     pt_pack: str = "first"
+    entropy: str = "none"
     rss_limit: int = 20 * GIB
     timeout: float | None = None
     decode_workers: int = 2
@@ -608,19 +609,24 @@ def cli_op(ctx: Ctx, model: str, key: str, label: str, argv: list[str], floor: s
     return _op(key, label, floor, workers, res, "bbformat " + " ".join(argv))
 
 
+def entropy_args(ctx: Ctx) -> list[str]:
+    """pack's --entropy, where the run asks for one (--entropy auto: format 1.3's codecs on random weights)."""
+    return [] if ctx.entropy == "none" else ["--entropy", ctx.entropy]
+
+
 def pack_ops(ctx: Ctx, model: str, mdir: Path, out: Path, with_pt: bool, sizes: Json) -> list[Json]:
     """pack from .pt first (then its output and the .pt go), then from .safetensors (kept)."""
     ops = []  # the .pt row is measured first (disk: its output and the .pt go before the main pack), listed second
     if with_pt:
         out_pt = mdir / "from_pt.bb"
-        op = cli_op(ctx, model, "pack_pt", "pack (from .pt)", ["pack", str(mdir / "pt"), str(out_pt), "--quiet"], "pack", None,
+        op = cli_op(ctx, model, "pack_pt", "pack (from .pt)", ["pack", str(mdir / "pt"), str(out_pt), "--quiet", *entropy_args(ctx)], "pack", None,
                     before=lambda: rm(out_pt))
         sizes["container_from_pt_bytes"] = out_pt.stat().st_size if out_pt.is_file() else None
         ops.append(op)
         rm(out_pt)
     if not ctx.keep:
         rm(mdir / "pt")
-    ops.insert(0, cli_op(ctx, model, "pack", "pack (from .safetensors)", ["pack", str(mdir / "st"), str(out), "--quiet"], "pack",
+    ops.insert(0, cli_op(ctx, model, "pack", "pack (from .safetensors)", ["pack", str(mdir / "st"), str(out), "--quiet", *entropy_args(ctx)], "pack",
                          None, before=lambda: rm(out)))
     sizes["container_bytes"] = out.stat().st_size if out.is_file() else None
     return ops
@@ -1057,6 +1063,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--keep", action="store_true", help="keep the checkpoints and containers")
     ap.add_argument("--quick", action="store_true", help="tiny shapes: the whole tool in about a minute")
     ap.add_argument("--pt-pack", choices=("first", "all", "none"), default="first", help="pack from .pt too: first model only (default), all, none")
+    ap.add_argument("--entropy", choices=("none", "zstd", "planes", "exponent", "auto"), default="none",
+                    help="pack --entropy (default none). The weights are random, not trained: their exponents are not a trained "
+                         "model's, so the entropy stage's saving here says nothing about a real model's (BENCHMARKS.md 15)")
     ap.add_argument("--floor-repeats", type=int, default=FLOOR_REPEATS, metavar="N",
                     help=f"timings of each distinct site shape for the floors (median; default {FLOOR_REPEATS})")
     ap.add_argument("--verify-workers", default="1,2", metavar="N,...",
@@ -1075,7 +1084,7 @@ def make_ctx(a: argparse.Namespace) -> Ctx:
 
     phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     work = a.work.resolve()
-    ctx = Ctx(work=work, repeats=a.repeats, quick=a.quick, keep=a.keep, skip_generate=a.skip_generate, pt_pack=a.pt_pack,
+    ctx = Ctx(work=work, repeats=a.repeats, quick=a.quick, keep=a.keep, skip_generate=a.skip_generate, pt_pack=a.pt_pack, entropy=a.entropy,
               rss_limit=int(a.rss_limit * GIB) if a.rss_limit else int(0.8 * phys), timeout=a.timeout,
               decode_workers=DECODE_WORKERS, pack_threads=min(2, os.cpu_count() or 1),
               unpack_workers_option=cli_has(["unpack"], "--workers"), verify_command=cli_has(["verify"]),

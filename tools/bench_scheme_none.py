@@ -63,7 +63,7 @@ def measure(src: Path, work: Path) -> dict:
     res = {"src": str(src), "dtype": dtype, "plain_bytes": len(raw), "alternatives": alternatives(raw, dtype), "packs": []}
     for name, scheme, entropy in PACKS:
         out = work / f"{scheme}_{entropy}.bb"
-        bbformat.pack(src, out, scheme=scheme, entropy=entropy, verify=True)
+        bbformat.pack(src, out, scheme=scheme, entropy=entropy, verify=True, overwrite=True)
         t = bbformat.inspect(out)["totals"]
         res["packs"].append((name, t["container_bytes"], t["metadata_bytes"]))
     return res

@@ -421,7 +421,7 @@ def child_pack(src: Path, dst: Path, tolerance: float, version: str) -> dict[str
     import bbformat
 
     t0 = time.perf_counter()
-    rep = bbformat.pack(src, dst, scheme="symmetric", tolerance=tolerance, format_version=version)
+    rep = bbformat.pack(src, dst, scheme="symmetric", tolerance=tolerance, format_version=version, overwrite=True)
     return {"seconds": time.perf_counter() - t0, "plain_bytes": rep.plain_bytes, "container_bytes": rep.container_bytes,
             "metadata_bytes": rep.metadata_bytes, "gross_bound_bits": rep.gross_bound_bits,
             "sites": [{"name": s.name, "dim": s.dim, "plain_reason": s.plain_reason, "gain_bits": s.gain_bits, "side_bytes": s.side_bytes,
@@ -450,7 +450,7 @@ def child_synthetic(d: int, dtype: str, dst: Path, version: str, device: str = "
     la = device_backend(device)
     t0 = time.perf_counter()
     enc = encode_chunk(lay, tensors, {}, "symmetric", 0.0, band=version == "1.2", la=la)
-    w = Writer(dst, "symmetric", 1, {"tolerance": 0.0}, format_version=version)
+    w = Writer(dst, "symmetric", 1, {"tolerance": 0.0}, format_version=version, overwrite=True)
     w.add_encoded(enc)
     size = w.close()
     plain = sum(t.bits.nbytes for t in tensors.values())

@@ -44,12 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
     p.add_argument("--slice-head", action="store_true", help="slice the head too (do_slice_head)")
     p.add_argument("--format", choices=("pt", "safetensors"), default="pt")
+    p.add_argument("-f", "--force", action="store_true", help="write into OUT even if it holds files (replacing those of the same names)")
     a = p.parse_args(argv)
     try:
         ckpt = make_tiny_checkpoint(a.arch, seed=a.seed, layers=a.layers, hidden=a.hidden, heads=a.heads, kv_heads=a.kv_heads,
                                     intermediate=a.intermediate, vocab=a.vocab, dtype=a.dtype, do_slice_head=a.slice_head,
                                     dims=_dims(a.dims))
-        write_checkpoint(ckpt, a.out, fmt=a.format)
+        write_checkpoint(ckpt, a.out, fmt=a.format, overwrite=a.force)
     except (BBFormatError, ValueError) as exc:
         print(f"make_tiny: error: {exc}", file=sys.stderr)
         return 2

@@ -607,7 +607,7 @@ def side_files_identical(src: Path, dst: Path, weights: str) -> tuple[bool, list
 def pack_and_unpack(src: Path, bb: Path, unp: Path, weights: str, rec: Json, log: Path) -> bool:
     """`bbformat pack SRC BB --verify`, then `unpack BB UNP`, recorded in REC (pack_verify_ok,
     container_bytes, side_files_identical, errors); True if the unpacked directory was written."""
-    p = _bb(["pack", str(src), str(bb), "--verify", "--quiet"], log)
+    p = _bb(["pack", str(src), str(bb), "--verify", "--quiet", "--force"], log)  # a rerun replaces its own container
     rec["pack_rc"], rec["pack_verify_ok"] = p.returncode, p.returncode == 0
     rec["pack_warnings"] = [ln for ln in p.stderr.splitlines() if "warning" in ln.lower()]
     if p.returncode != 0:

@@ -36,18 +36,14 @@ class SlicedLlamaDecoderLayer(nn.Module):
         self.attn_shortcut_Q = shortcut(d_in, d_attn)
         self.mlp_shortcut_Q = shortcut(d_attn, d_mlp)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: Any = None, position_ids: Any = None,
-                past_key_values: Any = None, use_cache: Any = False, position_embeddings: Any = None, **kwargs: Any) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        # Everything but the hidden states goes to the attention exactly as the model passed it
+        # (mask, positions, rotary embeddings and the cache, under whatever name this
+        # transformers calls it: `past_key_values` before 5.x's rename to `cache`). Naming it
+        # here would pass the old name as None beside the new one, which transformers answers
+        # with a FutureWarning on every call.
         residual = hidden_states
-        h, _ = self.self_attn(
-            hidden_states=self.input_layernorm(hidden_states),
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            use_cache=use_cache,
-            position_embeddings=position_embeddings,
-            **kwargs,
-        )
+        h, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
         h = torch.matmul(residual, self.attn_shortcut_Q.to(residual.dtype)) + h
         residual = h
         h = self.mlp(self.post_attention_layernorm(h))

@@ -33,11 +33,12 @@ class SlicedOPTDecoderLayer(nn.Module):
         self.attn_shortcut_Q = shortcut(d_in, d_attn)
         self.mlp_shortcut_Q = shortcut(d_attn, d_mlp)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: Any = None, past_key_values: Any = None, use_cache: Any = False,
-                position_ids: Any = None, **kwargs: Any) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, use_cache: Any = False, **kwargs: Any) -> torch.Tensor:
+        # The cache, mask and positions go to the attention as the model passed them, under this
+        # transformers' names (llama_torch.SlicedLlamaDecoderLayer.forward); use_cache is not
+        # passed on, as transformers' own OPT layer does not.
         residual = hidden_states
-        h, _ = self.self_attn(hidden_states=self.self_attn_layer_norm(hidden_states), past_key_values=past_key_values,
-                              position_ids=position_ids, attention_mask=attention_mask, **kwargs)
+        h, _ = self.self_attn(hidden_states=self.self_attn_layer_norm(hidden_states), **kwargs)
         h = torch.matmul(residual, self.attn_shortcut_Q.to(residual.dtype)) + h
         m = self.fc2(self.activation_fn(self.fc1(self.final_layer_norm(h))))
         out: torch.Tensor = torch.matmul(h, self.mlp_shortcut_Q.to(h.dtype)) + m

@@ -30,11 +30,11 @@ class SlicedPhiDecoderLayer(nn.Module):
         self.input_layernorm = RMSN(config.hidden_size)
         self.attn_shortcut_Q = shortcut(d_in, d_out)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: Any = None, position_ids: Any = None,
-                past_key_values: Any = None, use_cache: Any = False, position_embeddings: Any = None, **kwargs: Any) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        # the cache, mask, positions and rotary embeddings go to the attention as the model passed
+        # them, under this transformers' names (llama_torch.SlicedLlamaDecoderLayer.forward)
         n = self.input_layernorm(hidden_states)
-        a, _ = self.self_attn(hidden_states=n, attention_mask=attention_mask, position_ids=position_ids,
-                              past_key_values=past_key_values, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+        a, _ = self.self_attn(hidden_states=n, **kwargs)
         out: torch.Tensor = a + self.mlp(n) + torch.matmul(hidden_states, self.attn_shortcut_Q.to(hidden_states.dtype))
         return out
 

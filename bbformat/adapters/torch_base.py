@@ -9,7 +9,22 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..errors import InputError
+
 RMSN_EPS = 1e-5
+HF_EXTRA = "pip install 'bbformat[hf]'"
+"""How to get what load_model's models (and calibrated rounding) need: pyproject's `hf` extra."""
+
+
+def require_transformers(what: str) -> None:
+    """InputError, one line naming the `hf` extra, if transformers cannot be imported."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        missing = getattr(exc, "name", None)
+        why = "is not installed" if missing and missing.split(".")[0] == "transformers" else \
+            f"cannot be imported ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
+        raise InputError(f"{what} needs the 'transformers' package, which {why}: {HF_EXTRA}") from None
 
 
 class RMSN(nn.Module):

@@ -2,6 +2,7 @@
 allows (fsutil.AtomicOutput on a staging directory)."""
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -9,16 +10,24 @@ from pathlib import Path
 import torch
 
 from .. import fsutil
-from ..errors import InputError, output_error
+from ..errors import InputError, OutputExistsError, output_error, output_exists
 from ..fsutil import AtomicOutput
 from ..stream_writers import torch_zip_is_whole
 from .files import WEIGHT_SUFFIXES, Checkpoint, check_format, check_stem, side_files
 
 
 def publish_checkpoint(dst: Path | str, stem: str, files: Mapping[str, bytes], fmt: str,
-                       write_weights: Callable[[Path], None]) -> Path:
+                       write_weights: Callable[[Path], None], *, overwrite: bool = False) -> Path:
     """Write <stem>.pt (or .safetensors), <stem>.json, config.json and the side files into DST;
     `write_weights(path)` creates, writes and fsyncs the weights file (it may stream it).
+
+    DST must be absent or an empty directory unless `overwrite` (OutputExistsError, E_EXISTS,
+    naming the files that would be replaced, before anything is written). Without `overwrite`
+    the publication itself never replaces anything either, so a DST that fills up meanwhile is
+    left as it is: the staging directory is renamed onto DST (a rename replaces at most an
+    empty directory) or its files are moved in with fsutil.rename_no_replace, which refuses an
+    existing name atomically (and the files already moved are taken back). With `overwrite`,
+    DST's files of the same names are replaced as below; a DST that is a file never is.
 
     As atomic as POSIX allows (plain renames, nothing OS-specific). Every file is first
     written and fsynced in a staging directory named `.<DST name>.bbtmp-<12 hex>`; then:
@@ -44,6 +53,8 @@ def publish_checkpoint(dst: Path | str, stem: str, files: Mapping[str, bytes], f
     """
     dst, files = Path(dst), dict(files)
     order = _publish_order(dst, stem, files, fmt)
+    if not overwrite:
+        _refuse_existing(dst, order)
     label = os.path.basename(os.path.abspath(dst)) or "checkpoint"
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -52,12 +63,15 @@ def publish_checkpoint(dst: Path | str, stem: str, files: Mapping[str, bytes], f
     existed = os.path.lexists(dst)
     staging: AtomicOutput | None = None
     try:
-        staging = _staging(dst, label, existed)
+        staging = _staging(dst, label, existed, overwrite)
         with staging:  # an exception, KeyboardInterrupt included, removes the staging directory
             for name in order[:-1]:
                 fsutil.write_synced(staging.temp / name, files[name])
             write_weights(staging.temp / order[-1])
             _publish(staging, order)
+    except FileExistsError as exc:  # overwrite=False: something appeared at DST while it was written
+        what = exc.filename or dst
+        raise output_exists(f"{what}: it appeared while {dst} was written; nothing was written") from None
     except OSError as exc:
         raise output_error(exc, dst, _failure_note(dst, existed, staging.moved if staging else 0, len(order))) from None
     # a killed earlier run may have staged at the other place (next to DST or inside it)
@@ -77,10 +91,35 @@ def _publish_order(dst: Path, stem: str, files: dict[str, bytes], fmt: str) -> l
     order = sorted(files) + [f"{stem}.{fmt}"]  # the weights file last: see publish_checkpoint
     if os.path.lexists(dst) and not dst.is_dir():
         raise InputError(f"{dst} exists and is not a directory")
+    for up in dst.parents:  # the nearest existing ancestor must be a directory to create DST in
+        if os.path.lexists(up):
+            if not up.is_dir():
+                raise InputError(f"cannot create {dst}: {up} is not a directory")
+            break
     for name in order:
         if (dst / name).is_dir():
             raise InputError(f"{dst / name} is a directory; refusing to write there")
     return order
+
+
+def _refuse_existing(dst: Path, order: list[str]) -> None:
+    """OutputExistsError unless DST is absent or an empty directory: names the files of `order`
+    that DST already has (or, with none of them, says that DST is not empty)."""
+    if not os.path.lexists(dst):
+        return
+    try:
+        with os.scandir(dst) as it:
+            present = sorted(e.name for e in it)
+    except OSError:
+        return  # not a directory we can list: the write reports it
+    if not present:
+        return
+    clash = [n for n in order[-1:] + order[:-1] if n in present]  # the weights file first
+    if clash:
+        more = f" and {len(clash) - 3} more" if len(clash) > 3 else ""
+        raise output_exists(f"{', '.join(clash[:3])}{more} in {dst}", many=len(clash) > 1)
+    raise OutputExistsError(f"{dst} is not empty ({len(present)} entries, e.g. {present[0]}); give a new or empty "
+                            f"directory, or --force (Python: overwrite=True) to add the files to it")
 
 
 def _can_swap(dst: Path) -> bool:
@@ -102,28 +141,39 @@ def _can_swap(dst: Path) -> bool:
         return False
 
 
-def _staging(dst: Path, label: str, existed: bool) -> AtomicOutput:
+def _staging(dst: Path, label: str, existed: bool, overwrite: bool = True) -> AtomicOutput:
     """The staging directory: next to DST if it can be renamed onto DST, else inside DST."""
     if not _can_swap(dst):
-        return AtomicOutput(dst, directory=True, where=dst, name=label)
+        return AtomicOutput(dst, directory=True, where=dst, name=label, replace=overwrite)
     try:
-        return AtomicOutput(dst, directory=True, where=dst.parent, name=label)
+        return AtomicOutput(dst, directory=True, where=dst.parent, name=label, replace=overwrite)
     except PermissionError:
         if not existed:
             raise
         # an empty DST we may write into, in a parent we may not: stage inside DST
-        return AtomicOutput(dst, directory=True, where=dst, name=label)
+        return AtomicOutput(dst, directory=True, where=dst, name=label, replace=overwrite)
 
 
 def _publish(staging: AtomicOutput, order: list[str]) -> None:
-    """One rename of a staging directory next to DST onto DST; else the burst, weights last."""
+    """One rename of a staging directory next to DST onto DST; else the burst, weights last.
+    Without replace, a DST that has meanwhile become anything but an empty directory is left
+    alone (FileExistsError)."""
     if staging.where != staging.path:
         try:
             staging.publish()
             return
         except OSError:  # DST appeared and holds files, or the OS cannot replace a directory
-            pass
+            if not staging.replace and os.path.lexists(staging.path) and not _is_empty_dir(staging.path):
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(staging.path)) from None
     staging.publish_entries(order)
+
+
+def _is_empty_dir(path: Path) -> bool:
+    try:
+        with os.scandir(path) as it:
+            return not any(True for _ in it)
+    except OSError:
+        return False
 
 
 def _failure_note(dst: Path, existed: bool, moved: int, total: int) -> str:
@@ -148,8 +198,9 @@ def _torch_save_synced(path: Path, sd: dict[str, torch.Tensor]) -> None:
         raise fsutil.probe_write(path) or OSError(None, "torch.save wrote an incomplete file")
 
 
-def write_checkpoint(ckpt: Checkpoint, dst: Path | str, fmt: str = "pt") -> Path:
-    """Write a checkpoint held in memory (see publish_checkpoint for how, atomically)."""
+def write_checkpoint(ckpt: Checkpoint, dst: Path | str, fmt: str = "pt", *, overwrite: bool = False) -> Path:
+    """Write a checkpoint held in memory (see publish_checkpoint for how, atomically, and for
+    `overwrite`: DST must be absent or empty without it)."""
     check_format(fmt)
     for k, v in ckpt.state_dict.items():
         if not isinstance(v, torch.Tensor):
@@ -165,4 +216,4 @@ def write_checkpoint(ckpt: Checkpoint, dst: Path | str, fmt: str = "pt") -> Path
             sd = {k: v.detach().contiguous() for k, v in ckpt.state_dict.items()}
             fsutil.write_synced(path, safetensors.torch.save(sd, metadata={"format": "pt"}))
 
-    return publish_checkpoint(dst, ckpt.stem, files, fmt, weights)
+    return publish_checkpoint(dst, ckpt.stem, files, fmt, weights, overwrite=overwrite)

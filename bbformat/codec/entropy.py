@@ -14,7 +14,7 @@ import numpy as np
 from ..bytecursor import ByteCursor
 from ..constants import ENTROPY_MODES, MAX_PLANES_CLASSES, MAX_PLANES_SEGMENTS, Codec, OpKind
 from ..errors import FormatError, LimitError, check_choice
-from ..zstdframe import PAYLOAD_LEVEL, PLANES_LEVEL, Buffer, Compressor, compress, compressor, decompress, frame_content_size
+from ..zstdframe import PLANES_LEVEL, Buffer, Compressor, compressor, decompress, frame_content_size
 from .dtypes import uint_dtype
 from ..container.program import BlockProgram
 from .varint import encode_group, encode_varints
@@ -59,7 +59,7 @@ def payload_segments(program: BlockProgram) -> list[tuple[int, int]]:
     return out
 
 
-def _classes(score: np.ndarray, k: int) -> np.ndarray:
+def rank_classes(score: np.ndarray, k: int) -> np.ndarray:
     """Equal-count classes 0..k-1 by ascending score (ties by position: deterministic)."""
     order = np.argsort(score, kind="stable")
     cls = np.empty(score.size, np.uint8)
@@ -87,8 +87,8 @@ def _segment_top(top: np.ndarray, r: int, k: int, z: Compressor) -> tuple[bytes,
     per_row = np.full(rows, float(r))
     per_row[full:] = float(tail or r)
     per_col = np.full(r, float(full)) + (np.arange(r) < tail)
-    row_cls = _classes(grid.sum(1, dtype=np.float64) / per_row, k)
-    col_cls = _classes(grid.sum(0, dtype=np.float64) / np.maximum(per_col, 1.0), k)
+    row_cls = rank_classes(grid.sum(1, dtype=np.float64) / per_row, k)
+    col_cls = rank_classes(grid.sum(0, dtype=np.float64) / np.maximum(per_col, 1.0), k)
     ctx = _contexts(n, r, k, row_cls, col_cls)
     order = np.argsort(ctx, kind="stable")
     bounds = np.concatenate(([0], np.cumsum(np.bincount(ctx, minlength=k * k))))
@@ -128,38 +128,18 @@ def check_entropy_mode(mode: str) -> None:
     check_choice("entropy mode", mode, ENTROPY_MODES)
 
 
-def code_payload(program: BlockProgram, data: bytes, mode: str) -> tuple[int, bytes]:
-    """(codec, stored bytes) of a payload under an entropy mode (`auto`: the smallest; ties
-    go to the lower codec number)."""
-    check_entropy_mode(mode)
-    cands = [(len(data), Codec.RAW, data)]
-    if mode in ("zstd", "auto") and data:
-        comp = compress(data, PAYLOAD_LEVEL)
-        cands.append((len(comp), Codec.ZSTD, comp))
-    if mode in ("planes", "auto") and data:
-        w = program.symbol_bits
-        sym = np.frombuffer(data, dtype=np.dtype(uint_dtype(w)).newbyteorder("<"))
-        planes = encode_planes(sym, w, payload_segments(program))
-        cands.append((len(planes), Codec.PLANES, planes))
-    if mode in ("zstd", "planes"):  # the asked-for codec unless it would grow the payload
-        best = cands[-1] if cands[-1][0] < len(data) else cands[0]
-    else:
-        best = min(cands, key=lambda c: (c[0], c[1]))
-    return best[1], best[2]
-
-
 # ----------------------------------------------------------------------------- decoder
 
 
-def _take(cur: ByteCursor, size: int, what: str) -> np.ndarray:
-    """The next group (SPEC.md 8.6), which must decode to exactly `size` bytes."""
+def take_group(cur: ByteCursor, size: int, what: str) -> np.ndarray:
+    """The next group (SPEC.md 8.6, 8.7), which must decode to exactly `size` bytes."""
     codec, stored = cur.group(what)
     if codec == Codec.ZSTD:
         declared = frame_content_size(stored)
         if declared != size:
-            raise FormatError(f"planes payload: {what} declares {declared} bytes, {size} expected", "E_SECTION_SIZE")
+            raise FormatError(f"{cur.what}: {what} declares {declared} bytes, {size} expected", "E_SECTION_SIZE")
     elif codec != Codec.RAW:
-        raise FormatError(f"planes payload: {what} has unknown codec {codec}", "E_CODEC")
+        raise FormatError(f"{cur.what}: {what} has unknown codec {codec}", "E_CODEC")
     return np.frombuffer(decompress(stored, codec, size, size), np.uint8)
 
 
@@ -185,7 +165,7 @@ def _read_contexts(cur: ByteCursor, j: int, n: int, r: int, k: int, row_cls: np.
         for b in range(k):
             m = int(rcount[a] * ccount[b])
             extra = int(tcount[b]) if a == tail_cls else 0
-            part = _take(cur, m + extra, f"segment {j} context {a * k + b}")
+            part = take_group(cur, m + extra, f"segment {j} context {a * k + b}")
             block[r0[a] : r0[a + 1], c0[b] : c0[b + 1]] = part[:m].reshape(int(rcount[a]), int(ccount[b]))
             if extra:
                 tail_sorted[t0[b] : t0[b + 1]] = part[m:]
@@ -199,14 +179,13 @@ def _read_contexts(cur: ByteCursor, j: int, n: int, r: int, k: int, row_cls: np.
         dest[full * r :][np.argsort(col_cls[:tail], kind="stable")] = tail_sorted
 
 
-def read_segments(data: Buffer, total: int) -> tuple[list[Segment], int]:
-    """The segment table of a codec-2 payload and the offset after it (SPEC.md 8.6 checks)."""
-    cur = ByteCursor(data, "planes payload")
+def read_segment_records(cur: ByteCursor, total: int) -> list[Segment]:
+    """The segment count and records of a codec-2 or codec-3 payload (SPEC.md 8.6, 8.7 checks)."""
     count = cur.varint("segment count")
     if count > MAX_PLANES_SEGMENTS:
-        raise LimitError(f"planes payload has {count} segments; the limit is {MAX_PLANES_SEGMENTS}", "E_LIMIT_COUNT")
+        raise LimitError(f"{cur.what} has {count} segments; the limit is {MAX_PLANES_SEGMENTS}", "E_LIMIT_COUNT")
     if count == 0 or count > total:
-        raise FormatError(f"planes payload: {count} segments for {total} symbols", "E_SECTION_CONTENT")
+        raise cur.fail(f"{count} segments for {total} symbols")
     segs: list[Segment] = []
     covered = 0
     for j in range(count):
@@ -214,16 +193,22 @@ def read_segments(data: Buffer, total: int) -> tuple[list[Segment], int]:
         r = cur.varint("row length")
         k = cur.u8("class count")
         if n < 1 or n > total - covered:
-            raise FormatError(f"planes payload: segment {j} length {n} does not fit the payload", "E_SECTION_CONTENT")
+            raise cur.fail(f"segment {j} length {n} does not fit the payload")
         if not 1 <= r <= n:
-            raise FormatError(f"planes payload: segment {j} row length {r} not in 1..{n}", "E_SECTION_CONTENT")
+            raise cur.fail(f"segment {j} row length {r} not in 1..{n}")
         if not 1 <= k <= MAX_PLANES_CLASSES:
-            raise FormatError(f"planes payload: segment {j} class count {k} not in 1..{MAX_PLANES_CLASSES}", "E_SECTION_CONTENT")
+            raise cur.fail(f"segment {j} class count {k} not in 1..{MAX_PLANES_CLASSES}")
         covered += n
         segs.append((n, r, k))
     if covered != total:
-        raise FormatError(f"planes payload: segments cover {covered} of {total} symbols", "E_SECTION_CONTENT")
-    return segs, cur.pos
+        raise cur.fail(f"segments cover {covered} of {total} symbols")
+    return segs
+
+
+def read_segments(data: Buffer, total: int) -> tuple[list[Segment], int]:
+    """The segment table of a codec-2 payload and the offset after it (SPEC.md 8.6 checks)."""
+    cur = ByteCursor(data, "planes payload")
+    return read_segment_records(cur, total), cur.pos
 
 
 def decode_planes(data: Buffer, total: int, symbol_bits: int) -> np.ndarray:
@@ -232,7 +217,7 @@ def decode_planes(data: Buffer, total: int, symbol_bits: int) -> np.ndarray:
     cur = ByteCursor(data, "planes payload")
     cur.pos = start
     map_size = sum(-(-n // r) + r for n, r, k in segs if k > 1)
-    maps = _take(cur, map_size, "class maps")
+    maps = take_group(cur, map_size, "class maps")
     nb = symbol_bits // 8
     out = np.empty(total, np.dtype(uint_dtype(symbol_bits)).newbyteorder("<"))
     planes = out.view(np.uint8).reshape(total, nb)  # byte b of every symbol, written in place
@@ -240,7 +225,7 @@ def decode_planes(data: Buffer, total: int, symbol_bits: int) -> np.ndarray:
     for j, (n, r, k) in enumerate(segs):
         dest = planes[pos : pos + n, nb - 1]
         if k == 1:
-            dest[:] = _take(cur, n, f"segment {j} top plane")
+            dest[:] = take_group(cur, n, f"segment {j} top plane")
         else:
             rows = -(-n // r)
             row_cls, col_cls = maps[mpos : mpos + rows], maps[mpos + rows : mpos + rows + r]
@@ -250,7 +235,7 @@ def decode_planes(data: Buffer, total: int, symbol_bits: int) -> np.ndarray:
             _read_contexts(cur, j, n, r, k, row_cls, col_cls, dest)
         pos += n
     for b in range(nb - 2, -1, -1):
-        planes[:, b] = _take(cur, total, f"plane {b}")
+        planes[:, b] = take_group(cur, total, f"plane {b}")
     if not cur.done:
         raise FormatError("planes payload: bytes after the last group", "E_SECTION_CONTENT")
     return out

@@ -17,9 +17,12 @@ from ..constants import (
     MAX_NDIM,
     MAX_SECTIONS_PER_CHUNK,
     MAX_SITE_DIM,
+    MAX_EXPONENT_TABLES,
+    MAX_PLANES_CLASSES,
     MAX_TENSOR_ELEMENTS,
     MIN_CHUNK_LENGTH,
     NO_SITE,
+    RANS_PRECISION_BITS,
     SECTION_ENTRY_SIZE,
     Codec,
     RequiredFlag,
@@ -32,9 +35,11 @@ from .crc import crc32c
 from .program import AxisRef, BlockProgram, Op, SiteEntry, TensorEntry, bits_of
 from .section_rules import SectionRules, payload_dtype, rules_of, site_sections_limit
 
-PlanesDecoder = Callable[[Buffer, int, int], np.ndarray]
-"""Payload codec 2 (SPEC.md 8.6): (stored bytes, symbols, symbol bits) -> the payload symbols.
-The codec layer's (codec.entropy.decode_planes); a reader passes it to parse_chunk."""
+PayloadDecoder = Callable[[int, Buffer, BlockProgram], np.ndarray]
+"""Payload codecs 2 and 3 (SPEC.md 8.6, 8.7): (codec, stored bytes, program) -> the payload
+symbols. The codec layer's (codec.payload.decode_payload); a reader passes it to parse_chunk."""
+ENTROPY_CODECS = (Codec.PLANES, Codec.EXPONENT)
+"""The payload codecs that need a PayloadDecoder."""
 
 
 class StoredSection(Protocol):
@@ -194,10 +199,11 @@ def descriptor_extent(head: bytes, chunk_length: int) -> tuple[int, int]:
     return CHUNK_FIXED_SIZE, int(fixed.descriptor_length)
 
 
-def working_set_bytes(program: BlockProgram, chunk_length: int, planes: bool = False, mixed: bool = False) -> int:
+def working_set_bytes(program: BlockProgram, chunk_length: int, planes: bool = False, mixed: bool = False,
+                      exponent: bool = False) -> int:
     """The declared working set of decoding one chunk (SPEC.md 11.5): what a decoder needs at
-    most, computed from the descriptor (and, for `planes`, the payload's codec 2) before any
-    section is decompressed."""
+    most, computed from the descriptor (and, for `planes` or `exponent`, the payload's codec 2
+    or 3) before any section is decompressed."""
     w8 = program.symbol_bits // 8
     side = sum(site_sections_limit(program, i, mixed) for i in range(len(program.sites)))
     site_work = 0
@@ -206,7 +212,10 @@ def working_set_bytes(program: BlockProgram, chunk_length: int, planes: bool = F
             site_work = max(site_work, 8 * (3 * program.tensors[s.anchor].numel + 6 * s.dim * s.dim))
     tensors = sum(t.numel * bits_of(t.dtype) // 8 for t in program.tensors)
     payload = program.payload_symbols() * w8
-    planes_work = 10 * program.payload_symbols() if planes else 0  # contexts, their order, one plane
+    p = program.payload_symbols()
+    planes_work = 10 * p if planes else 0  # contexts, their order, one plane
+    if exponent:  # entries, rest fields, one batch of table ids; each table's slot lookup
+        planes_work = 12 * p + (4 << RANS_PRECISION_BITS) * min(MAX_EXPONENT_TABLES, MAX_PLANES_CLASSES * p)
     return chunk_length + 2 * payload + side + program.stack_peak_symbols() * w8 + tensors + site_work + planes_work
 
 
@@ -229,16 +238,18 @@ def parse_chunk(
     max_block_bytes: int | None = None,
     max_site_dim: int | None = None,
     required_flags: int = 0,
-    decode_planes: PlanesDecoder | None = None,
+    decode_payload: PayloadDecoder | None = None,
 ) -> ParsedChunk:
     """Parse and validate one chunk's bytes (the whole chunk, CRC included). With
     max_block_bytes, a chunk whose declared working set is larger is refused (E_LIMIT_MEMORY)
     before any section is decompressed. required_flags: the header's; FLAG_PLANES allows
-    payload codec 2, FLAG_DIGESTS makes offset 4 the content digest, FLAG_MIXED_CORRECTIONS
-    lets x_residuals and x_patches share a site. decode_planes: the payload codec 2 decoder
-    (codec.entropy.decode_planes); without it a codec-2 payload is refused (E_CODEC)."""
+    payload codec 2 and FLAG_EXPONENT codec 3, FLAG_DIGESTS makes offset 4 the content digest,
+    FLAG_MIXED_CORRECTIONS lets x_residuals and x_patches share a site. decode_payload: the
+    payload decoder of codecs 2 and 3 (codec.payload.decode_payload); without it such a
+    payload is refused (E_CODEC)."""
     mixed = bool(required_flags & RequiredFlag.MIXED_CORRECTIONS)
-    codecs = (Codec.RAW, Codec.ZSTD, Codec.PLANES) if required_flags & RequiredFlag.PLANES else (Codec.RAW, Codec.ZSTD)
+    codecs = (Codec.RAW, Codec.ZSTD) + ((Codec.PLANES,) if required_flags & RequiredFlag.PLANES else ()) \
+        + ((Codec.EXPONENT,) if required_flags & RequiredFlag.EXPONENT else ())
     if len(data) < MIN_CHUNK_LENGTH:
         raise FormatError("chunk is truncated", "E_TRUNCATED")
     if data[: len(CHUNK_MAGIC)] != CHUNK_MAGIC:
@@ -290,8 +301,8 @@ def parse_chunk(
         if rules.exact_declared and e.decoded_length != limit:
             raise FormatError(f"{rules.name} holds {e.decoded_length} bytes; the program needs {limit}", rules.exact_declared)
         if max_block_bytes is not None:  # once, after the first entry's size checks, before anything is decompressed
-            planes = any(x.kind == SectionKind.PAYLOAD and x.codec == Codec.PLANES for x in entries)
-            need = working_set_bytes(program, len(data), planes, mixed)
+            pay = [x.codec for x in entries if x.kind == SectionKind.PAYLOAD]
+            need = working_set_bytes(program, len(data), Codec.PLANES in pay, mixed, Codec.EXPONENT in pay)
             if need > max_block_bytes:
                 raise LimitError(
                     f"chunk {head.chunk_index} ({program.name!r}) needs up to {need:,} bytes to decode; the limit is {max_block_bytes:,}",
@@ -299,10 +310,10 @@ def parse_chunk(
                 )
             max_block_bytes = None
         stored = view[e.offset : e.offset + e.stored_length]
-        if e.codec == Codec.PLANES:
-            if decode_planes is None:
-                raise FormatError("payload codec 2 (planes): this parser was given no planes decoder", "E_CODEC")
-            payload = decode_planes(stored, program.payload_symbols(), program.symbol_bits)
+        if e.codec in ENTROPY_CODECS:
+            if decode_payload is None:
+                raise FormatError(f"payload codec {e.codec}: this parser was given no payload decoder", "E_CODEC")
+            payload = decode_payload(e.codec, stored, program)
             continue
         raw = decompress(stored, e.codec, e.decoded_length, limit)
         if e.kind == SectionKind.PAYLOAD:  # read-only; the decoder copies it once, into its stack

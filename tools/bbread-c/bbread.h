@@ -1,5 +1,6 @@
-/* bbread: an independent reader for the .bb container format (SPEC.md v1.2; payload codec 2
-   added from SPEC.md 8.6; content digests 5.4 and mixed corrections 8.4 from the 1.2 text). */
+/* bbread: an independent reader for the .bb container format (SPEC.md v1.3; payload codec 2
+   added from SPEC.md 8.6; content digests 5.4 and mixed corrections 8.4 from the 1.2 text;
+   payload codec 3 from the 8.7 text alone, exponent.c). */
 #ifndef BBREAD_H
 #define BBREAD_H
 
@@ -88,8 +89,12 @@ void emit_tensor(const tensor_t *t);
 #define BB_FLAG_PLANES  1u  /* 1.1: payload codec 2 (8.6) */
 #define BB_FLAG_DIGESTS 2u  /* 1.2: chunk content_crc at offset 4 (5.4) */
 #define BB_FLAG_MIXED   4u  /* 1.2: x_residuals and x_patches on one symmetric site (8.4) */
-#define BB_KNOWN_FLAGS  (BB_FLAG_PLANES | BB_FLAG_DIGESTS | BB_FLAG_MIXED)
+#define BB_FLAG_EXPONENT 8u /* 1.3: payload codec 3 (8.7) */
+#define BB_KNOWN_FLAGS  (BB_FLAG_PLANES | BB_FLAG_DIGESTS | BB_FLAG_MIXED | BB_FLAG_EXPONENT)
 extern uint32_t bb_required_flags;
+/* exponent.c: the P symbols (W-bit LE, P*W/8 bytes, allocated) of a codec-3 payload
+   section sec[0..len) (SPEC.md 8.7); fails with the codes of 11.2. */
+uint8_t *exponent_decode(const uint8_t *sec, uint64_t len, uint64_t P, int sym_dtype, int W);
 void process_chunk(const uint8_t *buf, uint64_t len, uint32_t i, uint32_t entry_crc);
 
 #endif

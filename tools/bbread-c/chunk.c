@@ -222,20 +222,21 @@ uint32_t bb_required_flags;
 typedef struct {
     const uint8_t *s;
     uint64_t len, pos;
+    const char *name; /* "planes payload" or "exponent payload", for messages */
 } pcur_t;
 
 static uint64_t p_varint(pcur_t *c, const char *what)
 {
     uint64_t v;
     size_t u = varint_read(c->s + c->pos, (size_t)(c->len - c->pos), &v);
-    if (!u) fail("E_SECTION_CONTENT", "planes payload: %s is not a complete varint", what);
+    if (!u) fail("E_SECTION_CONTENT", "%s: %s is not a complete varint", c->name, what);
     c->pos += u;
     return v;
 }
 
 static uint8_t p_u8(pcur_t *c, const char *what)
 {
-    if (c->pos >= c->len) fail("E_SECTION_CONTENT", "planes payload: %s is missing", what);
+    if (c->pos >= c->len) fail("E_SECTION_CONTENT", "%s: %s is missing", c->name, what);
     return c->s[c->pos++];
 }
 
@@ -246,49 +247,60 @@ static const uint8_t *p_group(pcur_t *c, uint64_t G, int *owned)
     uint8_t codec = p_u8(c, "group codec");
     const uint8_t *data;
     uint8_t *out;
-    if (L > c->len - c->pos) fail("E_SECTION_CONTENT", "planes payload: group runs past the section");
+    if (L > c->len - c->pos) fail("E_SECTION_CONTENT", "%s: group runs past the section", c->name);
     data = c->s + c->pos;
     c->pos += L;
     *owned = 0;
     if (codec == 0) {
-        if (L != G) fail("E_SECTION_SIZE", "planes payload: raw group of %llu bytes, %llu expected", (unsigned long long)L, (unsigned long long)G);
+        if (L != G) fail("E_SECTION_SIZE", "%s: raw group of %llu bytes, %llu expected", c->name, (unsigned long long)L, (unsigned long long)G);
         return data;
     }
-    if (codec != 1) fail("E_CODEC", "planes payload: group codec %u", codec);
+    if (codec != 1) fail("E_CODEC", "%s: group codec %u", c->name, codec);
     fcs = zstd_declared_size(data, (size_t)L);
-    if (fcs != G) fail("E_SECTION_SIZE", "planes payload: zstd group content size differs from %llu", (unsigned long long)G);
+    if (fcs != G) fail("E_SECTION_SIZE", "%s: zstd group content size differs from %llu", c->name, (unsigned long long)G);
     out = zstd_decode(data, (size_t)L, G, &got, "E_LIMIT_SECTION");
-    if (got != G) fail("E_SECTION_SIZE", "planes payload: zstd group decoded to another size");
+    if (got != G) fail("E_SECTION_SIZE", "%s: zstd group decoded to another size", c->name);
     *owned = 1;
     return out;
+}
+
+/* The segment count and records of a codec-2 or codec-3 payload (8.6, 8.7); returns S. */
+static uint64_t p_segments(pcur_t *c, uint64_t P, uint64_t **n, uint64_t **r, uint8_t **K)
+{
+    uint64_t S, j, covered = 0;
+    S = p_varint(c, "segment count");
+    if (S > 65536) fail("E_LIMIT_COUNT", "%s: %llu segments", c->name, (unsigned long long)S);
+    if (S == 0 || S > P) fail("E_SECTION_CONTENT", "%s: %llu segments for %llu symbols", c->name, (unsigned long long)S, (unsigned long long)P);
+    *n = xalloc(S * sizeof **n, "E_LIMIT_COUNT");
+    *r = xalloc(S * sizeof **r, "E_LIMIT_COUNT");
+    *K = xalloc(S, "E_LIMIT_COUNT");
+    for (j = 0; j < S; j++) {
+        uint64_t nj = p_varint(c, "segment length"), rj = p_varint(c, "row length");
+        uint8_t kj = p_u8(c, "class count");
+        if (nj < 1 || nj > P - covered) fail("E_SECTION_CONTENT", "%s: segment %llu length out of range", c->name, (unsigned long long)j);
+        if (rj < 1 || rj > nj) fail("E_SECTION_CONTENT", "%s: segment %llu row length out of range", c->name, (unsigned long long)j);
+        if (kj < 1 || kj > 16) fail("E_SECTION_CONTENT", "%s: segment %llu class count %u", c->name, (unsigned long long)j, kj);
+        covered += nj;
+        (*n)[j] = nj;
+        (*r)[j] = rj;
+        (*K)[j] = kj;
+    }
+    if (covered != P) fail("E_SECTION_CONTENT", "%s: segments cover %llu of %llu symbols", c->name, (unsigned long long)covered, (unsigned long long)P);
+    return S;
 }
 
 /* The P symbols (W-bit LE, P*W/8 bytes) of a codec-2 payload. */
 static uint8_t *decode_planes(const uint8_t *s, uint64_t len, uint64_t P, int W)
 {
-    pcur_t c = {s, len, 0};
-    uint64_t S, j, i, covered = 0, mapsz = 0, pos = 0, mpos = 0, B = (uint64_t)W / 8;
+    pcur_t c = {s, len, 0, "planes payload"};
+    uint64_t S, j, i, mapsz = 0, pos = 0, mpos = 0, B = (uint64_t)W / 8;
     uint64_t *n, *r;
     uint8_t *K, *out;
     const uint8_t *maps, *g;
     int mowned, owned, b;
-    S = p_varint(&c, "segment count");
-    if (S > 65536) fail("E_LIMIT_COUNT", "planes payload: %llu segments", (unsigned long long)S);
-    if (S == 0 || S > P) fail("E_SECTION_CONTENT", "planes payload: %llu segments for %llu symbols", (unsigned long long)S, (unsigned long long)P);
-    n = xalloc(S * sizeof *n, "E_LIMIT_COUNT");
-    r = xalloc(S * sizeof *r, "E_LIMIT_COUNT");
-    K = xalloc(S, "E_LIMIT_COUNT");
-    for (j = 0; j < S; j++) {
-        n[j] = p_varint(&c, "segment length");
-        r[j] = p_varint(&c, "row length");
-        K[j] = p_u8(&c, "class count");
-        if (n[j] < 1 || n[j] > P - covered) fail("E_SECTION_CONTENT", "planes payload: segment %llu length out of range", (unsigned long long)j);
-        if (r[j] < 1 || r[j] > n[j]) fail("E_SECTION_CONTENT", "planes payload: segment %llu row length out of range", (unsigned long long)j);
-        if (K[j] < 1 || K[j] > 16) fail("E_SECTION_CONTENT", "planes payload: segment %llu class count %u", (unsigned long long)j, K[j]);
-        covered += n[j];
+    S = p_segments(&c, P, &n, &r, &K);
+    for (j = 0; j < S; j++)
         if (K[j] > 1) mapsz += (n[j] + r[j] - 1) / r[j] + r[j];
-    }
-    if (covered != P) fail("E_SECTION_CONTENT", "planes payload: segments cover %llu of %llu symbols", (unsigned long long)covered, (unsigned long long)P);
     maps = p_group(&c, mapsz, &mowned);
     out = xalloc(P * B, "E_LIMIT_TENSOR");
     for (j = 0; j < S; j++) {
@@ -688,7 +700,8 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
         int owned = 0;
         if (ld16(e + 2)) fail("E_RESERVED", "chunk %u: section %u reserved field not 0", ci, k);
         if (kind < 1 || kind > 5) fail("E_SECTION_KIND", "chunk %u: section %u unknown kind %u", ci, k, kind);
-        if (codec > 1 && !(codec == 2 && kind == K_PAYLOAD && (bb_required_flags & BB_FLAG_PLANES)))
+        if (codec > 1 && !(codec == 2 && kind == K_PAYLOAD && (bb_required_flags & BB_FLAG_PLANES))
+                      && !(codec == 3 && kind == K_PAYLOAD && (bb_required_flags & BB_FLAG_EXPONENT)))
             fail("E_CODEC", "chunk %u: section %u unknown codec %u", ci, k, codec);
         if (so != off) fail("E_BOUNDS", "chunk %u: section %u not contiguous", ci, k);
         if (sl > len - 4 - so) fail("E_BOUNDS", "chunk %u: section %u runs past the chunk", ci, k);
@@ -736,6 +749,9 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
         /* decode */
         if (codec == 2) {
             dec = decode_planes(buf + so, sl, (uint64_t)P, W);
+            owned = 1;
+        } else if (codec == 3) {
+            dec = exponent_decode(buf + so, sl, (uint64_t)P, sym_dtype, W); /* exponent.c */
             owned = 1;
         } else if (codec == 0) {
             if (sl != dl) fail("E_SECTION_SIZE", "chunk %u: raw section %u stored_length != decoded_length", ci, k);

@@ -20,9 +20,9 @@ def measure_mode(run: Run, d: Path, mode: str) -> Json:
 
     out = container_path(run, mode)
     log(f"entropy: pack --entropy {mode}")
-    _, t_pack = timed(lambda: bbformat.pack(d, out, entropy=mode), run.repeats)
+    _, t_pack = timed(lambda: bbformat.pack(d, out, entropy=mode, overwrite=True), run.repeats)
     info = bbformat.inspect(out)
-    _, t_unpack = timed(lambda: bbformat.unpack(out, run.work / f"unpacked_{SPARSITY}_{mode}"), run.repeats)
+    _, t_unpack = timed(lambda: bbformat.unpack(out, run.work / f"unpacked_{SPARSITY}_{mode}", overwrite=True), run.repeats)
     _, t_load = timed(lambda: load_model(out), run.repeats)
     return {"entropy": mode, "container_bytes": info["totals"]["container_bytes"], "payload_bytes": sum(b["payload_bytes"] for b in info["blocks"]),
             "codecs": sorted({b["payload_codec"] for b in info["blocks"]}), "pack_s": t_pack, "unpack_s": t_unpack,

@@ -29,9 +29,10 @@ def pack_mode(run: Run, d: Path, s: float, mode: tuple[str, float, str, bool]) -
     stem = f"{s}_{scheme}_{tol}{'_cal' if cal else ''}"
     out = run.work / f"smol_{stem}.bb"
     log(f"sparsity {s}: pack {label}")
-    _, t_pack = timed(lambda: bbformat.pack(d, out, scheme=scheme, tolerance=tol, calibration=run.calib if cal else None), run.repeats)
+    _, t_pack = timed(lambda: bbformat.pack(d, out, scheme=scheme, tolerance=tol, calibration=run.calib if cal else None,
+                                            overwrite=True), run.repeats)
     info = bbformat.inspect(out)["totals"]
-    _, t_unpack = timed(lambda: bbformat.unpack(out, run.work / f"unpacked_{stem}"), run.repeats)
+    _, t_unpack = timed(lambda: bbformat.unpack(out, run.work / f"unpacked_{stem}", overwrite=True), run.repeats)
     loads = [load_in_child(out) for _ in range(run.repeats)]
     return {"mode": label, "container_bytes": info["container_bytes"], "saved_pct_plain": info["saved_pct_of_plain"],
             "saved_pct_bound": info["saved_pct_of_bound"], "corrections": info["corrections"], "correction_bytes": info["correction_bytes"],

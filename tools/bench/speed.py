@@ -67,7 +67,7 @@ def pack_linalg_seconds(src: Path, out: Path, mode: str) -> float:
 
     total = SecondsSum()
     with rot.linalg_clock(total):
-        bbformat.pack(src, out, entropy=mode)
+        bbformat.pack(src, out, entropy=mode, overwrite=True)
     return total.seconds
 
 
@@ -110,9 +110,9 @@ def measure_mode(run: Run, d: Path, mode: str) -> Json:
                 pass
 
     _, t_dec = timed(decode_all, run.repeats)
-    _, t_unpack = timed(lambda: bbformat.unpack(path, run.work / f"speed_unpacked_{mode}"), run.repeats)
+    _, t_unpack = timed(lambda: bbformat.unpack(path, run.work / f"speed_unpacked_{mode}", overwrite=True), run.repeats)
     _, t_load = timed(lambda: load_model(path), run.repeats)
-    _, t_pack = timed(lambda: bbformat.pack(d, run.work / f"speed_{mode}.bb", entropy=mode), run.repeats)
+    _, t_pack = timed(lambda: bbformat.pack(d, run.work / f"speed_{mode}.bb", entropy=mode, overwrite=True), run.repeats)
     linalg = pack_linalg_seconds(d, run.work / f"speed_{mode}.bb", mode)
     log(f"speed {mode}: floor {floor_dec:.2f}s decode {t_dec:.2f}s unpack {t_unpack:.2f}s load {t_load:.2f}s "
         f"pack {t_pack:.1f}s (floor {floor_pack:.2f}s)")

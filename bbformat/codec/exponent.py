@@ -1,0 +1,326 @@
+"""Payload codec 3, "exponent" (SPEC.md 8.7, format 1.3): each float's exponent field and its
+top t mantissa bits as one symbol, through interleaved rANS with a static table per segment
+and column class; the sign and the other mantissa bits stored as they are.
+
+Why: the exponent is the only low-entropy field of trained weights, and in bf16 and fp32 it
+straddles a byte boundary, so byte planes (codec 2) split it. BENCHMARKS.md 14 and 15.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..bytecursor import ByteCursor
+from ..constants import (
+    DTYPE_BITS,
+    EXPONENT_FIELD,
+    MAX_EXPONENT_CODE_BITS,
+    MAX_EXPONENT_LANES,
+    MAX_EXPONENT_TABLES,
+    MAX_VARINT_BYTES,
+)
+from ..errors import FormatError, LimitError
+from ..zstdframe import PLANES_LEVEL, Buffer, compressor
+from . import rans
+from .dtypes import uint_dtype
+from .entropy import MIN_CONTEXT_SEGMENT, SMALL_GROUP, rank_classes, read_segment_records, take_group
+from .varint import decode_varints, encode_group, encode_varints
+
+JOINED_BITS_TRIED = (0, 1, 2, 3)  # top mantissa bits the encoder tries joining to the exponent
+EXPONENT_CLASSES = 4  # column classes the encoder tries for a segment (else 1)
+STEPS_PER_LANE = 2048  # the encoder's lanes: about this many symbols each
+TABLE_ENTRY_BYTES = 3.0  # the encoder's estimate of a stored table entry
+
+
+def split_fields(dtype: str, joined: int) -> tuple[int, int, int]:
+    """(W, code shift, code bits) of a dtype's symbols with `joined` mantissa bits in the code."""
+    shift, width = EXPONENT_FIELD[dtype]
+    return DTYPE_BITS[dtype], shift - joined, width + joined
+
+
+def max_joined(dtype: str) -> int:
+    """The most mantissa bits a code may join (SPEC.md 8.7): all of them, and the code <= 12 bits."""
+    shift, width = EXPONENT_FIELD[dtype]
+    return min(shift, MAX_EXPONENT_CODE_BITS - width)
+
+
+def _varint(v: int) -> bytes:
+    return encode_varints(np.array([v], np.uint64))
+
+
+# ----------------------------------------------------------------------------- encoder
+
+
+def _ideal_bits(counts: np.ndarray) -> float:
+    c = counts[counts > 0].astype(np.float64)
+    return float((c * np.log2(c.sum() / c)).sum())
+
+
+def _cost(counts: np.ndarray) -> float:
+    """Estimated stored bits of one table's symbols and the table itself."""
+    return _ideal_bits(counts) + 8 * TABLE_ENTRY_BYTES * int(np.count_nonzero(counts))
+
+
+def _segment_classes(code: np.ndarray, r: int, alphabet: int) -> tuple[int, np.ndarray, list[np.ndarray]]:
+    """(K, column classes, symbol counts per class) of one segment: K = EXPONENT_CLASSES where
+    that is estimated smaller than one table."""
+    one = np.bincount(code, minlength=alphabet)
+    n = code.size
+    if n < MIN_CONTEXT_SEGMENT or r < EXPONENT_CLASSES:
+        return 1, np.zeros(0, np.uint8), [one]
+    rows, tail = divmod(n, r)
+    score = code[: rows * r].reshape(rows, r).sum(0, dtype=np.float64) + np.pad(code[rows * r :].astype(np.float64), (0, r - tail))
+    cls = rank_classes(score / (rows + (np.arange(r) < tail)), EXPONENT_CLASSES)
+    ctx = np.tile(cls, rows + 1)[:n]
+    counts = [np.bincount(code[ctx == c], minlength=alphabet) for c in range(EXPONENT_CLASSES)]
+    if sum(_cost(c) for c in counts) + 8 * r < _cost(one):
+        return EXPONENT_CLASSES, cls, counts
+    return 1, np.zeros(0, np.uint8), [one]
+
+
+def _choose_joined(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]]) -> int:
+    """The joined mantissa bits of smallest estimated size (one table per segment)."""
+    best = None
+    for t in JOINED_BITS_TRIED:
+        if t > max_joined(dtype):
+            continue
+        w, shift, bits = split_fields(dtype, t)
+        code = (sym >> shift) & ((1 << bits) - 1)
+        size, pos = float(sym.size) * (w - bits), 0
+        for n, _ in runs:
+            size += _cost(np.bincount(code[pos : pos + n], minlength=1 << bits))
+            pos += n
+        if best is None or size < best[0]:
+            best = (size, t)
+    assert best is not None
+    return best[1]
+
+
+def _table_bytes(counts: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """(stored table, symbols, frequencies) of one class's counts (SPEC.md 8.7)."""
+    freq = rans.quantize(counts)
+    symbols = np.flatnonzero(freq)
+    gaps = np.diff(symbols, prepend=-1) - 1
+    pairs = np.empty(2 * symbols.size, np.uint64)
+    pairs[0::2], pairs[1::2] = gaps, freq[symbols]
+    return _varint(symbols.size) + encode_varints(pairs), symbols, freq[symbols]
+
+
+class _Layout:
+    """Where each payload position takes its table from: its segment and column class."""
+
+    def __init__(self, runs: list[tuple[int, int, int]], maps: list[np.ndarray]) -> None:
+        self.start = np.concatenate(([0], np.cumsum([n for n, _, _ in runs]))).astype(np.int64)
+        self.table_base = np.concatenate(([0], np.cumsum([k for _, _, k in runs])[:-1])).astype(np.int64)
+        given = iter(maps)
+        self.maps = [next(given).astype(np.uint32) if k > 1 else None for _, _, k in runs]
+
+    def table_ids(self, lo: int, hi: int) -> np.ndarray:
+        """The table of every position in lo..hi-1, one segment at a time."""
+        out = np.empty(hi - lo, np.uint32)
+        j = int(np.searchsorted(self.start, lo, side="right")) - 1
+        p = lo
+        while p < hi:
+            s0, end = int(self.start[j]), min(hi, int(self.start[j + 1]))
+            dest = out[p - lo : end - lo]
+            cls = self.maps[j]
+            if cls is None:
+                dest[:] = self.table_base[j]
+            else:
+                first = (p - s0) % cls.size
+                dest[:] = np.tile(cls, -(-(end - p + first) // cls.size))[first : first + end - p] + np.uint32(self.table_base[j])
+            p = end
+            j += 1
+        return out
+
+
+def lanes_for(total: int) -> int:
+    """The reference writer's lane count for a payload of `total` symbols."""
+    return max(1, min(MAX_EXPONENT_LANES, -(-total // STEPS_PER_LANE)))
+
+
+REST_PIECE = 1 << 20  # rest fields are packed and unpacked this many symbols at a time (a multiple of 8)
+
+
+def rest_fields(sym: np.ndarray, w: int, shift: int) -> np.ndarray:
+    """The sign above the `shift` low mantissa bits of each symbol (SPEC.md 8.7)."""
+    return ((sym >> (w - 1)) << shift) | (sym & ((1 << shift) - 1))
+
+
+def pack_rest(rest: np.ndarray, bits: int) -> tuple[bytes, bytes]:
+    """The rest fields (SPEC.md 8.7) of some symbols (a multiple of 8, but for the last):
+    (the low 8*(bits div 8) bits of each as bytes, the high (bits mod 8) bits, 8 symbols to a
+    group of (bits mod 8) bytes)."""
+    b0, b1 = divmod(bits, 8)
+    r = rest.astype(np.uint64)
+    low = b""
+    if b0:
+        low = np.stack([((r >> np.uint64(8 * b)) & np.uint64(0xFF)).astype(np.uint8) for b in range(b0)], 1).tobytes()
+    if not b1:
+        return low, b""
+    h = r >> np.uint64(8 * b0)
+    h = np.pad(h, (0, -h.size % 8)).reshape(-1, 8)
+    g = (h << (np.uint64(b1) * np.arange(8, dtype=np.uint64))).sum(1, dtype=np.uint64)
+    high: bytes = g.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :b1].tobytes()
+    return low, high
+
+
+def encode_exponent(symbols: np.ndarray, dtype: str, runs: list[tuple[int, int]]) -> bytes | None:
+    """Codec 3 bytes of a payload of `dtype` symbols whose segments are `runs` (n, row length);
+    None if it would need more than MAX_EXPONENT_TABLES tables."""
+    sym = np.asarray(symbols).astype(uint_dtype(DTYPE_BITS[dtype]), copy=False)  # native width: P * W/8 bytes
+    t = _choose_joined(sym, dtype, runs)
+    w, shift, bits = split_fields(dtype, t)
+    alphabet = 1 << bits
+    code = (sym >> shift) & (alphabet - 1)
+    head = [bytes([t]), _varint(len(runs))]
+    segs, maps, tables, stored_tables = [], [], [], []
+    pos = 0
+    for n, r in runs:
+        k, cls, counts = _segment_classes(code[pos : pos + n], r, alphabet)
+        head.append(_varint(n) + _varint(r) + bytes([k]))
+        segs.append((n, r, k))
+        if k > 1:
+            maps.append(cls)
+        for c in counts:
+            raw, s, f = _table_bytes(c)
+            stored_tables.append(raw)
+            tables.append((s, f))
+        pos += n
+    if len(tables) > MAX_EXPONENT_TABLES:
+        return None  # the caller stores the payload another way
+    lanes = lanes_for(sym.size)
+    layout = _Layout(segs, maps)
+    tab = rans.Tables.of(tables)
+    entry_of = tab.entry_of(alphabet)
+    stream = rans.encode(lambda lo, hi: entry_of[layout.table_ids(lo, hi).astype(np.int64) * alphabet + code[lo:hi]],
+                         sym.size, lanes, tab)
+    del code
+    rest_bits = w - bits
+    pieces = [pack_rest(rest_fields(sym[i : i + REST_PIECE], w, shift), rest_bits) for i in range(0, sym.size, REST_PIECE)]
+    z = compressor(PLANES_LEVEL)
+    table_raw = b"".join(stored_tables)
+    return b"".join(head) + _varint(lanes) + encode_group(b"".join(m.tobytes() for m in maps), z, SMALL_GROUP) \
+        + _varint(len(table_raw)) + encode_group(table_raw, z, SMALL_GROUP) + _varint(len(stream)) + stream \
+        + b"".join(b"".join(part) for part in zip(*pieces))
+
+
+# ----------------------------------------------------------------------------- decoder
+
+
+def _read_varints(cur: ByteCursor, count: int, what: str) -> np.ndarray:
+    """The next `count` varints."""
+    if count == 0:
+        return np.zeros(0, np.uint64)
+    rest = np.frombuffer(cur.data[cur.pos : cur.pos + count * MAX_VARINT_BYTES], np.uint8)
+    ends = np.flatnonzero(rest < 0x80)
+    if ends.size < count:
+        raise cur.fail(f"{what} runs past the end or holds a varint longer than 10 bytes")
+    size = int(ends[count - 1]) + 1
+    return decode_varints(cur.take(size, what), count)
+
+
+def read_tables(raw: np.ndarray, segs: list[tuple[int, int, int]], alphabet: int) -> rans.Tables:
+    """The tables of every segment and class (SPEC.md 8.7 checks), in order."""
+    cur = ByteCursor(raw.tobytes(), "exponent payload tables")
+    out = []
+    for j, (_, _, k) in enumerate(segs):
+        for c in range(k):
+            what = f"segment {j} class {c} table"
+            m = cur.varint(f"{what} entry count")
+            if not 1 <= m <= alphabet:
+                raise cur.fail(f"{what} has {m} entries; 1..{alphabet} allowed")
+            v = _read_varints(cur, 2 * m, what)
+            if (v[0::2] >= alphabet).any() or (v[1::2] < 1).any() or (v[1::2] > rans.M).any():
+                raise cur.fail(f"{what} has a symbol gap or frequency out of range")
+            gaps, freq = v[0::2].astype(np.int64), v[1::2].astype(np.int64)
+            symbols = np.cumsum(gaps + 1) - 1
+            if int(symbols[-1]) >= alphabet or int(freq.sum()) != rans.M:
+                raise cur.fail(f"{what}: symbols must be < {alphabet} and frequencies must sum to {rans.M}")
+            out.append((symbols, freq))
+    if not cur.done:
+        raise cur.fail("bytes after the last table")
+    return rans.Tables.of(out)
+
+
+def read_segments(cur: ByteCursor, total: int) -> list[tuple[int, int, int]]:
+    """The segment records (SPEC.md 8.7, as 8.6), then the table count's limit."""
+    segs = read_segment_records(cur, total)
+    if sum(k for _, _, k in segs) > MAX_EXPONENT_TABLES:
+        raise LimitError(f"exponent payload has more than {MAX_EXPONENT_TABLES} tables", "E_LIMIT_COUNT")
+    return segs
+
+
+def unpack_rest(data: memoryview, total: int, bits: int) -> np.ndarray:
+    """pack_rest's inverse for all `total` symbols (uint32), checking the zero padding."""
+    b0, b1 = divmod(bits, 8)
+    rest = np.zeros(total, np.uint32)
+    if b0:
+        low = np.frombuffer(data, np.uint8, total * b0).reshape(total, b0)
+        for b in range(b0):
+            rest |= low[:, b].astype(np.uint32) << np.uint32(8 * b)
+    if not b1:
+        return rest
+    groups = -(-total // 8)
+    high = np.frombuffer(data, np.uint8, groups * b1, total * b0).reshape(groups, b1)
+    shifts = np.uint64(b1) * np.arange(8, dtype=np.uint64)
+    for g0 in range(0, groups, REST_PIECE // 8):
+        g = np.zeros((min(groups, g0 + REST_PIECE // 8) - g0, 8), np.uint8)
+        g[:, :b1] = high[g0 : g0 + len(g)]
+        h = ((g.view("<u8") >> shifts) & np.uint64((1 << b1) - 1)).astype(np.uint32).reshape(-1)
+        end = min(total, 8 * (g0 + len(g)))
+        if h[end - 8 * g0 :].any():
+            raise FormatError("exponent payload: padding bits of the rest fields are not zero", "E_SECTION_CONTENT")
+        rest[8 * g0 : end] |= h[: end - 8 * g0] << np.uint32(8 * b0)
+    return rest
+
+
+def rest_size(total: int, bits: int) -> int:
+    """Bytes of the rest fields of `total` symbols."""
+    b0, b1 = divmod(bits, 8)
+    return total * b0 + -(-total // 8) * b1
+
+
+def decode_exponent(data: Buffer, total: int, dtype: str) -> np.ndarray:
+    """The payload symbols (W-bit little-endian unsigned) from codec-3 bytes."""
+    cur = ByteCursor(data, "exponent payload")
+    t = cur.u8("joined mantissa bits")
+    if t > max_joined(dtype):
+        raise cur.fail(f"{t} joined mantissa bits; at most {max_joined(dtype)} for {dtype}")
+    w, shift, bits = split_fields(dtype, t)
+    alphabet = 1 << bits
+    segs = read_segments(cur, total)
+    lanes = cur.varint("lane count")
+    if not 1 <= lanes <= min(total, MAX_EXPONENT_LANES):
+        raise cur.fail(f"lane count {lanes} not in 1..{min(total, MAX_EXPONENT_LANES)}")
+    maps = take_group(cur, sum(r for _, r, k in segs if k > 1), "class maps")
+    split, pos = [], 0
+    for j, (_, r, k) in enumerate(segs):
+        if k > 1:
+            m = maps[pos : pos + r]
+            if (m >= k).any():
+                raise cur.fail(f"segment {j} has a class >= {k}")
+            split.append(m)
+            pos += r
+    ntables = sum(k for _, _, k in segs)
+    size = cur.varint("tables length")
+    if size > ntables * MAX_VARINT_BYTES * (1 + 2 * alphabet):
+        raise cur.fail(f"tables length {size} exceeds what {ntables} tables can hold")
+    tables = read_tables(take_group(cur, size, "tables"), segs, alphabet)
+    slen = cur.varint("stream length")
+    if slen > 4 * lanes + 2 * total:
+        raise cur.fail(f"stream length {slen} exceeds 4 * lanes + 2 * symbols")
+    stream = cur.take(slen, "rANS stream")
+    layout = _Layout(segs, split)
+    entries = rans.decode(stream, total, lanes, tables, layout.table_ids)
+    rest_bits = w - bits
+    need = rest_size(total, rest_bits)
+    if cur.left != need:
+        raise cur.fail(f"{cur.left} bytes of rest fields; {need} expected")
+    rest = unpack_rest(cur.take(need, "rest fields"), total, rest_bits)
+    sym = tables.symbol.take(entries)
+    sym <<= np.uint32(shift)
+    sym |= rest & np.uint32((1 << shift) - 1)
+    rest >>= np.uint32(shift)
+    rest <<= np.uint32(w - 1)
+    sym |= rest
+    return sym.astype(np.dtype(uint_dtype(w)).newbyteorder("<"))

@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""Format 1.3's entropy stage on every dtype (issue 24), in one run: sizes, bits per weight,
+pack and decode times of bbformat's packs next to ZipNN, the ideal order-0 exponent coder
+and byte-grouped zstd, on the same weights, with every goal marked met or missed.
+
+    python tools/bench_entropy.py --f16 SLICE_F16 --f32 SLICE_F32 [--work DIR] [--report BENCHMARKS.md]
+
+SLICE_F16 and SLICE_F32 are TransformerCompression-layout slices (`python tools/slice.py
+smollm2 --sparsity 0.25 [--dtype float32] --out DIR`). The bfloat16 input is SLICE_F32 cast
+with torch. The section "## 15. ..." replaces the section of that heading in --report.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import zstandard
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+import bbformat  # noqa: E402
+from bbformat.constants import EXPONENT_FIELD  # noqa: E402
+from mdsection import write_section  # noqa: E402
+from machine import cpu_and_memory, python_and_numpy  # noqa: E402
+
+SECTION = "## 15. Format 1.3: the entropy stage on every dtype (tools/bench_entropy.py)"
+PACKS = (  # (key, row, pack arguments)
+    ("none13", "`--scheme none` (entropy auto, format 1.3)", dict(scheme="none", entropy="auto")),
+    ("none12", "`--scheme none --format-version 1.2` (entropy auto: the 1.2 codecs, before)", dict(scheme="none", entropy="auto", format_version="1.2")),
+    ("sym_raw", "symmetric exact, `--entropy none` (bits-back alone)", dict(scheme="symmetric", entropy="none")),
+    ("sym13", "symmetric exact, `--entropy auto`", dict(scheme="symmetric", entropy="auto")),
+    ("sym12", "symmetric exact, `--entropy auto --format-version 1.2` (before)", dict(scheme="symmetric", entropy="auto", format_version="1.2")),
+    ("tau13", "symmetric τ=1e-3, `--entropy auto`", dict(scheme="symmetric", entropy="auto", tolerance=1e-3)),
+)
+TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def state_dict(src: Path) -> dict[str, torch.Tensor]:
+    return torch.load(next(src.glob("*.pt")), weights_only=True, mmap=True)
+
+
+def cast_slice(src: Path, dst: Path, dtype: str) -> Path:
+    """A copy of a slice directory with every floating tensor cast to `dtype`."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.suffix != ".pt":
+            shutil.copy(f, dst / f.name)
+    sd = {k: (v.to(TORCH_DTYPES[dtype]) if v.is_floating_point() else v) for k, v in state_dict(src).items()}
+    torch.save(sd, dst / next(src.glob("*.pt")).name)
+    return dst
+
+
+def weights(src: Path) -> tuple[list[np.ndarray], str]:
+    """Each tensor's bits (uint16/uint32) and the one dtype."""
+    sd = state_dict(src)
+    dtypes = {str(t.dtype).replace("torch.", "") for t in sd.values()}
+    if len(dtypes) != 1:
+        raise SystemExit(f"bench_entropy: one dtype expected, found {sorted(dtypes)}")
+    dtype = dtypes.pop()
+    view = (torch.int32, np.uint32) if dtype == "float32" else (torch.int16, np.uint16)
+    return [t.contiguous().view(view[0]).numpy().view(view[1]).ravel() for t in sd.values()], dtype
+
+
+def ideal_order0(bits: list[np.ndarray], dtype: str) -> int:
+    """Bytes of an ideal order-0 coder of each tensor's exponent field, sign and mantissa raw."""
+    shift, width = EXPONENT_FIELD[dtype]
+    w = 32 if dtype == "float32" else 16
+    total = 0.0
+    for b in bits:
+        e = (b.astype(np.int64) >> shift) & ((1 << width) - 1)
+        c = np.bincount(e).astype(np.float64)
+        c = c[c > 0]
+        total += float((c * np.log2(c.sum() / c)).sum()) + b.size * (w - width)
+    return int(np.ceil(total / 8))
+
+
+def reference_coders(bits: list[np.ndarray], dtype: str) -> list[dict[str, Any]]:
+    raw = b"".join(b.tobytes() for b in bits)
+    width = 4 if dtype == "float32" else 2
+    rows = []
+    grouped = np.ascontiguousarray(np.frombuffer(raw, np.uint8).reshape(-1, width).T).tobytes()
+    t0 = time.perf_counter()
+    comp = zstandard.ZstdCompressor(level=3).compress(grouped)
+    t1 = time.perf_counter()
+    zstandard.ZstdDecompressor().decompress(comp)
+    t2 = time.perf_counter()
+    rows.append({"key": "zstd", "row": f"zstd -3 on byte-grouped {dtype} (1 thread)", "bytes": len(comp), "pack_s": t1 - t0, "decode_s": t2 - t1})
+    try:
+        import zipnn
+    except ImportError:
+        rows.append({"key": "zipnn", "row": "ZipNN (not installed)", "bytes": None})
+        return rows
+    for threads in (1, os.cpu_count() or 1):
+        z = zipnn.ZipNN(input_format="byte", bytearray_dtype=dtype, threads=threads)
+        scratch = bytearray(raw)  # ZipNN 0.5.4 rewrites a bfloat16 input in place (sign bit moved), even a bytes object
+        t0 = time.perf_counter()
+        comp = z.compress(scratch)
+        t1 = time.perf_counter()
+        back = z.decompress(comp)
+        t2 = time.perf_counter()
+        assert bytes(back) == raw
+        rows.append({"key": f"zipnn{threads}", "row": f"ZipNN 0.5.4 ({threads} thread{'s' if threads > 1 else ''})", "bytes": len(comp),
+                     "pack_s": t1 - t0, "decode_s": t2 - t1})
+    rows.append({"key": "ideal", "row": "ideal order-0 coder of each tensor's exponent field, sign and mantissa raw", "bytes": ideal_order0(bits, dtype)})
+    return rows
+
+
+def entropy_decode_s(path: Path) -> float:
+    """Seconds to read and entropy-decode every payload (Reader.read_chunk: no linear algebra)."""
+    with bbformat.Reader(path) as r:
+        t0 = time.perf_counter()
+        for i in range(len(r)):
+            r.read_chunk(i)
+        return time.perf_counter() - t0
+
+
+def packs(src: Path, work: Path, quick: bool) -> list[dict[str, Any]]:
+    rows = []
+    for key, row, kw in PACKS:
+        if quick and key not in ("none13", "sym_raw", "sym13"):
+            continue
+        out = work / f"{key}.bb"
+        t0 = time.perf_counter()
+        bbformat.pack(src, out, overwrite=True, **kw)  # type: ignore[arg-type]
+        t1 = time.perf_counter()
+        rep = bbformat.verify(out)
+        t2 = time.perf_counter()
+        assert rep.exact, (key, rep)
+        tot = bbformat.inspect(out)["totals"]
+        rows.append({"key": key, "row": row, "bytes": tot["weights_bytes"], "file_bytes": tot["container_bytes"], "pack_s": t1 - t0,
+                     "decode_s": t2 - t1, "entropy_decode_s": entropy_decode_s(out), "codecs": codecs(out)})
+    return rows
+
+
+def codecs(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for b in bbformat.inspect(path)["blocks"]:
+        out[b["payload_codec"]] = out.get(b["payload_codec"], 0) + 1
+    return out
+
+
+def measure(name: str, src: Path, work: Path, quick: bool) -> dict[str, Any]:
+    bits, dtype = weights(src)
+    plain = sum(b.nbytes for b in bits)
+    values = sum(b.size for b in bits)
+    return {"input": name, "src": str(src), "dtype": dtype, "plain_bytes": plain, "values": values,
+            "rows": packs(src, work, quick) + reference_coders(bits, dtype)}
+
+
+def goals(res: dict[str, Any]) -> list[str]:
+    by = {r["key"]: r for r in res["rows"]}
+    plain = res["plain_bytes"]
+    pct = lambda k: 100.0 * by[k]["bytes"] / plain  # noqa: E731
+    out = []
+    refs = [k for k in ("zipnn1", "ideal") if k in by and by[k]["bytes"]]
+    if "none13" in by and refs:
+        bar = min(pct(k) for k in refs)
+        ok = pct("none13") <= bar
+        out.append(f"`--scheme none` ≤ min(ZipNN, ideal order-0) = {bar:.2f}%: {'**met**' if ok else '**missed**'} "
+                   f"({pct('none13'):.2f}%, {pct('none13') - bar:+.2f} points)")
+    if {"none13", "sym_raw", "sym13"} <= by.keys():
+        saving = 100.0 * (plain - by["sym_raw"]["bytes"]) / plain
+        bar = pct("none13") - 0.9 * saving
+        ok = pct("sym13") <= bar
+        out.append(f"savings add up: symmetric exact auto ≤ scheme none − 0.9 × bits-back saving ({saving:.2f} points) = {bar:.2f}%: "
+                   f"{'**met**' if ok else '**missed**'} ({pct('sym13'):.2f}%, {pct('sym13') - bar:+.2f} points)")
+    if res["dtype"] == "bfloat16" and "ideal" in by and "none13" in by:
+        bar = pct("ideal") - 1.0
+        out.append(f"moonshot, ≥ 1 point below the order-0 ideal on bf16 (≤ {bar:.2f}%): "
+                   f"{'**met**' if pct('none13') <= bar else '**missed**'} ({pct('none13'):.2f}%)")
+    zs = [by[k] for k in by if k.startswith("zipnn") and by[k].get("decode_s")]
+    if "none13" in by and zs:
+        ours = plain / by["none13"]["entropy_decode_s"] / 1e6
+        best = max(plain / z["decode_s"] / 1e6 for z in zs)
+        out.append(f"entropy decode throughput ≥ ZipNN's decompression on the same cores: {'**met**' if ours >= best else '**missed**'} "
+                   f"({ours:.0f} MB/s of plain weights against ZipNN's {best:.0f} MB/s, {best / ours:.1f}× slower)")
+    return out
+
+
+def section(results: list[dict[str, Any]], argv: list[str]) -> str:
+    lines = [SECTION, "",
+             f"Machine: {cpu_and_memory()}; {python_and_numpy()}, torch {torch.__version__}. Command: "
+             f"`python tools/bench_entropy.py {' '.join(argv)}` ({time.strftime('%Y-%m-%d')}). One run; every container was "
+             "decoded by `verify` and every digest verified. Bytes are the weights only: a container minus its metadata header "
+             "(config and tokenizer files), so they compare with ZipNN and zstd, which compress the weights alone. Pack and decode "
+             "are wall times in this process (decode = `verify`: entropy stage, linear algebra and digests; the entropy column "
+             "times reading and entropy-decoding every payload alone). bbformat's decoders are numpy, one thread.", ""]
+    for res in results:
+        plain, values = res["plain_bytes"], res["values"]
+        lines += [f"### {res['input']}: `{res['src']}` ({res['dtype']}, {values:,} weights, plain {plain:,} B)", "",
+                  "| what | bytes | % of plain | bits per weight | pack s | decode s | entropy decode s | payload codecs |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in res["rows"]:
+            if r.get("bytes") is None:
+                lines.append(f"| {r['row']} | - | - | - | - | - | - | |")
+                continue
+            f = lambda k: f"{r[k]:.3g}" if r.get(k) is not None else "-"  # noqa: E731
+            cod = ", ".join(f"{k} {v}" for k, v in sorted(r.get("codecs", {}).items()))
+            lines.append(f"| {r['row']} | {r['bytes']:,} | {100 * r['bytes'] / plain:.2f} | {8 * r['bytes'] / values:.3f} | {f('pack_s')} | "
+                         f"{f('decode_s')} | {f('entropy_decode_s')} | {cod} |")
+        lines += ["", *[f"- {g}" for g in goals(res)], ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--f16", type=Path, help="a float16 slice directory")
+    ap.add_argument("--f32", type=Path, help="a float32 slice directory (bf16 is cast from it)")
+    ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--report", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--quick", action="store_true", help="three packs per input (tests)")
+    ap.add_argument("--notes", type=Path, default=None, help="markdown appended to the section (what the run shows)")
+    ap.add_argument("--from-json", type=Path, default=None, help="rewrite the section from a --json of an earlier run")
+    a = ap.parse_args(argv)
+    if a.from_json is None and (a.f16 is None or a.f32 is None):
+        ap.error("--f16 and --f32 are required (or --from-json)")
+    shown = [x for x in argv if x not in ("--quick",)] + (["--quick"] if a.quick else [])
+    if a.from_json is not None:
+        results = json.loads(a.from_json.read_text())
+        shown = json.loads(a.from_json.with_suffix(".argv").read_text()) if a.from_json.with_suffix(".argv").exists() else shown
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            work = a.work or Path(tmp)
+            inputs = [("float16", a.f16), ("bfloat16 (cast from the float32 slice)", cast_slice(a.f32, work / "bf16_src", "bfloat16")),
+                      ("float32", a.f32)]
+            results = []
+            for k, (name, src) in enumerate(inputs):
+                (work / str(k)).mkdir(parents=True, exist_ok=True)
+                results.append(measure(name, src, work / str(k), a.quick))
+                print(f"bench_entropy: {name} done", file=sys.stderr)
+    text = section(results, shown)
+    if a.notes is not None:
+        text += "\n" + a.notes.read_text()
+    print(text)
+    if a.json is not None:
+        a.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
+        a.json.with_suffix(".argv").write_text(json.dumps(shown) + "\n")
+    if a.report is not None:
+        write_section(a.report, text, SECTION)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
