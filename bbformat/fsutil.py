@@ -172,11 +172,19 @@ def check_output_file(path: str | os.PathLike[str], overwrite: bool) -> None:
 
 def probe_write(path: str | os.PathLike[str]) -> OSError | None:
     """The OSError behind a failed write of `path` that a library reported without an errno
-    (torch's C++ writer raises a RuntimeError), found by appending up to 1 MiB to the file,
-    which is discarded afterwards: a full disk or a file-size limit shows up as ENOSPC or EFBIG."""
+    (torch's C++ writer raises a RuntimeError), found by appending to the file, which is
+    discarded afterwards, 1 MiB more than its file system says is free (at most 64 MiB): a full
+    disk or a file-size limit shows up as ENOSPC or EFBIG, even when another writer freed some
+    space since the failure."""
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)) or ".")
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        free = 0
+    chunks = min(1024, (free + (1 << 20)) // 65536 + 1)
     try:
         with open(path, "ab") as f:
-            for _ in range(16):
+            for _ in range(chunks):
                 f.write(bytes(65536))
             f.flush()
             os.fsync(f.fileno())

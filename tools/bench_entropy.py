@@ -95,10 +95,11 @@ def reference_coders(bits: list[np.ndarray], dtype: str) -> list[dict[str, Any]]
     zstandard.ZstdDecompressor().decompress(comp)
     t2 = time.perf_counter()
     rows.append({"key": "zstd", "row": f"zstd -3 on byte-grouped {dtype} (1 thread)", "bytes": len(comp), "pack_s": t1 - t0, "decode_s": t2 - t1})
+    rows.append({"key": "ideal", "row": "ideal order-0 coder of each tensor's exponent field, sign and mantissa raw", "bytes": ideal_order0(bits, dtype)})
     try:
         import zipnn
     except ImportError:
-        rows.append({"key": "zipnn", "row": "ZipNN (not installed)", "bytes": None})
+        rows.insert(1, {"key": "zipnn", "row": "ZipNN (not installed)", "bytes": None})
         return rows
     for threads in (1, os.cpu_count() or 1):
         z = zipnn.ZipNN(input_format="byte", bytearray_dtype=dtype, threads=threads)
@@ -109,9 +110,8 @@ def reference_coders(bits: list[np.ndarray], dtype: str) -> list[dict[str, Any]]
         back = z.decompress(comp)
         t2 = time.perf_counter()
         assert bytes(back) == raw
-        rows.append({"key": f"zipnn{threads}", "row": f"ZipNN 0.5.4 ({threads} thread{'s' if threads > 1 else ''})", "bytes": len(comp),
-                     "pack_s": t1 - t0, "decode_s": t2 - t1})
-    rows.append({"key": "ideal", "row": "ideal order-0 coder of each tensor's exponent field, sign and mantissa raw", "bytes": ideal_order0(bits, dtype)})
+        rows.insert(-1, {"key": f"zipnn{threads}", "row": f"ZipNN 0.5.4 ({threads} thread{'s' if threads > 1 else ''})", "bytes": len(comp),
+                         "pack_s": t1 - t0, "decode_s": t2 - t1})
     return rows
 
 
