@@ -2035,6 +2035,21 @@ def seg(n: int, r: int, k: int, seed: int) -> tuple:
     return (n, r, k, classes(rows, seed, k), classes(r, seed + 1, k)) if k > 1 else (n, r, 1, [], [])
 
 
+def writer_file(seed: int, entropy: str, format_version: str, dtype: str) -> tuple[bytes, list[int]]:
+    """The reference writer's file of a tiny 2-layer Llama (pack --verify) and its payload codecs."""
+    from bbformat.api import pack
+    from bbformat.checkpoint import write_checkpoint
+    from bbformat.testing import make_tiny_checkpoint
+
+    ck = make_tiny_checkpoint("llama", seed=seed, layers=2, hidden=32, heads=4, kv_heads=2, vocab=32, max_positions=16, dtype=dtype)
+    with tempfile.TemporaryDirectory() as d:
+        write_checkpoint(ck, Path(d) / "m")
+        pack(Path(d) / "m", Path(d) / "m.bb", verify=True, entropy=entropy, format_version=format_version)
+        data = (Path(d) / "m.bb").read_bytes()
+    with Reader(io.BytesIO(data)) as r:
+        return data, [r.read_chunk(i).sections[0]["codec"] for i in range(len(r))]
+
+
 def add_planes(S: Suite) -> None:  # noqa: C901 - one list of vectors
     V = "1.1"
     bs = base_sym()
@@ -2086,17 +2101,7 @@ def add_planes(S: Suite) -> None:  # noqa: C901 - one list of vectors
             "version 1.1 with PLANES set and no codec-2 payload", since=V)
     # the reference writer: pack --entropy planes / auto
     for mode in ("planes", "auto"):
-        from bbformat.checkpoint import write_checkpoint
-        from bbformat.api import pack
-        from bbformat.testing import make_tiny_checkpoint
-
-        ck = make_tiny_checkpoint("llama", seed=5, layers=2, hidden=32, heads=4, kv_heads=2, vocab=32, max_positions=16)
-        with tempfile.TemporaryDirectory() as d:
-            write_checkpoint(ck, Path(d) / "m")
-            pack(Path(d) / "m", Path(d) / "m.bb", verify=True, entropy=mode, format_version="1.1")
-            data = (Path(d) / "m.bb").read_bytes()
-        with Reader(io.BytesIO(data)) as r:
-            codecs = [r.read_chunk(i).sections[0]["codec"] for i in range(len(r))]
+        data, codecs = writer_file(5, mode, "1.1", "float16")
         assert 2 in codecs, codecs
         S.valid(f"v_planes_writer_{mode}", data, "§8.6", f"the reference writer, pack --entropy {mode} (Llama, 2 layers); payload codecs {codecs}",
                 since=V)
@@ -2672,17 +2677,7 @@ def add_exponent(S: Suite) -> None:  # noqa: C901 - one list of vectors
     S.valid("v_exponent_flag_planes_unused", with_planes(bs, 0, planes_bytes(sym, 16, [seg(P, P, 1, 0)]), flags=0x9).build(), "§4",
             "required_flags PLANES and EXPONENT, a codec-2 payload and no codec-3 one (it was x_required_flag_planes_and_bit3)", since=V)
     for mode in ("exponent", "auto"):
-        from bbformat.checkpoint import write_checkpoint
-        from bbformat.api import pack
-        from bbformat.testing import make_tiny_checkpoint
-
-        ck = make_tiny_checkpoint("llama", seed=6, layers=2, hidden=32, heads=4, kv_heads=2, vocab=32, max_positions=16, dtype="bfloat16")
-        with tempfile.TemporaryDirectory() as d:
-            write_checkpoint(ck, Path(d) / "m")
-            pack(Path(d) / "m", Path(d) / "m.bb", verify=True, entropy=mode, format_version="1.3")
-            data = (Path(d) / "m.bb").read_bytes()
-        with Reader(io.BytesIO(data)) as r:
-            codecs = [r.read_chunk(i).sections[0]["codec"] for i in range(len(r))]
+        data, codecs = writer_file(6, mode, "1.3", "bfloat16")
         assert 3 in codecs, codecs
         S.valid(f"v_exponent_writer_{mode}", data, "§8.7",
                 f"the reference writer, pack --entropy {mode} (Llama, bfloat16, 2 layers, format 1.3); payload codecs {codecs}", since=V)
