@@ -5,6 +5,7 @@ Errors print one line on stderr and exit with the error's status (see README).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -213,7 +214,15 @@ def _version() -> str:
     return (f"bbformat {__version__}\n"
             f"container format: writes {', '.join(written)} (pack --format-version {'|'.join(FORMAT_VERSIONS)}, "
             f"default {FORMAT_VERSIONS[0]}); reads {FORMAT_MAJOR}.0 to {FORMAT_MAJOR}.{FORMAT_MINOR} "
-            f"(and any later {FORMAT_MAJOR}.x whose required flags it knows)")
+            f"(and any later {FORMAT_MAJOR}.x whose required flags it knows)\n"
+            f"payload codec 3 decoder: {_codec3_decoder()}")
+
+
+def _codec3_decoder() -> str:
+    """Which decoder payload codec 3 uses here (found without importing it: --version stays fast)."""
+    if importlib.util.find_spec("bbformat.codec._exponent_native") is not None:
+        return "compiled (bbformat/codec/_exponent_native.c)"
+    return "numpy (the compiled decoder was not built: no C compiler at install; about 10x slower)"
 
 
 class _VersionAction(argparse.Action):

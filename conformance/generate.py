@@ -2474,6 +2474,28 @@ def add_v12(S: Suite) -> None:  # noqa: C901 - one list of vectors
               "residual 0): groups hold more varints than their residual positions; a reader MAY report it as E_DIGEST "
               "(SPEC.md 8.4: its contexts come from its own values)", "E_SECTION_CONTENT", 25, also=("E_DIGEST",), since=V)
 
+    # ---- SPEC.md 8.4's edge cases (settled in 1.3; the rules are 1.2's) ---------------------------
+    c0, enc0 = no_correction_chunk("symmetric", 4, 0.0)  # its reference approx is the block itself
+    ap0 = approx_of(c0)[0]
+    both = digest_chk(enc0)
+    both.secs += [raw_sec(SectionKind.X_PATCHES, 0, b"\x00"), raw_sec(SectionKind.X_RESIDUALS, 0, residual_section(ap0, "float16"))]
+    S.valid("v_mixed_patches_count0", v12([both]).build(), "§8.4, §8.5",
+            "a symmetric site with an x_patches section of count 0 beside its x_residuals (all residuals 0): no position is "
+            "patched, so every position is a residual position", since=V)
+    every = varint(ap0.size) + bytes(ap0.size) + ap0.astype("<u2").tobytes()  # positions 0..n-1 (every gap 0), the block's values
+    full = digest_chk(enc0)
+    full.secs += [raw_sec(SectionKind.X_PATCHES, 0, every), raw_sec(SectionKind.X_RESIDUALS, 0, b"")]
+    S.valid("v_mixed_residuals_empty", v12([full]).build(), "§8.4, §8.5",
+            "a symmetric site whose x_patches lists every block position: no residual position is left, so its x_residuals "
+            "section is zero groups, 0 bytes", eig=False, since=V)
+    x = digest_chk(enc0)
+    x.secs += [raw_sec(SectionKind.X_PATCHES, 0, every), raw_sec(SectionKind.X_RESIDUALS, 0, b"\x01\x00\x00")]
+    S.invalid("x_mixed_residuals_no_positions", v12([x]).build(), "§8.4",
+              "v_mixed_residuals_empty with a one-group x_residuals section (1 raw byte, a 0 varint) where no residual position "
+              "is left: the section does not fill exactly zero groups (no contexts here, so a reader has no reason for E_DIGEST, "
+              "which is allowed all the same as for every x_residuals failure in a DIGESTS file)", "E_SECTION_CONTENT", 25,
+              also=("E_DIGEST",), since=V)
+
 
 def add_phi(S: Suite) -> None:
     """pack's site layouts for the rest of the TransformerCompression family (SPEC.md 12.1):

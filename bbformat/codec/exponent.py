@@ -25,6 +25,12 @@ from .dtypes import uint_dtype
 from .entropy import MIN_CONTEXT_SEGMENT, SMALL_GROUP, rank_classes, read_segment_records, take_group
 from .varint import decode_varints, encode_group, encode_varints
 
+try:  # the compiled decoder (built with the package where a C compiler is found; optional)
+    from . import _exponent_native
+except ImportError:  # pragma: no cover - the numpy decoder below is used instead
+    _exponent_native = None  # type: ignore[assignment]
+NATIVE_DECODER = _exponent_native is not None
+
 JOINED_BITS_TRIED = (0, 1, 2, 3)  # top mantissa bits the encoder tries joining to the exponent
 EXPONENT_CLASSES = 4  # column classes the encoder tries for a segment (else 1)
 STEPS_PER_LANE = 2048  # the encoder's lanes: about this many symbols each
@@ -280,8 +286,9 @@ def rest_size(total: int, bits: int) -> int:
     return total * b0 + -(-total // 8) * b1
 
 
-def decode_exponent(data: Buffer, total: int, dtype: str) -> np.ndarray:
-    """The payload symbols (W-bit little-endian unsigned) from codec-3 bytes."""
+def decode_exponent(data: Buffer, total: int, dtype: str, native: bool = True) -> np.ndarray:
+    """The payload symbols (W-bit little-endian unsigned) from codec-3 bytes: through the
+    compiled decoder where it is built and `native`, else numpy (the same symbols and errors)."""
     cur = ByteCursor(data, "exponent payload")
     t = cur.u8("joined mantissa bits")
     if t > max_joined(dtype):
@@ -310,10 +317,14 @@ def decode_exponent(data: Buffer, total: int, dtype: str) -> np.ndarray:
     if slen > 4 * lanes + 2 * total:
         raise cur.fail(f"stream length {slen} exceeds 4 * lanes + 2 * symbols")
     stream = cur.take(slen, "rANS stream")
-    layout = _Layout(segs, split)
-    entries = rans.decode(stream, total, lanes, tables, layout.table_ids)
     rest_bits = w - bits
     need = rest_size(total, rest_bits)
+    if native and _exponent_native is not None:  # checks the rest's length first, as 8.7 allows
+        if cur.left != need:
+            raise cur.fail(f"{cur.left} bytes of rest fields; {need} expected")
+        return _decode_native(stream, lanes, segs, split, tables, cur.take(need, "rest fields"), w, shift)
+    layout = _Layout(segs, split)
+    entries = rans.decode(stream, total, lanes, tables, layout.table_ids)
     if cur.left != need:
         raise cur.fail(f"{cur.left} bytes of rest fields; {need} expected")
     rest = unpack_rest(cur.take(need, "rest fields"), total, rest_bits)
@@ -324,3 +335,42 @@ def decode_exponent(data: Buffer, total: int, dtype: str) -> np.ndarray:
     rest <<= np.uint32(w - 1)
     sym |= rest
     return sym.astype(np.dtype(uint_dtype(w)).newbyteorder("<"))
+
+
+ENTRY = np.dtype([("f", "<u2"), ("start", "<u2"), ("code", "<u4")])  # the compiled decoder's table entry
+LUT_BYTES = 2 << rans.P_BITS  # its slot -> entry index part of a table (u16 each)
+
+
+def _native_tables(tables: rans.Tables, shift: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The compiled decoder's tables: per table, its slots' entry indexes then its entries
+    (frequency - 1, start, code << shift), 8-byte aligned; (bytes, offsets, entry counts)."""
+    counts = np.diff(tables.first)
+    offsets = np.concatenate(([0], np.cumsum(LUT_BYTES + ENTRY.itemsize * counts)[:-1])).astype(np.uint64)
+    buf = np.zeros(int(offsets[-1]) + LUT_BYTES + ENTRY.itemsize * int(counts[-1]), np.uint8)
+    for t, (a, m) in enumerate(zip(tables.first[:-1].tolist(), counts.tolist())):
+        o = int(offsets[t])
+        buf[o : o + LUT_BYTES].view(np.uint16)[:] = np.repeat(np.arange(m, dtype=np.uint16), tables.freq[a : a + m])
+        e = buf[o + LUT_BYTES : o + LUT_BYTES + ENTRY.itemsize * m].view(ENTRY)
+        e["f"], e["start"], e["code"] = tables.freq[a : a + m] - 1, tables.start[a : a + m], tables.symbol[a : a + m] << np.uint32(shift)
+    return buf, offsets, counts.astype(np.uint32)
+
+
+def _decode_native(stream: memoryview, lanes: int, segs: list[tuple[int, int, int]], maps: list[np.ndarray],
+                   tables: rans.Tables, rest: memoryview, w: int, shift: int) -> np.ndarray:
+    """decode_exponent's stream and rest fields through the compiled decoder."""
+    assert _exponent_native is not None
+    rans.initial_states(stream, lanes)
+    total = sum(n for n, _, _ in segs)
+    buf, offsets, counts = _native_tables(tables, shift)
+    out = np.empty(total, np.dtype(uint_dtype(w)).newbyteorder("<"))
+    err = _exponent_native.decode(
+        stream, lanes, np.array([n for n, _, _ in segs], np.int64), np.array([r for _, r, _ in segs], np.int64),
+        np.concatenate(([0], np.cumsum([k for _, _, k in segs])[:-1])).astype(np.int64),
+        np.array([k > 1 for _, _, k in segs], np.uint8), np.concatenate([np.zeros(0, np.uint8), *maps]),
+        buf, offsets, counts, rest, shift, w, out)
+    if err:
+        raise FormatError(rans.STREAM_ERRORS[err], "E_SECTION_CONTENT")
+    b1 = (1 + shift) % 8
+    if b1 and total % 8 and int.from_bytes(rest[len(rest) - b1 :], "little") >> (b1 * (total % 8)):
+        raise FormatError("exponent payload: padding bits of the rest fields are not zero", "E_SECTION_CONTENT")
+    return out

@@ -2,7 +2,7 @@
 
 One stream codes a sequence of symbols, each with its own table. Symbol i goes through
 lane i mod Q; a lane's state is a u32 in [2^16, 2^32), renormalised by 16-bit words; every
-table's frequencies sum to 2^16 (PRECISION bits). The encoder starts every lane at 2^16 and
+table's frequencies sum to 2^14 (P_BITS). The encoder starts every lane at 2^16 and
 codes in reverse; the stream is the Q final states (u32 LE) followed by the words (u16 LE) in
 the order the decoder reads them, and the decoder must end with every lane at 2^16.
 
@@ -22,6 +22,13 @@ from ..errors import FormatError
 P_BITS = RANS_PRECISION_BITS
 M = 1 << P_BITS  # every table's total
 SLOT_MASK = M - 1
+STREAM_ERRORS = {  # a stream's damage, by the code the compiled decoder returns
+    1: "exponent payload: a rANS stream ends early",
+    2: "exponent payload: words left over in a rANS stream",
+    3: "exponent payload: a rANS lane does not end at 2^16",
+}
+
+
 TableIds = Callable[[int, int], np.ndarray]
 """(lo, hi) -> the table of each symbol at positions lo..hi-1 (uint32)."""
 
@@ -107,7 +114,7 @@ def pop(x: np.ndarray, keys: np.ndarray, lookup: np.ndarray, t: Tables, words: n
     low = np.flatnonzero(x < RANS_LOW)
     if low.size:
         if pos + low.size > words.size:
-            raise FormatError("exponent payload: a rANS stream ends early", "E_SECTION_CONTENT")
+            raise FormatError(STREAM_ERRORS[1], "E_SECTION_CONTENT")
         x[low] = (x[low] << 16) | words[pos : pos + low.size]
         pos += low.size
     return e, pos
@@ -135,13 +142,19 @@ def encode(entries: Callable[[int, int], np.ndarray], n: int, lanes: int, t: Tab
     return x.astype("<u4").tobytes() + words.astype("<u2").tobytes()
 
 
-def decode(stream: bytes | memoryview, n: int, lanes: int, t: Tables, table_ids: TableIds) -> np.ndarray:
-    """The n entries a stream codes (int array), checking the stream's framing."""
+def initial_states(stream: bytes | memoryview, lanes: int) -> np.ndarray:
+    """The lanes' states a stream starts with (uint32), checking its framing."""
     if len(stream) < 4 * lanes or (len(stream) - 4 * lanes) % 2:
         raise FormatError("exponent payload: a rANS stream's length does not fit its lanes", "E_SECTION_CONTENT")
     x = np.frombuffer(stream, "<u4", lanes).astype(np.uint32)
     if (x < RANS_LOW).any():
         raise FormatError("exponent payload: a rANS lane starts below 2^16", "E_SECTION_CONTENT")
+    return x
+
+
+def decode(stream: bytes | memoryview, n: int, lanes: int, t: Tables, table_ids: TableIds) -> np.ndarray:
+    """The n entries a stream codes (int array), checking the stream's framing."""
+    x = initial_states(stream, lanes)
     words = np.frombuffer(stream, "<u2", offset=4 * lanes).astype(np.uint32)
     lookup = t.lookup()
     out = np.empty(n, np.uint32)
@@ -154,7 +167,7 @@ def decode(stream: bytes | memoryview, n: int, lanes: int, t: Tables, table_ids:
             lo, hi = k * lanes, min(n, (k + 1) * lanes)
             out[lo:hi], pos = pop(x[: hi - lo], keys_b[lo - lo_b : hi - lo_b], lookup, t, words, pos)
     if pos != words.size:
-        raise FormatError("exponent payload: words left over in a rANS stream", "E_SECTION_CONTENT")
+        raise FormatError(STREAM_ERRORS[2], "E_SECTION_CONTENT")
     if (x != RANS_LOW).any():
-        raise FormatError("exponent payload: a rANS lane does not end at 2^16", "E_SECTION_CONTENT")
+        raise FormatError(STREAM_ERRORS[3], "E_SECTION_CONTENT")
     return out

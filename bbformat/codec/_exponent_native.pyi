@@ -1,0 +1,9 @@
+# The compiled decoder of payload codec 3 (_exponent_native.c); exponent.py is its one caller.
+from typing import Any, TypeAlias
+
+import numpy as np
+
+_Buf: TypeAlias = bytes | bytearray | memoryview | np.ndarray[Any, Any]
+
+def decode(stream: _Buf, lanes: int, seg_n: _Buf, seg_r: _Buf, seg_base: _Buf, has_map: _Buf, maps: _Buf,
+           tables: _Buf, offsets: _Buf, sizes: _Buf, rest: _Buf, shift: int, width: int, out: _Buf) -> int: ...
