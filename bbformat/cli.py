@@ -5,7 +5,6 @@ Errors print one line on stderr and exit with the error's status (see README).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -19,6 +18,7 @@ import numpy as np
 from .constants import (ENTROPY_MODES, FORMAT_MAJOR, FORMAT_MINOR, FORMAT_VERSIONS, PACK_SCHEMES, ROTATION_SCHEMES, ExitStatus,
                         written_version)
 from . import __version__
+from .codec.exponent import NATIVE_DECODER
 from .api import DeviceNote, InexactWarning, pack, unpack, verify
 from .errors import BBFormatError, DigestError, InputError, output_error, output_exists
 from .summary import bound_words, format_summary, inspect
@@ -219,10 +219,10 @@ def _version() -> str:
 
 
 def _codec3_decoder() -> str:
-    """Which decoder payload codec 3 uses here (found without importing it: --version stays fast)."""
-    if importlib.util.find_spec("bbformat.codec._exponent_native") is not None:
+    """Which decoder payload codec 3 uses here."""
+    if NATIVE_DECODER:
         return "compiled (bbformat/codec/_exponent_native.c)"
-    return "numpy (the compiled decoder was not built: no C compiler at install; about 10x slower)"
+    return "numpy (the compiled decoder is not built, or not usable on this host; about 10x slower)"
 
 
 class _VersionAction(argparse.Action):

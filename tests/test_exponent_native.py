@@ -5,6 +5,7 @@ same outcome (the same symbols, or a FormatError with the same code). The confor
 codec-3 vectors also go through numpy, so both stay conforming."""
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bbformat
-from bbformat.codec import exponent
+from bbformat.codec import exponent, rans
 from bbformat.codec.exponent import NATIVE_DECODER, decode_exponent, encode_exponent
 from bbformat.errors import BBFormatError
 
@@ -37,6 +38,16 @@ def _symbols(dtype: str, n: int, seed: int) -> np.ndarray:
     return sym
 
 
+class _ScalarSteps:
+    """The compiled module with its AVX2 steps turned off (decode's simd=0): the scalar loop."""
+
+    def __init__(self, module: object) -> None:
+        self.module = module
+
+    def decode(self, *args: object) -> int:
+        return self.module.decode(*args, False)  # type: ignore[attr-defined, no-any-return]
+
+
 def _outcome(data: bytes, total: int, dtype: str, native: bool) -> tuple[str, bytes]:
     try:
         return "ok", decode_exponent(data, total, dtype, native=native).tobytes()
@@ -44,30 +55,55 @@ def _outcome(data: bytes, total: int, dtype: str, native: bool) -> tuple[str, by
         return e.code, b""
 
 
+def _three(data: bytes, total: int, dtype: str) -> list[tuple[str, bytes]]:
+    """The outcome through numpy, the compiled decoder's scalar loop, and its SIMD steps (where
+    this CPU has them; else the scalar loop twice)."""
+    native = exponent._exponent_native
+    out = [_outcome(data, total, dtype, False), _outcome(data, total, dtype, True)]
+    exponent._exponent_native = _ScalarSteps(native)  # type: ignore[assignment]
+    try:
+        out.append(_outcome(data, total, dtype, True))
+    finally:
+        exponent._exponent_native = native
+    return out
+
+
 @needs_native
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(DTYPES), st.lists(st.tuples(st.integers(1, 3_000), st.integers(1, 80)), min_size=1, max_size=5),
-       st.integers(0, 2**32 - 1), st.sampled_from(exponent.JOINED_BITS_TRIED + (4,)))
-def test_native_equals_numpy_and_the_input(dtype: str, runs: list[tuple[int, int]], seed: int, joined: int) -> None:
+@given(st.sampled_from(DTYPES), st.lists(st.tuples(st.integers(1, 12_000), st.integers(1, 80)), min_size=1, max_size=4),
+       st.integers(0, 2**32 - 1), st.sampled_from(exponent.JOINED_BITS_TRIED + (4,)), st.sampled_from([3, 8, 40, 2048]))
+def test_native_equals_numpy_and_the_input(dtype: str, runs: list[tuple[int, int]], seed: int, joined: int,
+                                           steps: int) -> None:
+    """Many lanes (`steps` symbols each: runs of 8 lanes and more for the SIMD steps, cut by
+    row and lane wraps) and few (the scalar tail)."""
     runs = [(n, min(r, n)) for n, r in runs]
     sym = _symbols(dtype, sum(n for n, _ in runs), seed)
     if joined > exponent.max_joined(dtype):
         joined = 0
     orig = exponent.JOINED_BITS_TRIED
+    orig_steps = exponent.STEPS_PER_LANE
     exponent.JOINED_BITS_TRIED = (joined,)  # every joined width, so every rest layout (R mod 8, R div 8)
+    exponent.STEPS_PER_LANE = steps
     try:
         data = encode_exponent(sym, dtype, runs)
     finally:
-        exponent.JOINED_BITS_TRIED = orig
+        exponent.JOINED_BITS_TRIED, exponent.STEPS_PER_LANE = orig, orig_steps
     assert data is not None
-    native = decode_exponent(data, sym.size, dtype, native=True)
-    assert native.dtype == decode_exponent(data, sym.size, dtype, native=False).dtype
-    assert native.tobytes() == decode_exponent(data, sym.size, dtype, native=False).tobytes() == sym.astype(native.dtype).tobytes()
+    want = ("ok", sym.astype(decode_exponent(data, sym.size, dtype).dtype).tobytes())
+    assert _three(data, sym.size, dtype) == [want] * 3
 
 
+@functools.cache
 def _damage_base(dtype: str) -> bytes:
-    sym = _symbols(dtype, 5_000, 3)
-    return encode_exponent(sym, dtype, [(3_000, 60), (2_000, 40)]) or b""
+    """20,000 symbols through 2,000 lanes (10 steps each): the decoder's unchecked steps (SIMD
+    where the CPU has it) run until fewer words are left than a block has symbols."""
+    sym = _symbols(dtype, 20_000, 3)
+    orig = exponent.STEPS_PER_LANE
+    exponent.STEPS_PER_LANE = 10
+    try:
+        return encode_exponent(sym, dtype, [(12_000, 60), (8_000, 40)]) or b""
+    finally:
+        exponent.STEPS_PER_LANE = orig
 
 
 @needs_native
@@ -85,7 +121,8 @@ def test_damage_gives_the_same_outcome_on_both(dtype: str, seed: int, how: str) 
         del data[at:]
     else:
         data[at:at] = bytes(rng.integers(0, 256, int(rng.integers(1, 9)), dtype=np.uint8))
-    assert _outcome(bytes(data), 5_000, dtype, True) == _outcome(bytes(data), 5_000, dtype, False)
+    numpy_, simd, scalar = _three(bytes(data), 20_000, dtype)
+    assert simd == numpy_ and scalar == numpy_
 
 
 @needs_native
@@ -131,6 +168,10 @@ def test_the_wrong_arguments_are_a_value_error_not_a_crash() -> None:
             args["sizes"] = np.ones(1, np.uint32)
         with pytest.raises(ValueError, match="inconsistent arguments"):
             native.decode(*args.values())
+    wrap = dict(good, n=i64(2**62, 2**62, 2**62, 2**62 + 1), r=i64(1, 1, 1, 1), base=i64(0, 0, 0, 0),
+                has_map=np.zeros(4, np.uint8))  # segment lengths whose sum wraps to 1
+    with pytest.raises(ValueError, match="inconsistent arguments"):
+        native.decode(*wrap.values())
 
 
 def test_the_decoder_is_built_where_a_c_compiler_is() -> None:
@@ -139,3 +180,91 @@ def test_the_decoder_is_built_where_a_c_compiler_is() -> None:
     import shutil
 
     assert NATIVE_DECODER or not (shutil.which("cc") or shutil.which("gcc"))
+
+
+@needs_native
+def test_the_simd_steps_run_where_the_cpu_has_them() -> None:
+    """On x86-64 with AVX2 (every CI machine so far), the SIMD path is the one in use, so the
+    comparisons above test it; elsewhere the scalar loop is, and SIMD is 0."""
+    import platform
+
+    native = exponent._exponent_native
+    assert native is not None and native.SIMD in (0, 1)
+    if platform.machine() in ("x86_64", "AMD64"):
+        flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+        assert native.SIMD == (1 if " avx2" in flags else 0) or not flags
+
+
+def _group(b: bytes) -> bytes:
+    return exponent._varint(len(b)) + b"\x00" + b
+
+
+def _direct_payload(rng: np.random.Generator, dtype: str) -> tuple[bytes, bytes, bytes, int, np.ndarray]:
+    """A codec-3 payload built here, not by the writer: any t, K = 1..16 with random class maps,
+    segments up to 14,000 symbols (longer than the decoder's blocks, so class maps carry across
+    them), any lane count, random tables and rest fields. (head, stream, rest, P, symbols)."""
+    from bbformat.codec.varint import encode_varints
+
+    t = int(rng.integers(0, exponent.max_joined(dtype) + 1))
+    w, shift, bits = exponent.split_fields(dtype, t)
+    alphabet = 1 << bits
+    segs = []
+    for _ in range(int(rng.integers(1, 5))):
+        n = int(rng.choice([rng.integers(1, 50), rng.integers(1, 3000), rng.integers(4000, 14000)]))
+        r = int(rng.integers(1, min(n, 50) + 1)) if rng.random() < 0.8 else int(rng.integers(1, n + 1))
+        segs.append((n, r, int(rng.choice([1, 1, 2, 4, 16, int(rng.integers(1, 17))]))))
+    total = sum(n for n, _, _ in segs)
+    lanes = int(rng.choice([1, int(rng.integers(1, min(total, 65536) + 1)), exponent.lanes_for(total), min(total, 65536)]))
+    maps = [rng.integers(0, k, r).astype(np.uint8) for _, r, k in segs if k > 1]
+    tabs, raw = [], b""
+    for _, _, k in segs:
+        for _ in range(k):
+            m = int(rng.integers(1, min(alphabet, 40) + 1))
+            syms = np.sort(rng.choice(alphabet, m, replace=False))
+            if rng.random() < 0.3:
+                f = np.ones(m, np.int64)
+                f[0] += rans.M - m
+            else:
+                f = np.diff(np.concatenate(([0], np.sort(rng.choice(np.arange(1, rans.M), m - 1, replace=False)), [rans.M])))
+            tabs.append((syms, f))
+            pairs = np.empty(2 * m, np.uint64)
+            pairs[0::2], pairs[1::2] = np.diff(syms, prepend=-1) - 1, f
+            raw += exponent._varint(m) + encode_varints(pairs)
+    tables = rans.Tables.of(tabs)
+    ids = exponent._Layout(segs, maps).table_ids(0, total).astype(np.int64)
+    ent = tables.first[ids] + (rng.random(total) * np.diff(tables.first)[ids]).astype(np.int64)
+    stream = rans.encode(lambda lo, hi: ent[lo:hi], total, lanes, tables)
+    rest = rng.integers(0, 1 << (w - bits), total).astype(np.uint64)
+    low, high = exponent.pack_rest(rest, w - bits)
+    head = bytes([t]) + exponent._varint(len(segs)) + b"".join(exponent._varint(n) + exponent._varint(r) + bytes([k]) for n, r, k in segs)
+    head += exponent._varint(lanes) + _group(b"".join(m.tobytes() for m in maps)) + exponent._varint(len(raw)) + _group(raw)
+    code = tables.symbol[ent].astype(np.uint64)
+    sym = ((rest >> np.uint64(shift)) << np.uint64(w - 1)) | (code << np.uint64(shift)) | (rest & np.uint64((1 << shift) - 1))
+    return head, stream, low + high, total, sym
+
+
+@needs_native
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(DTYPES), st.integers(0, 2**32 - 1))
+def test_arbitrary_payloads_and_their_damage(dtype: str, seed: int) -> None:
+    """Payloads the writer would not make (many classes, odd lane counts, every t) decode to
+    their symbols on all three paths; damaged streams and rest fields give one outcome."""
+    rng = np.random.default_rng(seed)
+    head, stream, rest, total, sym = _direct_payload(rng, dtype)
+    want = ("ok", sym.astype(f"<u{exponent.DTYPE_BITS[dtype] // 8}").tobytes())
+    assert _three(head + exponent._varint(len(stream)) + stream + rest, total, dtype) == [want] * 3
+    for _ in range(4):
+        s, r = bytearray(stream), bytearray(rest)
+        how = int(rng.integers(0, 5))
+        if how == 0:
+            s[int(rng.integers(0, len(s)))] ^= 1 << int(rng.integers(0, 8))
+        elif how == 1:
+            del s[-2:]
+        elif how == 2:
+            s += bytes(rng.integers(0, 256, 2, dtype=np.uint8))
+        elif how == 3 and r:
+            r[-1] ^= 1 << int(rng.integers(0, 8))
+        else:
+            s = bytearray(rng.integers(0, 256, len(s), dtype=np.uint8).tobytes())
+        numpy_, simd, scalar = _three(head + exponent._varint(len(s)) + bytes(s) + bytes(r), total, dtype)
+        assert simd == numpy_ and scalar == numpy_

@@ -3,7 +3,8 @@
  * everything before the stream and calls decode() here; its numpy decoder is the reference,
  * and the two must agree on every input (tests/test_exponent_native.py).
  *
- * Integer arithmetic only: the output does not depend on the compiler or the CPU.
+ * Integer arithmetic only: the output does not depend on the compiler or the CPU. Little-endian
+ * hosts only (exponent.py does not use it elsewhere): tables and symbols are stored native.
  * The GIL is released while decoding, so chunks decode in parallel threads. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -19,9 +20,16 @@
 /* error codes returned to exponent.py, which names them */
 #if defined(_MSC_VER)
 #define ALWAYS_INLINE __forceinline
-#else
+#define restrict __restrict
+#elif defined(__GNUC__) || defined(__clang__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
 #endif
+
+/* The argument list of decode(); exponent.py uses this module only if it says the same (an
+ * extension built from another version of this file falls back to numpy, never crashes). */
+#define ABI 2
 
 enum { OK = 0, ERR_STREAM_SHORT = 1, ERR_WORDS_LEFT = 2, ERR_LANE_END = 3 };
 
@@ -33,6 +41,8 @@ typedef struct {     /* one table entry: frequency, cumulative start and its cod
 
 typedef struct {
     const uint8_t *const *tables; /* per table: its 2^14 slots' entry indexes (u16), then its entries */
+    const uint8_t *tables_base;   /* the buffer all tables lie in (< 2^31 bytes: SIMD gathers use int32 offsets) */
+    int simd;                     /* use the AVX2 steps where the CPU has them */
     uint32_t *states;        /* Q lanes */
     size_t ntables;
     uint32_t lanes;
@@ -75,11 +85,87 @@ static ALWAYS_INLINE uint64_t load_le(const uint8_t *p, unsigned n)
         (CODE) = e_.code;                                                           \
     } while (0)
 
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_AVX2 1
+static int32_t perm_of_mask[256][8]; /* lane i <- the popcount(mask below i)-th next word */
+
+static void init_perm(void)
+{
+    for (int m = 0; m < 256; ++m)
+        for (int i = 0, k = 0; i < 8; ++i)
+            perm_of_mask[m][i] = (m >> i) & 1 ? k++ : 0;
+}
+
+/* Groups of 8 consecutive symbols (8 consecutive lanes, one step each, exactly as the scalar
+ * STEP in that order): returns how many symbols it did (a multiple of 8, at most m). The
+ * caller guarantees at least m words are left, so each group's 8-word load is in bounds.
+ * cls: the symbols' column classes (NULL: class 0); off: each class's table offset from
+ * tables_base. */
+__attribute__((target("avx2"))) static size_t steps_avx2(const uint8_t *base, const int32_t *off, uint32_t *xs,
+                                                         size_t m, const uint8_t *cls, const uint8_t *words,
+                                                         size_t *wpp, void *out, int wide)
+{
+    const __m256i slot_mask = _mm256_set1_epi32((int)SLOT_MASK), low16 = _mm256_set1_epi32(0xFFFF);
+    const __m256i one = _mm256_set1_epi32(1), lut_bytes = _mm256_set1_epi32((int)LUT_BYTES);
+    const __m256i off_lo = _mm256_loadu_si256((const __m256i *)off), off_hi = _mm256_loadu_si256((const __m256i *)(off + 8));
+    const __m256i seven = _mm256_set1_epi32(7);
+    size_t wp = *wpp, j = 0;
+    for (; j + 8 <= m; j += 8) {
+        __m256i toff;
+        if (cls) {
+            const __m256i k = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(cls + j)));
+            const __m256i lo = _mm256_permutevar8x32_epi32(off_lo, k), hi = _mm256_permutevar8x32_epi32(off_hi, k);
+            toff = _mm256_blendv_epi8(lo, hi, _mm256_cmpgt_epi32(k, seven));
+        } else {
+            toff = _mm256_set1_epi32(off[0]);
+        }
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(xs + j));
+        const __m256i slot = _mm256_and_si256(x, slot_mask);
+        const __m256i e = _mm256_and_si256(
+            _mm256_i32gather_epi32((const int *)base, _mm256_add_epi32(toff, _mm256_add_epi32(slot, slot)), 1), low16);
+        const __m256i eoff = _mm256_add_epi32(_mm256_add_epi32(toff, lut_bytes), _mm256_slli_epi32(e, 3));
+        const __m256i fs = _mm256_i32gather_epi32((const int *)base, eoff, 1);          /* freq - 1 | start << 16 */
+        const __m256i code = _mm256_i32gather_epi32((const int *)(base + 4), eoff, 1);  /* code << shift */
+        const __m256i f = _mm256_add_epi32(_mm256_and_si256(fs, low16), one);
+        __m256i y = _mm256_sub_epi32(_mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srli_epi32(x, SLOT_BITS)), slot),
+                                     _mm256_srli_epi32(fs, 16));
+        const __m256i need = _mm256_cmpeq_epi32(_mm256_min_epu32(y, low16), y); /* y < 2^16, unsigned */
+        const unsigned mask = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(need));
+        const __m256i w = _mm256_permutevar8x32_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(words + 2 * wp))),
+            _mm256_loadu_si256((const __m256i *)perm_of_mask[mask]));
+        y = _mm256_blendv_epi8(y, _mm256_or_si256(_mm256_slli_epi32(y, 16), w), need);
+        wp += (size_t)__builtin_popcount(mask);
+        _mm256_storeu_si256((__m256i *)(xs + j), y);
+        if (wide) {
+            _mm256_storeu_si256((__m256i *)((uint32_t *)out + j), code);
+        } else {
+            const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(code, code), 0x08);
+            _mm_storeu_si128((__m128i *)((uint16_t *)out + j), _mm256_castsi256_si128(p));
+        }
+    }
+    *wpp = wp;
+    return j;
+}
+
+static int cpu_has_avx2(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2");
+}
+#else
+#define HAVE_AVX2 0
+static void init_perm(void) {}
+static int cpu_has_avx2(void) { return 0; }
+#endif
+
 /* Symbols [0, n) of one segment, whose tables per class are ent/lut and whose column
  * classes are map (NULL: one table), into out as code << shift. `checked`: the careful step;
  * the caller passes 0 only when at least n words are left. Runs are cut where the lane or
  * the column wraps, so the inner loops have neither test. */
-static ALWAYS_INLINE void codes(ctx_t *c, const uint8_t *const *tab, const uint8_t *map,
+static ALWAYS_INLINE void codes(ctx_t *c, const uint8_t *const *tab, const int32_t *off, const uint8_t *map,
                                 size_t r, size_t *colp, size_t n, void *outv, const int checked, const int wide)
 {
     uint32_t *restrict states = c->states;
@@ -94,8 +180,18 @@ static ALWAYS_INLINE void codes(ctx_t *c, const uint8_t *const *tab, const uint8
         uint32_t *restrict xs = states + l;
         uint16_t *restrict o16 = (uint16_t *)outv + i;
         uint32_t *restrict o32 = (uint32_t *)outv + i;
+        size_t j0 = 0; /* symbols of this run done by the SIMD steps */
+#if HAVE_AVX2
+        if (!checked && c->simd) {
+            size_t mm = m;
+            if (map != NULL && r - col < mm)
+                mm = r - col;
+            j0 = steps_avx2(c->tables_base, off, xs, mm, map ? map + col : NULL, words, &wp,
+                            wide ? (void *)o32 : (void *)o16, wide);
+        }
+#endif
         if (map == NULL) {
-            for (size_t j = 0; j < m; ++j) {
+            for (size_t j = j0; j < m; ++j) {
                 STEP(xs + j, 0, checked, code);
                 if (wide) o32[j] = code; else o16[j] = (uint16_t)code;
             }
@@ -103,7 +199,7 @@ static ALWAYS_INLINE void codes(ctx_t *c, const uint8_t *const *tab, const uint8
             const uint8_t *restrict cs = map + col;
             if (r - col < m)
                 m = r - col;
-            for (size_t j = 0; j < m; ++j) {
+            for (size_t j = j0; j < m; ++j) {
                 STEP(xs + j, cs[j], checked, code);
                 if (wide) o32[j] = code; else o16[j] = (uint16_t)code;
             }
@@ -162,19 +258,20 @@ static void rests_any(const ctx_t *c, size_t total, void *out)
     rests(c, total, out, R, c->width == 32);
 }
 
-#define RUN_ARGS ctx_t *c, const uint8_t *const *tab, const uint8_t *map, size_t r, size_t *col, size_t n, void *out
-static void codes16(RUN_ARGS) { codes(c, tab, map, r, col, n, out, 0, 0); }
-static void codes16_checked(RUN_ARGS) { codes(c, tab, map, r, col, n, out, 1, 0); }
-static void codes32(RUN_ARGS) { codes(c, tab, map, r, col, n, out, 0, 1); }
-static void codes32_checked(RUN_ARGS) { codes(c, tab, map, r, col, n, out, 1, 1); }
+#define RUN_ARGS ctx_t *c, const uint8_t *const *tab, const int32_t *off, const uint8_t *map, size_t r, size_t *col, size_t n, void *out
+static void codes16(RUN_ARGS) { codes(c, tab, off, map, r, col, n, out, 0, 0); }
+static void codes16_checked(RUN_ARGS) { codes(c, tab, off, map, r, col, n, out, 1, 0); }
+static void codes32(RUN_ARGS) { codes(c, tab, off, map, r, col, n, out, 0, 1); }
+static void codes32_checked(RUN_ARGS) { codes(c, tab, off, map, r, col, n, out, 1, 1); }
 
-#define BLOCK 4096 /* symbols per call of a codes loop; a block with this many words left skips the word check */
+#define BLOCK 1024 /* symbols per call of a codes loop; a block with this many words left skips the word check */
 
 /* Every symbol of the payload: the codes, segment by segment, then the rest fields. */
 static void run(ctx_t *c, void *out, size_t nseg, const int64_t *seg_n, const int64_t *seg_r, const int64_t *seg_base,
                 const uint8_t *const *seg_map)
 {
     const uint8_t *tab[MAX_CLASSES] = {0}; /* per class of the segment: its table */
+    int32_t off[MAX_CLASSES] = {0};        /* and its offset from tables_base */
     const size_t wb = c->width / 8;
     size_t i = 0;
     for (size_t j = 0; j < nseg; ++j) {
@@ -182,8 +279,10 @@ static void run(ctx_t *c, void *out, size_t nseg, const int64_t *seg_n, const in
         const uint8_t *map = seg_map[j];
         for (unsigned k = 0; k < MAX_CLASSES; ++k) {
             const size_t t = (size_t)seg_base[j] + (map ? k : 0);
-            if (t < c->ntables)
+            if (t < c->ntables) {
                 tab[k] = c->tables[t];
+                off[k] = (int32_t)(tab[k] - c->tables_base);
+            }
         }
         size_t col = 0;
         for (size_t done = 0; done < n;) {
@@ -191,15 +290,17 @@ static void run(ctx_t *c, void *out, size_t nseg, const int64_t *seg_n, const in
             const int fast = c->wpos <= c->nwords && c->nwords - c->wpos >= k;
             uint8_t *o = (uint8_t *)out + (i + done) * wb;
             if (c->width == 16)
-                (fast ? codes16 : codes16_checked)(c, tab, map, r, &col, k, o);
+                (fast ? codes16 : codes16_checked)(c, tab, off, map, r, &col, k, o);
             else
-                (fast ? codes32 : codes32_checked)(c, tab, map, r, &col, k, o);
+                (fast ? codes32 : codes32_checked)(c, tab, off, map, r, &col, k, o);
             done += k;
         }
         i += n;
     }
     rests_any(c, i, out);
 }
+
+static int has_avx2; /* set once at import: the CPU runs the AVX2 steps */
 
 /* Checks what exponent.py passes (it built all of it, so a failure is a bug there, not a
  * damaged file): ValueError. Fills seg_map and table pointers. */
@@ -217,7 +318,7 @@ static int check_args(Py_buffer *stream, unsigned lanes, Py_buffer *seg_n, Py_bu
     size_t mpos = 0, n = 0;
     if (lanes == 0 || (width != 16 && width != 32) || R >= width || (size_t)stream->len < 4 * (size_t)lanes ||
         ((size_t)stream->len - 4 * (size_t)lanes) % 2 || (size_t)seg_r->len != nseg * 8 || (size_t)seg_base->len != nseg * 8 ||
-        (size_t)has_map->len != nseg || (size_t)sizes->len != ntab * 4)
+        (size_t)has_map->len != nseg || (size_t)sizes->len != ntab * 4 || (uint64_t)tables->len >= (1ull << 31))
         return -1;
     for (size_t t = 0; t < ntab; ++t) {
         if (m[t] < 1 || m[t] > (1u << 12) || off[t] % 8 || off[t] > (uint64_t)tables->len ||
@@ -245,7 +346,7 @@ static int check_args(Py_buffer *stream, unsigned lanes, Py_buffer *seg_n, Py_bu
                     top = (size_t)sb[j] + mp[mpos + k] + 1;
             mpos += (size_t)sr[j];
         }
-        if (top > ntab)
+        if (top > ntab || (uint64_t)sn[j] > (uint64_t)out->len - n) /* Σ n_j cannot wrap: each n_j <= out's bytes */
             return -1;
         n += (size_t)sn[j];
     }
@@ -256,7 +357,7 @@ static int check_args(Py_buffer *stream, unsigned lanes, Py_buffer *seg_n, Py_bu
 }
 
 /* decode(stream, lanes, seg_n, seg_r, seg_base, has_map, maps, tables, offsets, sizes, rest,
- *        shift, width, out) -> 0, or the damage found in the stream (1 ends early, 2 words
+ *        shift, width, out[, simd]) -> 0, or the damage found in the stream (1 ends early, 2 words
  * left over, 3 a lane not ending at 2^16). Per segment j (int64 arrays): its length, row
  * length, first table; has_map[j] (u8) says its column classes are the next seg_r[j] bytes
  * of maps. Table t (of sizes[t] entries) lies at tables + offsets[t]: 2^14 u16 slot -> entry
@@ -266,8 +367,9 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args)
 {
     Py_buffer stream, seg_n, seg_r, seg_base, has_map, maps, tables, offsets, sizes, rest, out;
     unsigned int lanes, shift, width;
-    if (!PyArg_ParseTuple(args, "y*Iy*y*y*y*y*y*y*y*y*IIw*", &stream, &lanes, &seg_n, &seg_r, &seg_base, &has_map,
-                          &maps, &tables, &offsets, &sizes, &rest, &shift, &width, &out))
+    int simd = 1;
+    if (!PyArg_ParseTuple(args, "y*Iy*y*y*y*y*y*y*y*y*IIw*|p", &stream, &lanes, &seg_n, &seg_r, &seg_base, &has_map,
+                          &maps, &tables, &offsets, &sizes, &rest, &shift, &width, &out, &simd))
         return NULL;
     PyObject *result = NULL;
     size_t nseg = (size_t)seg_n.len / sizeof(int64_t), ntab = (size_t)offsets.len / sizeof(uint64_t), total = 0;
@@ -289,8 +391,10 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args)
     const unsigned R = 1 + shift;
     for (uint32_t k = 0; k < lanes; ++k)
         states[k] = (uint32_t)load_le(s + 4 * (size_t)k, 4);
-    ctx_t c = {tab_ptr, states, ntab, lanes, s + 4 * (size_t)lanes, ((size_t)stream.len - 4 * (size_t)lanes) / 2, 0, 0,
-               r, r + total * (R / 8), R / 8, R % 8, shift, width};
+    ctx_t c = {.tables = tab_ptr, .tables_base = tables.buf, .simd = simd && has_avx2, .states = states, .ntables = ntab,
+               .lanes = lanes, .words = s + 4 * (size_t)lanes, .nwords = ((size_t)stream.len - 4 * (size_t)lanes) / 2,
+               .wpos = 0, .lane = 0, .rest_low = r, .rest_high = r + total * (R / 8), .b0 = R / 8, .b1 = R % 8,
+               .shift = shift, .width = width};
     run(&c, out.buf, nseg, seg_n.buf, seg_r.buf, seg_base.buf, seg_map);
     if (c.wpos > c.nwords)
         err = ERR_STREAM_SHORT;
@@ -313,10 +417,21 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"decode", decode, METH_VARARGS, "Decode a codec-3 rANS stream and rest fields into symbols (see exponent.py)."},
+    {"decode", decode, METH_VARARGS, "Decode a codec-3 rANS stream and rest fields into symbols (see exponent.py); simd=0 "
+                                     "keeps to the scalar steps (the same symbols; for tests)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_exponent_native", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__exponent_native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__exponent_native(void)
+{
+    init_perm();
+    has_avx2 = cpu_has_avx2() != 0;
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && (PyModule_AddIntConstant(m, "SIMD", has_avx2) < 0 || PyModule_AddIntConstant(m, "ABI", ABI) < 0)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -7,6 +7,8 @@ straddles a byte boundary, so byte planes (codec 2) split it. BENCHMARKS.md 14 a
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from ..bytecursor import ByteCursor
@@ -25,10 +27,13 @@ from .dtypes import uint_dtype
 from .entropy import MIN_CONTEXT_SEGMENT, SMALL_GROUP, rank_classes, read_segment_records, take_group
 from .varint import decode_varints, encode_group, encode_varints
 
+NATIVE_ABI = 2  # the compiled decoder's argument list that _decode_native passes
 try:  # the compiled decoder (built with the package where a C compiler is found; optional)
     from . import _exponent_native
 except ImportError:  # pragma: no cover - the numpy decoder below is used instead
     _exponent_native = None  # type: ignore[assignment]
+if _exponent_native is not None and (getattr(_exponent_native, "ABI", None) != NATIVE_ABI or sys.byteorder != "little"):
+    _exponent_native = None  # type: ignore[assignment]  # a stale build, or a big-endian host: numpy
 NATIVE_DECODER = _exponent_native is not None
 
 JOINED_BITS_TRIED = (0, 1, 2, 3)  # top mantissa bits the encoder tries joining to the exponent
@@ -213,38 +218,38 @@ def encode_exponent(symbols: np.ndarray, dtype: str, runs: list[tuple[int, int]]
 # ----------------------------------------------------------------------------- decoder
 
 
-def _read_varints(cur: ByteCursor, count: int, what: str) -> np.ndarray:
-    """The next `count` varints."""
-    if count == 0:
-        return np.zeros(0, np.uint64)
-    rest = np.frombuffer(cur.data[cur.pos : cur.pos + count * MAX_VARINT_BYTES], np.uint8)
-    ends = np.flatnonzero(rest < 0x80)
-    if ends.size < count:
-        raise cur.fail(f"{what} runs past the end or holds a varint longer than 10 bytes")
-    size = int(ends[count - 1]) + 1
-    return decode_varints(cur.take(size, what), count)
-
-
 def read_tables(raw: np.ndarray, segs: list[tuple[int, int, int]], alphabet: int) -> rans.Tables:
-    """The tables of every segment and class (SPEC.md 8.7 checks), in order."""
-    cur = ByteCursor(raw.tobytes(), "exponent payload tables")
-    out = []
+    """The tables of every segment and class (SPEC.md 8.7 checks), in order. The group is
+    varints only, so they are decoded at once and then walked (every failure is
+    E_SECTION_CONTENT, whichever is met first)."""
+    what = "exponent payload tables"
+    b = np.asarray(raw, np.uint8)
+    ends = np.flatnonzero(b < 0x80)
+    if b.size and (ends.size == 0 or int(ends[-1]) != b.size - 1):
+        raise FormatError(f"{what}: the last varint runs past the end", "E_SECTION_CONTENT")
+    v = decode_varints(b.tobytes(), ends.size)
+    out, pos = [], 0
     for j, (_, _, k) in enumerate(segs):
         for c in range(k):
-            what = f"segment {j} class {c} table"
-            m = cur.varint(f"{what} entry count")
+            name = f"{what}: segment {j} class {c} table"
+            if pos >= v.size:
+                raise FormatError(f"{name} is missing", "E_SECTION_CONTENT")
+            m = int(v[pos])
             if not 1 <= m <= alphabet:
-                raise cur.fail(f"{what} has {m} entries; 1..{alphabet} allowed")
-            v = _read_varints(cur, 2 * m, what)
-            if (v[0::2] >= alphabet).any() or (v[1::2] < 1).any() or (v[1::2] > rans.M).any():
-                raise cur.fail(f"{what} has a symbol gap or frequency out of range")
-            gaps, freq = v[0::2].astype(np.int64), v[1::2].astype(np.int64)
+                raise FormatError(f"{name} has {m} entries; 1..{alphabet} allowed", "E_SECTION_CONTENT")
+            pairs = v[pos + 1 : pos + 1 + 2 * m]
+            if pairs.size < 2 * m:
+                raise FormatError(f"{name} runs past the end", "E_SECTION_CONTENT")
+            pos += 1 + 2 * m
+            if (pairs[0::2] >= alphabet).any() or (pairs[1::2] < 1).any() or (pairs[1::2] > rans.M).any():
+                raise FormatError(f"{name} has a symbol gap or frequency out of range", "E_SECTION_CONTENT")
+            gaps, freq = pairs[0::2].astype(np.int64), pairs[1::2].astype(np.int64)
             symbols = np.cumsum(gaps + 1) - 1
             if int(symbols[-1]) >= alphabet or int(freq.sum()) != rans.M:
-                raise cur.fail(f"{what}: symbols must be < {alphabet} and frequencies must sum to {rans.M}")
+                raise FormatError(f"{name}: symbols must be < {alphabet} and frequencies must sum to {rans.M}", "E_SECTION_CONTENT")
             out.append((symbols, freq))
-    if not cur.done:
-        raise cur.fail("bytes after the last table")
+    if pos != v.size:
+        raise FormatError(f"{what}: bytes after the last table", "E_SECTION_CONTENT")
     return rans.Tables.of(out)
 
 
