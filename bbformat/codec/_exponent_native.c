@@ -161,7 +161,7 @@ static void init_perm(void) {}
 static int cpu_has_avx2(void) { return 0; }
 #endif
 
-/* Symbols [0, n) of one segment, whose tables per class are ent/lut and whose column
+/* Symbols [0, n) of one segment, whose table per class is tab[] (off[]: its offset from tables_base) and whose column
  * classes are map (NULL: one table), into out as code << shift. `checked`: the careful step;
  * the caller passes 0 only when at least n words are left. Runs are cut where the lane or
  * the column wraps, so the inner loops have neither test. */
