@@ -879,6 +879,15 @@ def assert_intended(data: bytes, encs: list) -> None:  # type: ignore[type-arg]
                 assert got[n].equal(want), (i, n)
 
 
+def base_bf16_sym() -> BB:
+    """One bfloat16 chunk with a non-plain symmetric site (the first seed from 401 giving one)."""
+    for seed in range(401, 500):
+        enc = site_chunk(seed, "symmetric", 0.0, dtype="bfloat16")
+        if nonplain(enc):
+            return BB([chk_from(enc)], scheme=2, meta=meta("symmetric", 0.0))
+    raise GenError("no bfloat16 seed with a non-plain site")
+
+
 def base_sym() -> BB:
     """Two chunks: a float16 chunk with a non-plain symmetric site (D = 16) whose corrections are
     an x_residuals section, and a float32 chunk without sites. The base of most invalid vectors."""
@@ -2081,11 +2090,7 @@ def add_planes(S: Suite) -> None:  # noqa: C901 - one list of vectors
     both.chunks[1].sec(SectionKind.PAYLOAD).stored, both.chunks[1].sec(SectionKind.PAYLOAD).codec = planes_bytes(s32, w32, [seg(s32.size, 3, 1, 0)]), 2
     S.valid("v_planes_both_chunks", both.build(), "§8.6", "codec 2 in both chunks of a file", since=V)
     # bfloat16 and a PAPER chunk
-    for seed in range(401, 500):
-        enc = site_chunk(seed, "symmetric", 0.0, dtype="bfloat16")
-        if nonplain(enc):
-            break
-    bf = BB([chk_from(enc)], scheme=2, meta=meta("symmetric", 0.0))
+    bf = base_bf16_sym()
     sb, wb = payload_symbols(bf.chunks[0])
     S.valid("v_planes_bfloat16", with_planes(bf, 0, planes_bytes(sb, wb, [seg(sb.size, 16, 4, 31)], zodd)).build(), "§8.6",
             "codec 2 on a bfloat16 chunk with a non-plain site, K = 4", since=V)
@@ -2675,11 +2680,7 @@ def add_exponent(S: Suite) -> None:  # noqa: C901 - one list of vectors
     mixed_codecs.chunks[0].sec(SectionKind.PAYLOAD).stored = planes_bytes(sym, 16, [seg(P, P, 1, 0)])
     mixed_codecs.chunks[0].sec(SectionKind.PAYLOAD).codec = 2
     valid("v_exponent_and_planes", mixed_codecs, "codec 2 in chunk 0 and codec 3 in chunk 1 of a file with PLANES and EXPONENT")
-    for seed in range(401, 500):
-        enc = site_chunk(seed, "symmetric", 0.0, dtype="bfloat16")
-        if nonplain(enc):
-            break
-    bf = BB([chk_from(enc)], scheme=2, meta=meta("symmetric", 0.0))
+    bf = base_bf16_sym()
     sb, _ = payload_symbols(bf.chunks[0])
     db = symbol_dtype(bf.chunks[0])
     assert EXP_FIELDS[db] == (7, 8, 16)

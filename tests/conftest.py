@@ -25,6 +25,24 @@ set_hypothesis_home_dir(_HYPOTHESIS_HOME)
 atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, True)
 
 
+DAMAGE = ("flip", "set", "cut", "insert")
+
+
+def damage(data: bytearray, rng: np.random.Generator, how: str, start: int = 0) -> bytearray:
+    """data damaged in place at a random position >= start: one bit flipped, one byte set,
+    cut there, or 1 to 8 random bytes inserted (`how`, one of DAMAGE)."""
+    at = int(rng.integers(start, len(data)))
+    if how == "flip":
+        data[at] ^= 1 << int(rng.integers(0, 8))
+    elif how == "set":
+        data[at] = int(rng.integers(0, 256))
+    elif how == "cut":
+        del data[at:]
+    else:
+        data[at:at] = bytes(rng.integers(0, 256, int(rng.integers(1, 9)), dtype=np.uint8))
+    return data
+
+
 def sample_container(scheme: str = "symmetric", tolerance: float = 0.0, seed: int = 7, dim: int = 24, entropy: str = "none",
                      format_version: str = "1.1") -> bytes:
     """Two chunks: a float16 chunk with one rotation site, and a float32 chunk without.

@@ -16,6 +16,7 @@ from bbformat.codec import rans
 from bbformat.codec.exponent import decode_exponent, encode_exponent, lanes_for, max_joined, split_fields
 from bbformat.constants import EXPONENT_FIELD, MAX_EXPONENT_TABLES, RANS_LOW, RANS_PRECISION_BITS
 from bbformat.errors import FormatError, LimitError
+from conftest import DAMAGE, damage, sample_container
 
 M = 1 << RANS_PRECISION_BITS
 DTYPES = ("float16", "bfloat16", "float32")
@@ -406,7 +407,6 @@ def test_golden_v1_3_fixture_decodes_forever() -> None:
     import io
 
     from bbformat import Reader
-    from conftest import sample_container
 
     fix = Path(__file__).parent / "fixtures"
     golden = (fix / "sample_v1_3_exponent.bb").read_bytes()
@@ -481,23 +481,13 @@ def _damage_base() -> bytes:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.sampled_from(["flip", "set", "cut", "insert"]))
+@given(st.integers(0, 2**32 - 1), st.sampled_from(DAMAGE))
 def test_a_damaged_payload_is_a_format_error_or_decodes(seed: int, how: str) -> None:
     """Whatever the damage, the decoder returns `total` symbols or raises one of the format's
     errors: never an IndexError, a numpy error or a huge allocation."""
     import bbformat.codec.exponent as X
 
-    data = bytearray(_damage_base())
-    rng = np.random.default_rng(seed)
-    at = int(rng.integers(0, len(data)))
-    if how == "flip":
-        data[at] ^= 1 << int(rng.integers(0, 8))
-    elif how == "set":
-        data[at] = int(rng.integers(0, 256))
-    elif how == "cut":
-        del data[at:]
-    else:
-        data[at:at] = bytes(rng.integers(0, 256, int(rng.integers(1, 9)), dtype=np.uint8))
+    data = damage(bytearray(_damage_base()), np.random.default_rng(seed), how)
     try:
         out = X.decode_exponent(bytes(data), 2_000, "bfloat16")
     except (FormatError, LimitError):

@@ -18,6 +18,7 @@ import bbformat
 from bbformat.codec import exponent, rans
 from bbformat.codec.exponent import NATIVE_DECODER, decode_exponent, encode_exponent
 from bbformat.errors import BBFormatError
+from conftest import DAMAGE, damage
 
 needs_native = pytest.mark.skipif(not NATIVE_DECODER, reason="the compiled decoder is not built (no C compiler at install)")
 CONF = Path(__file__).resolve().parent.parent / "conformance"
@@ -108,19 +109,10 @@ def _damage_base(dtype: str) -> bytes:
 
 @needs_native
 @settings(max_examples=200, deadline=None)
-@given(st.sampled_from(DTYPES), st.integers(0, 2**32 - 1), st.sampled_from(["flip", "set", "cut", "insert"]))
+@given(st.sampled_from(DTYPES), st.integers(0, 2**32 - 1), st.sampled_from(DAMAGE))
 def test_damage_gives_the_same_outcome_on_both(dtype: str, seed: int, how: str) -> None:
-    data = bytearray(_damage_base(dtype))
-    rng = np.random.default_rng(seed)
-    at = int(rng.integers(len(data) // 3, len(data)))  # mostly the stream and the rest fields
-    if how == "flip":
-        data[at] ^= 1 << int(rng.integers(0, 8))
-    elif how == "set":
-        data[at] = int(rng.integers(0, 256))
-    elif how == "cut":
-        del data[at:]
-    else:
-        data[at:at] = bytes(rng.integers(0, 256, int(rng.integers(1, 9)), dtype=np.uint8))
+    base = _damage_base(dtype)
+    data = damage(bytearray(base), np.random.default_rng(seed), how, len(base) // 3)  # mostly the stream and rest fields
     numpy_, simd, scalar = _three(bytes(data), 20_000, dtype)
     assert simd == numpy_ and scalar == numpy_
 

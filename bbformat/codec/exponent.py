@@ -116,12 +116,17 @@ def _table_bytes(counts: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
     return _varint(symbols.size) + encode_varints(pairs), symbols, freq[symbols]
 
 
+def first_tables(segs: list[tuple[int, int, int]]) -> np.ndarray:
+    """Each segment's first table (int64): tables are numbered segment by segment, K_j each."""
+    return np.concatenate(([0], np.cumsum([k for _, _, k in segs])[:-1])).astype(np.int64)
+
+
 class _Layout:
     """Where each payload position takes its table from: its segment and column class."""
 
     def __init__(self, runs: list[tuple[int, int, int]], maps: list[np.ndarray]) -> None:
         self.start = np.concatenate(([0], np.cumsum([n for n, _, _ in runs]))).astype(np.int64)
-        self.table_base = np.concatenate(([0], np.cumsum([k for _, _, k in runs])[:-1])).astype(np.int64)
+        self.table_base = first_tables(runs)
         given = iter(maps)
         self.maps = [next(given).astype(np.uint32) if k > 1 else None for _, _, k in runs]
 
@@ -370,8 +375,7 @@ def _decode_native(stream: memoryview, lanes: int, segs: list[tuple[int, int, in
     out = np.empty(total, np.dtype(uint_dtype(w)).newbyteorder("<"))
     err = _exponent_native.decode(
         stream, lanes, np.array([n for n, _, _ in segs], np.int64), np.array([r for _, r, _ in segs], np.int64),
-        np.concatenate(([0], np.cumsum([k for _, _, k in segs])[:-1])).astype(np.int64),
-        np.array([k > 1 for _, _, k in segs], np.uint8), np.concatenate([np.zeros(0, np.uint8), *maps]),
+        first_tables(segs), np.array([k > 1 for _, _, k in segs], np.uint8), np.concatenate([np.zeros(0, np.uint8), *maps]),
         buf, offsets, counts, rest, shift, w, out)
     if err:
         raise FormatError(rans.STREAM_ERRORS[err], "E_SECTION_CONTENT")
