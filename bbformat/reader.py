@@ -210,9 +210,17 @@ class Reader:
         self.linalg, self.note = reader_backend(asked, self.has_digests, source if isinstance(source, (str, os.PathLike)) else "input")
 
     def _read_at(self, offset: int, n: int) -> bytes:
-        with self._lock:  # iter_blocks(workers=N) reads from several threads
-            self._f.seek(offset)
-            data = self._f.read(n)
+        if self._own and hasattr(os, "pread"):  # a file this reader opened: positional reads, no lock
+            data = os.pread(self._f.fileno(), n, offset)
+            while 0 < len(data) < n:  # a short read (a regular file gives one only at its end)
+                part = os.pread(self._f.fileno(), n - len(data), offset + len(data))
+                if not part:
+                    break
+                data += part
+        else:
+            with self._lock:  # iter_blocks(workers=N) reads from several threads
+                self._f.seek(offset)
+                data = self._f.read(n)
         if len(data) != n:
             raise FormatError("unexpected end of file", "E_TRUNCATED")
         return data

@@ -145,21 +145,21 @@ def test_the_wrong_arguments_are_a_value_error_not_a_crash() -> None:
     native = exponent._exponent_native
     assert native is not None
     i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
-    tables = np.zeros(exponent.LUT_BYTES + 8, np.uint8)
-    tables[exponent.LUT_BYTES : exponent.LUT_BYTES + 2] = [0xFF, 0x3F]  # one entry of frequency 2^14: x stays 2^16
+    u32 = lambda *v: np.array(v, np.uint32)  # noqa: E731
     good = dict(stream=b"\x00\x00\x01\x00", lanes=1, n=i64(1), r=i64(1), base=i64(0), has_map=np.zeros(1, np.uint8),
-                maps=np.zeros(0, np.uint8), tables=tables, offsets=np.zeros(1, np.uint64), sizes=np.ones(1, np.uint32),
-                rest=b"\x00" * 5, shift=4, width=16, out=np.zeros(1, np.uint16))
+                maps=np.zeros(0, np.uint8), first=i64(0, 1), code=u32(3), freq=u32(2**14), rest=b"\x00" * 5, shift=4,
+                width=16, out=np.zeros(1, np.uint16))  # one entry of frequency 2^14: x stays 2^16
     assert native.decode(*good.values()) == 0  # one symbol, one one-entry table: no word read
-    for key, bad in [("base", i64(1)), ("sizes", np.full(1, 2, np.uint32)), ("rest", b"\x00"), ("out", np.zeros(2, np.uint16)),
-                     ("shift", 15), ("lanes", 0), ("offsets", np.full(1, 8, np.uint64)), ("stream", b"\x00\x00\x01")]:
-        args = dict(good, **{key: bad})
-        if key == "sizes":  # a slot pointing past the table's entries
-            args["tables"] = tables.copy()
-            args["tables"][:2] = [5, 0]
-            args["sizes"] = np.ones(1, np.uint32)
+    for key, bad in [("base", i64(1)), ("freq", u32(2**14 - 1)), ("first", i64(0, 0)), ("first", i64(1, 1)),
+                     ("first", i64(0)), ("code", u32(2**11)), ("rest", b"\x00"), ("out", np.zeros(2, np.uint16)),
+                     ("shift", 15), ("lanes", 0), ("stream", b"\x00\x00\x01")]:
         with pytest.raises(ValueError, match="inconsistent arguments"):
-            native.decode(*args.values())
+            native.decode(*dict(good, **{key: bad}).values())
+    two = dict(good, first=i64(0, 2), code=u32(1, 2), freq=u32(2**13, 2**13))
+    assert native.decode(*two.values()) == 1  # tiles the slots: accepted; x = 2^16 then needs a word it lacks
+    for freq in (u32(2**13, 2**13 + 1), u32(0, 2**14)):  # entries that do not tile the 2^14 slots
+        with pytest.raises(ValueError, match="inconsistent arguments"):
+            native.decode(*dict(two, freq=freq).values())
     wrap = dict(good, n=i64(2**62, 2**62, 2**62, 2**62 + 1), r=i64(1, 1, 1, 1), base=i64(0, 0, 0, 0),
                 has_map=np.zeros(4, np.uint8))  # segment lengths whose sum wraps to 1
     with pytest.raises(ValueError, match="inconsistent arguments"):

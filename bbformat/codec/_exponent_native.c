@@ -15,7 +15,11 @@
 #define SLOT_MASK ((1u << SLOT_BITS) - 1)
 #define RANS_LOW (1u << 16)
 #define MAX_CLASSES 16 /* SPEC.md 8.7: K <= 16 */
-#define LUT_BYTES ((1u << SLOT_BITS) * 2u) /* a table's slot -> entry index part */
+#define MAX_ENTRIES 4096 /* and m <= 2^B <= 2^12 */
+/* A table built for decoding, one per class of the segment being decoded: per slot, 8 bytes:
+ * a u32 (frequency - 1) | (slot - start) << 16, then its code << shift (u32). */
+#define STRIDE_BITS (SLOT_BITS + 3)
+#define TABLE_STRIDE (1u << STRIDE_BITS)
 
 /* error codes returned to exponent.py, which names them */
 #if defined(_MSC_VER)
@@ -29,22 +33,16 @@
 
 /* The argument list of decode(); exponent.py uses this module only if it says the same (an
  * extension built from another version of this file falls back to numpy, never crashes). */
-#define ABI 2
+#define ABI 3
 
 enum { OK = 0, ERR_STREAM_SHORT = 1, ERR_WORDS_LEFT = 2, ERR_LANE_END = 3 };
 
-typedef struct {     /* one table entry: frequency, cumulative start and its code */
-    uint16_t freq_lo; /* the frequency minus 1 (1..2^14 stored as 0..2^14-1) */
-    uint16_t start;
-    uint32_t code;    /* shifted into place: code << (mantissa bits not joined) */
-} entry_t;
-
 typedef struct {
-    const uint8_t *const *tables; /* per table: its 2^14 slots' entry indexes (u16), then its entries */
-    const uint8_t *tables_base;   /* the buffer all tables lie in (< 2^31 bytes: SIMD gathers use int32 offsets) */
-    int simd;                     /* use the AVX2 steps where the CPU has them */
+    const int64_t *first;    /* table t's entries are first[t] .. first[t+1]-1 of freq[] and code[] */
+    const uint32_t *freq, *code;
+    uint8_t *built;          /* MAX_CLASSES tables as decoded (TABLE_STRIDE bytes each) */
+    int simd;                /* use the AVX2 steps where the CPU has them */
     uint32_t *states;        /* Q lanes */
-    size_t ntables;
     uint32_t lanes;
     const uint8_t *words;    /* u16 LE words, read forward */
     size_t nwords, wpos;     /* words in the stream, the next to read */
@@ -64,16 +62,16 @@ static ALWAYS_INLINE uint64_t load_le(const uint8_t *p, unsigned n)
     return v;
 }
 
-/* One symbol's step through lane state *XP with class CLS's table; leaves code << shift in
- * CODE. CHECKED: a word is read only if one is left (else wp passes nwords, which the caller
+/* One symbol's step through lane state *XP with the table of class CLS; leaves code << shift
+ * in CODE. CHECKED: a word is read only if one is left (else wp passes nwords, which the caller
  * reports). Otherwise the caller made sure enough words are left and the renormalisation is
  * branchless: the word is loaded whether or not it is used. */
 #define STEP(XP, CLS, CHECKED, CODE)                                                 \
     do {                                                                            \
         const uint32_t x0_ = *(XP), slot_ = x0_ & SLOT_MASK;                        \
-        const uint8_t *tb_ = tab[CLS];                                              \
-        const entry_t e_ = ((const entry_t *)(tb_ + LUT_BYTES))[((const uint16_t *)tb_)[slot_]]; \
-        uint32_t y_ = ((uint32_t)e_.freq_lo + 1u) * (x0_ >> SLOT_BITS) + slot_ - e_.start; \
+        const uint8_t *tb_ = built + (size_t)(CLS) * TABLE_STRIDE;                  \
+        const uint32_t fb_ = ((const uint32_t *)tb_)[2 * slot_];                    \
+        uint32_t y_ = ((fb_ & 0xFFFFu) + 1u) * (x0_ >> SLOT_BITS) + (fb_ >> 16);    \
         const uint32_t need_ = y_ < RANS_LOW;                                       \
         uint32_t w_ = 0;                                                            \
         if (!(CHECKED) || wp < nwords)                                              \
@@ -82,7 +80,7 @@ static ALWAYS_INLINE uint64_t load_le(const uint8_t *p, unsigned n)
         y_ = (y_ & keep_) | (((y_ << 16) | w_) & ~keep_); /* no branch to mispredict */ \
         wp += need_;                                                                \
         *(XP) = y_;                                                                 \
-        (CODE) = e_.code;                                                           \
+        (CODE) = ((const uint32_t *)tb_)[2 * slot_ + 1];                            \
     } while (0)
 
 
@@ -101,36 +99,25 @@ static void init_perm(void)
 /* Groups of 8 consecutive symbols (8 consecutive lanes, one step each, exactly as the scalar
  * STEP in that order): returns how many symbols it did (a multiple of 8, at most m). The
  * caller guarantees at least m words are left, so each group's 8-word load is in bounds.
- * cls: the symbols' column classes (NULL: class 0); off: each class's table offset from
- * tables_base. */
-__attribute__((target("avx2"))) static size_t steps_avx2(const uint8_t *base, const int32_t *off, uint32_t *xs,
-                                                         size_t m, const uint8_t *cls, const uint8_t *words,
-                                                         size_t *wpp, void *out, int wide)
+ * cls: the symbols' column classes (NULL: class 0). */
+__attribute__((target("avx2"))) static size_t steps_avx2(const uint8_t *built, uint32_t *xs, size_t m,
+                                                         const uint8_t *cls, const uint8_t *words, size_t *wpp,
+                                                         void *out, int wide)
 {
     const __m256i slot_mask = _mm256_set1_epi32((int)SLOT_MASK), low16 = _mm256_set1_epi32(0xFFFF);
-    const __m256i one = _mm256_set1_epi32(1), lut_bytes = _mm256_set1_epi32((int)LUT_BYTES);
-    const __m256i off_lo = _mm256_loadu_si256((const __m256i *)off), off_hi = _mm256_loadu_si256((const __m256i *)(off + 8));
-    const __m256i seven = _mm256_set1_epi32(7);
+    const __m256i one = _mm256_set1_epi32(1);
     size_t wp = *wpp, j = 0;
     for (; j + 8 <= m; j += 8) {
-        __m256i toff;
-        if (cls) {
-            const __m256i k = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(cls + j)));
-            const __m256i lo = _mm256_permutevar8x32_epi32(off_lo, k), hi = _mm256_permutevar8x32_epi32(off_hi, k);
-            toff = _mm256_blendv_epi8(lo, hi, _mm256_cmpgt_epi32(k, seven));
-        } else {
-            toff = _mm256_set1_epi32(off[0]);
-        }
+        __m256i toff = _mm256_setzero_si256(); /* the class's table, from built */
+        if (cls)
+            toff = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(cls + j))), STRIDE_BITS);
         const __m256i x = _mm256_loadu_si256((const __m256i *)(xs + j));
         const __m256i slot = _mm256_and_si256(x, slot_mask);
-        const __m256i e = _mm256_and_si256(
-            _mm256_i32gather_epi32((const int *)base, _mm256_add_epi32(toff, _mm256_add_epi32(slot, slot)), 1), low16);
-        const __m256i eoff = _mm256_add_epi32(_mm256_add_epi32(toff, lut_bytes), _mm256_slli_epi32(e, 3));
-        const __m256i fs = _mm256_i32gather_epi32((const int *)base, eoff, 1);          /* freq - 1 | start << 16 */
-        const __m256i code = _mm256_i32gather_epi32((const int *)(base + 4), eoff, 1);  /* code << shift */
-        const __m256i f = _mm256_add_epi32(_mm256_and_si256(fs, low16), one);
-        __m256i y = _mm256_sub_epi32(_mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srli_epi32(x, SLOT_BITS)), slot),
-                                     _mm256_srli_epi32(fs, 16));
+        const __m256i at = _mm256_add_epi32(toff, _mm256_slli_epi32(slot, 3));
+        const __m256i fb = _mm256_i32gather_epi32((const int *)built, at, 1);
+        const __m256i code = _mm256_i32gather_epi32((const int *)(built + 4), at, 1);
+        const __m256i f = _mm256_add_epi32(_mm256_and_si256(fb, low16), one);
+        __m256i y = _mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srli_epi32(x, SLOT_BITS)), _mm256_srli_epi32(fb, 16));
         const __m256i need = _mm256_cmpeq_epi32(_mm256_min_epu32(y, low16), y); /* y < 2^16, unsigned */
         const unsigned mask = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(need));
         const __m256i w = _mm256_permutevar8x32_epi32(
@@ -161,15 +148,16 @@ static void init_perm(void) {}
 static int cpu_has_avx2(void) { return 0; }
 #endif
 
-/* Symbols [0, n) of one segment, whose table per class is tab[] (off[]: its offset from tables_base) and whose column
- * classes are map (NULL: one table), into out as code << shift. `checked`: the careful step;
- * the caller passes 0 only when at least n words are left. Runs are cut where the lane or
- * the column wraps, so the inner loops have neither test. */
-static ALWAYS_INLINE void codes(ctx_t *c, const uint8_t *const *tab, const int32_t *off, const uint8_t *map,
-                                size_t r, size_t *colp, size_t n, void *outv, const int checked, const int wide)
+/* Symbols [0, n) of one segment, whose column classes are map (NULL: class 0), into out as
+ * code << shift. `checked`: the careful step; the caller passes 0 only when at least n words
+ * are left. Runs are cut where the lane or the column wraps, so the inner loops have neither
+ * test. */
+static ALWAYS_INLINE void codes(ctx_t *c, const uint8_t *map, size_t r, size_t *colp, size_t n, void *outv,
+                                const int checked, const int wide)
 {
     uint32_t *restrict states = c->states;
     const uint8_t *restrict words = c->words;
+    const uint8_t *restrict built = c->built;
     const size_t nwords = c->nwords;
     size_t wp = c->wpos, col = *colp, i = 0;
     uint32_t l = c->lane, code;
@@ -186,8 +174,8 @@ static ALWAYS_INLINE void codes(ctx_t *c, const uint8_t *const *tab, const int32
             size_t mm = m;
             if (map != NULL && r - col < mm)
                 mm = r - col;
-            j0 = steps_avx2(c->tables_base, off, xs, mm, map ? map + col : NULL, words, &wp,
-                            wide ? (void *)o32 : (void *)o16, wide);
+            j0 = steps_avx2(built, xs, mm, map ? map + col : NULL, words, &wp, wide ? (void *)o32 : (void *)o16,
+                            wide);
         }
 #endif
         if (map == NULL) {
@@ -217,20 +205,21 @@ static ALWAYS_INLINE void codes(ctx_t *c, const uint8_t *const *tab, const int32
     *colp = col;
 }
 
-/* ORs the rest fields into out, whose symbols hold code << shift: R = 1 + shift bits each,
- * b0 = R div 8 whole bytes, then b1 = R mod 8 bits, 8 symbols to a group of b1 bytes. R and
- * wide are constants in each caller below, so the compiler unrolls the group. */
-static ALWAYS_INLINE void rests(const ctx_t *c, size_t total, void *outv, const unsigned R, const int wide)
+/* ORs the rest fields of groups [g0, g1) into out, whose symbols hold code << shift: R = 1 +
+ * shift bits each, b0 = R div 8 whole bytes, then b1 = R mod 8 bits, 8 symbols to a group of
+ * b1 bytes (the last group has total mod 8 symbols, if not 0). R and wide are constants in
+ * each caller below, so the compiler unrolls the group. */
+static ALWAYS_INLINE void rests(const ctx_t *c, size_t g0, size_t g1, size_t total, void *outv, const unsigned R,
+                                const int wide)
 {
     const unsigned b0 = R / 8, b1 = R % 8, shift = R - 1, top = wide ? 31 : 15;
     const uint8_t *restrict low = c->rest_low, *restrict high = c->rest_high;
     uint16_t *restrict o16 = outv;
     uint32_t *restrict o32 = outv;
     const uint64_t hmask = (1ull << b1) - 1, smask = (1ull << shift) - 1;
-    const size_t full = total / 8;
-    for (size_t g = 0; g <= full; ++g) {
-        const size_t n = g < full ? 8 : total % 8;
-        const uint64_t h = b1 && n ? load_le(high + g * b1, b1) : 0;
+    for (size_t g = g0; g < g1; ++g) {
+        const size_t n = total - g * 8 < 8 ? total - g * 8 : 8;
+        const uint64_t h = b1 ? load_le(high + g * b1, b1) : 0;
         for (size_t k = 0; k < n; ++k) {
             const size_t i = g * 8 + k;
             uint64_t rest = b0 ? load_le(low + i * b0, b0) : 0;
@@ -241,13 +230,69 @@ static ALWAYS_INLINE void rests(const ctx_t *c, size_t total, void *outv, const 
     }
 }
 
+#if HAVE_AVX2
+/* rests() for whole groups g0, g0+1, ... while their bytes can be loaded 8 (high) or 16 (low)
+ * at a time within the rest fields; returns the first group not done. b0 <= 2 only. */
+__attribute__((target("avx2"))) static size_t rests_avx2(const ctx_t *c, size_t g0, size_t g1, size_t total, void *out)
+{
+    const unsigned b0 = c->b0, b1 = c->b1, shift = c->shift, wide = c->width == 32;
+    const size_t high_len = (total + 7) / 8 * b1, full = total / 8;
+    int8_t ctrl[32];
+    int32_t at[8];
+    for (unsigned k = 0; k < 8; ++k) { /* lane k: the 2 bytes holding bits b1*k ... b1*k+b1-1 of the group */
+        const unsigned o = b1 * k, half = 16 * (k / 4), lane = 4 * (k % 4);
+        ctrl[half + lane] = (int8_t)(o / 8);
+        ctrl[half + lane + 1] = (int8_t)(o / 8 + 1);
+        ctrl[half + lane + 2] = ctrl[half + lane + 3] = (int8_t)0x80;
+        at[k] = (int32_t)(o % 8);
+    }
+    const __m256i sel = _mm256_loadu_si256((const __m256i *)ctrl), bit = _mm256_loadu_si256((const __m256i *)at);
+    const __m256i hmask = _mm256_set1_epi32((1 << b1) - 1), smask = _mm256_set1_epi32((int)((1u << shift) - 1));
+    const __m128i up = _mm_cvtsi32_si128((int)(8 * b0)), down = _mm_cvtsi32_si128((int)shift);
+    const __m128i sign = _mm_cvtsi32_si128(wide ? 31 : 15);
+    size_t g = g0;
+    if (b0 > 2)
+        return g;
+    for (; g < g1 && g < full && (b1 == 0 || g * b1 + 8 <= high_len); ++g) {
+        __m256i rest = _mm256_setzero_si256();
+        if (b1) {
+            uint64_t h;
+            memcpy(&h, c->rest_high + g * b1, 8);
+            const __m256i hv = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)h), sel);
+            rest = _mm256_sll_epi32(_mm256_and_si256(_mm256_srlv_epi32(hv, bit), hmask), up);
+        }
+        if (b0 == 1)
+            rest = _mm256_or_si256(rest, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c->rest_low + 8 * g))));
+        else if (b0 == 2)
+            rest = _mm256_or_si256(rest, _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(c->rest_low + 16 * g))));
+        const __m256i v = _mm256_or_si256(_mm256_sll_epi32(_mm256_srl_epi32(rest, down), sign), _mm256_and_si256(rest, smask));
+        if (wide) {
+            __m256i *o = (__m256i *)((uint32_t *)out + 8 * g);
+            _mm256_storeu_si256(o, _mm256_or_si256(_mm256_loadu_si256(o), v));
+        } else {
+            __m128i *o = (__m128i *)((uint16_t *)out + 8 * g);
+            const __m128i p = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08));
+            _mm_storeu_si128(o, _mm_or_si128(_mm_loadu_si128(o), p));
+        }
+    }
+    return g;
+}
+#endif
+
 /* rests() for each rest width R a conforming file can have (SPEC.md 8.7: float16 4..11,
- * bfloat16 4..8, float32 20..24 bits); any other goes through the generic loop. */
-static void rests_any(const ctx_t *c, size_t total, void *out)
+ * bfloat16 4..8, float32 20..24 bits); any other goes through the generic loop. The AVX2
+ * groups first where the CPU has them. */
+static void rests_any(const ctx_t *c, size_t g0, size_t g1, size_t total, void *out)
 {
     const unsigned R = 1 + c->shift;
-#define CASE16(r) case r: rests(c, total, out, r, 0); return;
-#define CASE32(r) case r: rests(c, total, out, r, 1); return;
+#if HAVE_AVX2
+    if (c->simd)
+        g0 = rests_avx2(c, g0, g1, total, out);
+#endif
+    if (g0 >= g1)
+        return;
+#define CASE16(r) case r: rests(c, g0, g1, total, out, r, 0); return;
+#define CASE32(r) case r: rests(c, g0, g1, total, out, r, 1); return;
     if (c->width == 16) {
         switch (R) { CASE16(4) CASE16(5) CASE16(6) CASE16(7) CASE16(8) CASE16(9) CASE16(10) CASE16(11) default: break; }
     } else {
@@ -255,83 +300,96 @@ static void rests_any(const ctx_t *c, size_t total, void *out)
     }
 #undef CASE16
 #undef CASE32
-    rests(c, total, out, R, c->width == 32);
+    rests(c, g0, g1, total, out, R, c->width == 32);
 }
 
-#define RUN_ARGS ctx_t *c, const uint8_t *const *tab, const int32_t *off, const uint8_t *map, size_t r, size_t *col, size_t n, void *out
-static void codes16(RUN_ARGS) { codes(c, tab, off, map, r, col, n, out, 0, 0); }
-static void codes16_checked(RUN_ARGS) { codes(c, tab, off, map, r, col, n, out, 1, 0); }
-static void codes32(RUN_ARGS) { codes(c, tab, off, map, r, col, n, out, 0, 1); }
-static void codes32_checked(RUN_ARGS) { codes(c, tab, off, map, r, col, n, out, 1, 1); }
+#define RUN_ARGS ctx_t *c, const uint8_t *map, size_t r, size_t *col, size_t n, void *out
+static void codes16(RUN_ARGS) { codes(c, map, r, col, n, out, 0, 0); }
+static void codes16_checked(RUN_ARGS) { codes(c, map, r, col, n, out, 1, 0); }
+static void codes32(RUN_ARGS) { codes(c, map, r, col, n, out, 0, 1); }
+static void codes32_checked(RUN_ARGS) { codes(c, map, r, col, n, out, 1, 1); }
 
 #define BLOCK 1024 /* symbols per call of a codes loop; a block with this many words left skips the word check */
 
-/* Every symbol of the payload: the codes, segment by segment, then the rest fields. */
-static void run(ctx_t *c, void *out, size_t nseg, const int64_t *seg_n, const int64_t *seg_r, const int64_t *seg_base,
-                const uint8_t *const *seg_map)
+/* Table t as decoded, at dst: each entry's slots get its frequency - 1, their distance from
+ * its start, and its code (check_args made sure the frequencies tile the 2^14 slots). */
+static void build_table(const ctx_t *c, size_t t, uint8_t *dst)
 {
-    const uint8_t *tab[MAX_CLASSES] = {0}; /* per class of the segment: its table */
-    int32_t off[MAX_CLASSES] = {0};        /* and its offset from tables_base */
+    uint32_t *slots = (uint32_t *)dst;
+    for (int64_t e = c->first[t]; e < c->first[t + 1]; ++e) {
+        const uint32_t f = c->freq[e], cd = c->code[e] << c->shift;
+        for (uint32_t k = 0; k < f; ++k, slots += 2) {
+            slots[0] = (f - 1u) | (k << 16);
+            slots[1] = cd;
+        }
+    }
+}
+
+/* Every symbol of the payload: the codes, segment by segment (its classes' tables built
+ * first), a block at a time, each block's rest fields ORed in while its symbols are in the
+ * cache. seg_tables[j]: how many classes segment j uses. */
+static void run(ctx_t *c, void *out, size_t total, size_t nseg, const int64_t *seg_n, const int64_t *seg_r, const int64_t *seg_base,
+                const uint8_t *const *seg_map, const uint8_t *seg_tables)
+{
     const size_t wb = c->width / 8;
-    size_t i = 0;
+    size_t i = 0, groups = 0; /* the groups of 8 symbols whose rest fields are in */
     for (size_t j = 0; j < nseg; ++j) {
         const size_t n = (size_t)seg_n[j], r = (size_t)seg_r[j];
         const uint8_t *map = seg_map[j];
-        for (unsigned k = 0; k < MAX_CLASSES; ++k) {
-            const size_t t = (size_t)seg_base[j] + (map ? k : 0);
-            if (t < c->ntables) {
-                tab[k] = c->tables[t];
-                off[k] = (int32_t)(tab[k] - c->tables_base);
-            }
-        }
+        for (size_t k = 0; k < seg_tables[j]; ++k)
+            build_table(c, (size_t)seg_base[j] + k, c->built + k * TABLE_STRIDE);
         size_t col = 0;
         for (size_t done = 0; done < n;) {
             const size_t k = n - done < BLOCK ? n - done : BLOCK;
             const int fast = c->wpos <= c->nwords && c->nwords - c->wpos >= k;
             uint8_t *o = (uint8_t *)out + (i + done) * wb;
             if (c->width == 16)
-                (fast ? codes16 : codes16_checked)(c, tab, off, map, r, &col, k, o);
+                (fast ? codes16 : codes16_checked)(c, map, r, &col, k, o);
             else
-                (fast ? codes32 : codes32_checked)(c, tab, off, map, r, &col, k, o);
+                (fast ? codes32 : codes32_checked)(c, map, r, &col, k, o);
             done += k;
+            rests_any(c, groups, (i + done) / 8, total, out);
+            groups = (i + done) / 8;
         }
         i += n;
     }
-    rests_any(c, i, out);
+    rests_any(c, groups, (total + 7) / 8, total, out);
 }
 
 static int has_avx2; /* set once at import: the CPU runs the AVX2 steps */
 
 /* Checks what exponent.py passes (it built all of it, so a failure is a bug there, not a
- * damaged file): ValueError. Fills seg_map and table pointers. */
+ * damaged file): ValueError. Fills seg_map and seg_tables. */
 static int check_args(Py_buffer *stream, unsigned lanes, Py_buffer *seg_n, Py_buffer *seg_r, Py_buffer *seg_base,
-                      Py_buffer *has_map, Py_buffer *maps, Py_buffer *tables, Py_buffer *offsets, Py_buffer *sizes,
+                      Py_buffer *has_map, Py_buffer *maps, Py_buffer *first, Py_buffer *code, Py_buffer *freq,
                       Py_buffer *rest, unsigned shift, unsigned width, Py_buffer *out, const uint8_t **seg_map,
-                      const uint8_t **tab_ptr, size_t *total)
+                      uint8_t *seg_tables, size_t *total)
 {
-    const size_t nseg = (size_t)seg_n->len / sizeof(int64_t), ntab = (size_t)offsets->len / sizeof(uint64_t);
-    const int64_t *sn = seg_n->buf, *sr = seg_r->buf, *sb = seg_base->buf;
+    const size_t nseg = (size_t)seg_n->len / sizeof(int64_t), ntab = (size_t)first->len / sizeof(int64_t) - 1;
+    const int64_t *sn = seg_n->buf, *sr = seg_r->buf, *sb = seg_base->buf, *fi = first->buf;
     const uint8_t *hm = has_map->buf, *mp = maps->buf;
-    const uint64_t *off = offsets->buf;
-    const uint32_t *m = sizes->buf;
+    const uint32_t *cd = code->buf, *fr = freq->buf;
     const unsigned R = 1 + shift;
     size_t mpos = 0, n = 0;
     if (lanes == 0 || (width != 16 && width != 32) || R >= width || (size_t)stream->len < 4 * (size_t)lanes ||
         ((size_t)stream->len - 4 * (size_t)lanes) % 2 || (size_t)seg_r->len != nseg * 8 || (size_t)seg_base->len != nseg * 8 ||
-        (size_t)has_map->len != nseg || (size_t)sizes->len != ntab * 4 || (uint64_t)tables->len >= (1ull << 31))
+        (size_t)has_map->len != nseg || (size_t)first->len < 16 || (size_t)first->len % 8 || fi[0] != 0 ||
+        fi[ntab] < 0 || (uint64_t)code->len != (uint64_t)fi[ntab] * 4 || (uint64_t)freq->len != (uint64_t)fi[ntab] * 4)
         return -1;
-    for (size_t t = 0; t < ntab; ++t) {
-        if (m[t] < 1 || m[t] > (1u << 12) || off[t] % 8 || off[t] > (uint64_t)tables->len ||
-            (uint64_t)tables->len - off[t] < LUT_BYTES + 8ull * m[t] || ((uintptr_t)tables->buf + off[t]) % 8)
+    for (size_t t = 0; t < ntab; ++t) { /* entries that tile the 2^14 slots, codes that fit below the sign bit */
+        if (fi[t + 1] - fi[t] < 1 || fi[t + 1] - fi[t] > MAX_ENTRIES)
             return -1;
-        tab_ptr[t] = (const uint8_t *)tables->buf + off[t];
-        const uint16_t *lut = (const uint16_t *)tab_ptr[t];
-        for (size_t k = 0; k <= SLOT_MASK; ++k)
-            if (lut[k] >= m[t])
+        uint32_t sum = 0;
+        for (int64_t e = fi[t]; e < fi[t + 1]; ++e) {
+            if (fr[e] < 1 || fr[e] > (1u << SLOT_BITS) || cd[e] >= (1u << (width - 1 - shift)) || cd[e] > 0xFFFF)
                 return -1;
+            sum += fr[e];
+        }
+        if (sum != (1u << SLOT_BITS))
+            return -1;
     }
     for (size_t j = 0; j < nseg; ++j) {
-        size_t top = (size_t)sb[j] + 1;
+        size_t top = 1;
         if (sn[j] < 1 || sr[j] < 1 || sb[j] < 0)
             return -1;
         seg_map[j] = NULL;
@@ -342,12 +400,13 @@ static int check_args(Py_buffer *stream, unsigned lanes, Py_buffer *seg_n, Py_bu
             for (size_t k = 0; k < (size_t)sr[j]; ++k)
                 if (mp[mpos + k] >= MAX_CLASSES)
                     return -1;
-                else if ((size_t)sb[j] + mp[mpos + k] + 1 > top)
-                    top = (size_t)sb[j] + mp[mpos + k] + 1;
+                else if ((size_t)mp[mpos + k] + 1 > top)
+                    top = (size_t)mp[mpos + k] + 1;
             mpos += (size_t)sr[j];
         }
-        if (top > ntab || (uint64_t)sn[j] > (uint64_t)out->len - n) /* Σ n_j cannot wrap: each n_j <= out's bytes */
+        if ((size_t)sb[j] + top > ntab || (uint64_t)sn[j] > (uint64_t)out->len - n) /* Σ n_j cannot wrap: each n_j <= out's bytes */
             return -1;
+        seg_tables[j] = (uint8_t)top;
         n += (size_t)sn[j];
     }
     if ((size_t)rest->len != n * (R / 8) + (n + 7) / 8 * (R % 8) || (size_t)out->len != n * (width / 8))
@@ -356,33 +415,42 @@ static int check_args(Py_buffer *stream, unsigned lanes, Py_buffer *seg_n, Py_bu
     return 0;
 }
 
-/* decode(stream, lanes, seg_n, seg_r, seg_base, has_map, maps, tables, offsets, sizes, rest,
- *        shift, width, out[, simd]) -> 0, or the damage found in the stream (1 ends early, 2 words
+/* decode(stream, lanes, seg_n, seg_r, seg_base, has_map, maps, first, code, freq, rest, shift,
+ *        width, out[, simd]) -> 0, or the damage found in the stream (1 ends early, 2 words
  * left over, 3 a lane not ending at 2^16). Per segment j (int64 arrays): its length, row
  * length, first table; has_map[j] (u8) says its column classes are the next seg_r[j] bytes
- * of maps. Table t (of sizes[t] entries) lies at tables + offsets[t]: 2^14 u16 slot -> entry
- * index, then its entries (entry_t). rest: the rest fields as stored (SPEC.md 8.7); out: the
- * W-bit symbols, written. */
+ * of maps. Table t's entries (in increasing code) are first[t] .. first[t+1]-1 (int64) of
+ * code and freq (u32). rest: the rest fields as stored (SPEC.md 8.7); out: the W-bit
+ * symbols, written. */
 static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args)
 {
-    Py_buffer stream, seg_n, seg_r, seg_base, has_map, maps, tables, offsets, sizes, rest, out;
+    Py_buffer stream, seg_n, seg_r, seg_base, has_map, maps, first, code, freq, rest, out;
     unsigned int lanes, shift, width;
     int simd = 1;
     if (!PyArg_ParseTuple(args, "y*Iy*y*y*y*y*y*y*y*y*IIw*|p", &stream, &lanes, &seg_n, &seg_r, &seg_base, &has_map,
-                          &maps, &tables, &offsets, &sizes, &rest, &shift, &width, &out, &simd))
+                          &maps, &first, &code, &freq, &rest, &shift, &width, &out, &simd))
         return NULL;
     PyObject *result = NULL;
-    size_t nseg = (size_t)seg_n.len / sizeof(int64_t), ntab = (size_t)offsets.len / sizeof(uint64_t), total = 0;
+    size_t nseg = (size_t)seg_n.len / sizeof(int64_t), total = 0;
     const uint8_t **seg_map = PyMem_Calloc(nseg + 1, sizeof(*seg_map));
-    const uint8_t **tab_ptr = PyMem_Calloc(ntab + 1, sizeof(*tab_ptr));
+    uint8_t *seg_tables = PyMem_Calloc(nseg + 1, 1);
     uint32_t *states = PyMem_Calloc((size_t)lanes + 1, sizeof(uint32_t));
-    if (seg_map == NULL || tab_ptr == NULL || states == NULL) {
+    uint8_t *built = NULL;
+    if (seg_map == NULL || seg_tables == NULL || states == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    if (check_args(&stream, lanes, &seg_n, &seg_r, &seg_base, &has_map, &maps, &tables, &offsets, &sizes, &rest, shift,
-                   width, &out, seg_map, tab_ptr, &total)) {
+    if (check_args(&stream, lanes, &seg_n, &seg_r, &seg_base, &has_map, &maps, &first, &code, &freq, &rest, shift,
+                   width, &out, seg_map, seg_tables, &total)) {
         PyErr_SetString(PyExc_ValueError, "_exponent_native.decode: inconsistent arguments");
+        goto done;
+    }
+    size_t classes = 1;
+    for (size_t j = 0; j < nseg; ++j)
+        if (seg_tables[j] > classes)
+            classes = seg_tables[j];
+    if ((built = PyMem_Malloc(classes * TABLE_STRIDE)) == NULL) {
+        PyErr_NoMemory();
         goto done;
     }
     int err = OK;
@@ -391,11 +459,11 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args)
     const unsigned R = 1 + shift;
     for (uint32_t k = 0; k < lanes; ++k)
         states[k] = (uint32_t)load_le(s + 4 * (size_t)k, 4);
-    ctx_t c = {.tables = tab_ptr, .tables_base = tables.buf, .simd = simd && has_avx2, .states = states, .ntables = ntab,
-               .lanes = lanes, .words = s + 4 * (size_t)lanes, .nwords = ((size_t)stream.len - 4 * (size_t)lanes) / 2,
-               .wpos = 0, .lane = 0, .rest_low = r, .rest_high = r + total * (R / 8), .b0 = R / 8, .b1 = R % 8,
-               .shift = shift, .width = width};
-    run(&c, out.buf, nseg, seg_n.buf, seg_r.buf, seg_base.buf, seg_map);
+    ctx_t c = {.first = first.buf, .freq = freq.buf, .code = code.buf, .built = built, .simd = simd && has_avx2,
+               .states = states, .lanes = lanes, .words = s + 4 * (size_t)lanes,
+               .nwords = ((size_t)stream.len - 4 * (size_t)lanes) / 2, .wpos = 0, .lane = 0, .rest_low = r,
+               .rest_high = r + total * (R / 8), .b0 = R / 8, .b1 = R % 8, .shift = shift, .width = width};
+    run(&c, out.buf, total, nseg, seg_n.buf, seg_r.buf, seg_base.buf, seg_map, seg_tables);
     if (c.wpos > c.nwords)
         err = ERR_STREAM_SHORT;
     else if (c.wpos != c.nwords)
@@ -408,11 +476,12 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args)
     result = PyLong_FromLong(err);
 done:
     PyMem_Free(seg_map);
-    PyMem_Free(tab_ptr);
+    PyMem_Free(seg_tables);
     PyMem_Free(states);
+    PyMem_Free(built);
     PyBuffer_Release(&stream); PyBuffer_Release(&seg_n); PyBuffer_Release(&seg_r); PyBuffer_Release(&seg_base);
-    PyBuffer_Release(&has_map); PyBuffer_Release(&maps); PyBuffer_Release(&tables); PyBuffer_Release(&offsets);
-    PyBuffer_Release(&sizes); PyBuffer_Release(&rest); PyBuffer_Release(&out);
+    PyBuffer_Release(&has_map); PyBuffer_Release(&maps); PyBuffer_Release(&first); PyBuffer_Release(&code);
+    PyBuffer_Release(&freq); PyBuffer_Release(&rest); PyBuffer_Release(&out);
     return result;
 }
 

@@ -6,7 +6,7 @@ import numpy as np
 _Buf: TypeAlias = bytes | bytearray | memoryview | np.ndarray[Any, Any]
 
 def decode(stream: _Buf, lanes: int, seg_n: _Buf, seg_r: _Buf, seg_base: _Buf, has_map: _Buf, maps: _Buf,
-           tables: _Buf, offsets: _Buf, sizes: _Buf, rest: _Buf, shift: int, width: int, out: _Buf,
+           first: _Buf, code: _Buf, freq: _Buf, rest: _Buf, shift: int, width: int, out: _Buf,
            simd: bool = ...) -> int: ...
 
 SIMD: int  # 1 where the AVX2 steps run (x86-64 with AVX2, GCC or Clang build)

@@ -27,7 +27,7 @@ from .dtypes import uint_dtype
 from .entropy import MIN_CONTEXT_SEGMENT, SMALL_GROUP, rank_classes, read_segment_records, take_group
 from .varint import decode_varints, encode_group, encode_varints
 
-NATIVE_ABI = 2  # the compiled decoder's argument list that _decode_native passes
+NATIVE_ABI = 3  # the compiled decoder's argument list that _decode_native passes
 try:  # the compiled decoder (built with the package where a C compiler is found; optional)
     from . import _exponent_native
 except ImportError:  # pragma: no cover - the numpy decoder below is used instead
@@ -347,36 +347,17 @@ def decode_exponent(data: Buffer, total: int, dtype: str, native: bool = True) -
     return sym.astype(np.dtype(uint_dtype(w)).newbyteorder("<"))
 
 
-ENTRY = np.dtype([("f", "<u2"), ("start", "<u2"), ("code", "<u4")])  # the compiled decoder's table entry
-LUT_BYTES = 2 << rans.P_BITS  # its slot -> entry index part of a table (u16 each)
-
-
-def _native_tables(tables: rans.Tables, shift: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The compiled decoder's tables: per table, its slots' entry indexes then its entries
-    (frequency - 1, start, code << shift), 8-byte aligned; (bytes, offsets, entry counts)."""
-    counts = np.diff(tables.first)
-    offsets = np.concatenate(([0], np.cumsum(LUT_BYTES + ENTRY.itemsize * counts)[:-1])).astype(np.uint64)
-    buf = np.zeros(int(offsets[-1]) + LUT_BYTES + ENTRY.itemsize * int(counts[-1]), np.uint8)
-    for t, (a, m) in enumerate(zip(tables.first[:-1].tolist(), counts.tolist())):
-        o = int(offsets[t])
-        buf[o : o + LUT_BYTES].view(np.uint16)[:] = np.repeat(np.arange(m, dtype=np.uint16), tables.freq[a : a + m])
-        e = buf[o + LUT_BYTES : o + LUT_BYTES + ENTRY.itemsize * m].view(ENTRY)
-        e["f"], e["start"], e["code"] = tables.freq[a : a + m] - 1, tables.start[a : a + m], tables.symbol[a : a + m] << np.uint32(shift)
-    return buf, offsets, counts.astype(np.uint32)
-
-
 def _decode_native(stream: memoryview, lanes: int, segs: list[tuple[int, int, int]], maps: list[np.ndarray],
                    tables: rans.Tables, rest: memoryview, w: int, shift: int) -> np.ndarray:
     """decode_exponent's stream and rest fields through the compiled decoder."""
     assert _exponent_native is not None
     rans.initial_states(stream, lanes)
     total = sum(n for n, _, _ in segs)
-    buf, offsets, counts = _native_tables(tables, shift)
     out = np.empty(total, np.dtype(uint_dtype(w)).newbyteorder("<"))
     err = _exponent_native.decode(
         stream, lanes, np.array([n for n, _, _ in segs], np.int64), np.array([r for _, r, _ in segs], np.int64),
         first_tables(segs), np.array([k > 1 for _, _, k in segs], np.uint8), np.concatenate([np.zeros(0, np.uint8), *maps]),
-        buf, offsets, counts, rest, shift, w, out)
+        tables.first, tables.symbol, tables.freq, rest, shift, w, out)
     if err:
         raise FormatError(rans.STREAM_ERRORS[err], "E_SECTION_CONTENT")
     b1 = (1 + shift) % 8
