@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -135,8 +136,8 @@ def pack(
     check_format_version(format_version)
     if scheme == "none" and format_version == "1.1":
         raise InputError("scheme 'none' needs format 1.2 or later (1.1 readers know only the paper and symmetric schemes)")
-    if entropy == "exponent" and format_version != "1.3":
-        raise InputError(f"entropy mode 'exponent' (payload codec 3) needs format 1.3, not {format_version}")
+    if entropy == "exponent" and format_version not in ("1.3", "1.4"):
+        raise InputError(f"entropy mode 'exponent' (payload codec 3) needs format 1.3 or later, not {format_version}")
     if scheme == "none" and calibration is not None:
         raise InputError("--calibration rounds rotated weights; scheme 'none' rotates nothing")
     _check_paths(Path(src), Path(dst), overwrite)
@@ -164,7 +165,7 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
         raise InputError(f"tolerance must be a finite number >= 0, got {tolerance}")
     metadata = {
         "format": "bbformat",
-        "format_version": written_version(format_version, entropy),
+        "format_version": written_version(format_version, entropy, sites=scheme != "none"),
         "architecture": layout.architecture,
         "scheme": scheme,
         "tolerance": tolerance,
@@ -201,7 +202,8 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
     coding = "symmetric" if scheme == "none" else scheme  # no sites: no mode to choose
     with Writer(dst, scheme, len(layout.chunks), metadata, entropy=entropy, background_header=True,
                 format_version=format_version, overwrite=overwrite) as w, BoundedWorker() as worker, la.threads():
-        chain = EncodeChain(layout, get, coding, tolerance, moments, band=w.mixed_corrections, progress=progress, la=la)
+        chain = EncodeChain(layout, get, coding, tolerance, moments, band=w.mixed_corrections, progress=progress, la=la,
+                            bands=w.bands)
         for _chunk, enc in encode_chunks(chain):
             digests.append({n: _digest(t) for n, t in enc.intended.items()})
             crc = content_crc(enc.program, enc.intended) if w.digests else None
@@ -268,6 +270,8 @@ class VerifyReport:
     device: str = "cpu"  # the backend that decoded (codec/linalg.py names)
     fallback: list[str] = field(default_factory=list)  # "index name" of chunks the device missed, decoded again by the reference
     note: str | None = None  # e.g. a file without digests decoded with the reference instead of the device asked for
+    margin: float | None = None  # 1.4 (band sections): the smallest site margin this reader had (SPEC.md 9)
+    margin_chunk: str | None = None  # "index name" of the chunk where it was
 
     @property
     def exact(self) -> bool | None:
@@ -278,7 +282,18 @@ class VerifyReport:
         return {"path": self.path, "format_version": self.format_version, "chunks": self.chunks, "tensors": self.tensors,
                 "values": self.values, "decoded_bytes": self.decoded_bytes, "crc_verified": True, "content_digests": self.digests,
                 "exact": self.exact, "inexact_chunks": list(self.inexact), "device": self.device,
-                "fallback_chunks": list(self.fallback), "note": self.note}
+                "fallback_chunks": list(self.fallback), "note": self.note,
+                "band_margin": self.margin if self.margin is None or math.isfinite(self.margin) else None,
+                "band_margin_chunk": self.margin_chunk}
+
+    def margin_line(self) -> str | None:
+        """What the band margin says, in one line (None: the file stores no band widths)."""
+        if self.margin is None:
+            return None
+        m = self.margin
+        said = ("no value was within its band width of a rounding boundary" if m > 1 else
+                f"this reader's float64 results differ from the reference's by at least {1 - m:.3g} of a band width somewhere")
+        return f"band margin {m:.4g} (smallest, chunk {self.margin_chunk}; the writer's own decoding has > 1): {said}"
 
     def summary(self) -> str:
         counts = f"{self.chunks} chunks ({self.tensors} tensors, {self.values:,} values)"
@@ -300,8 +315,10 @@ def verify(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = 
     content digest) and drop it: memory about `workers` + 1 blocks. Raises the first error met,
     except a digest mismatch: every chunk is decoded and the report lists those that missed.
     On a `device` other than the reference, the report lists the chunks that missed their
-    digests there and were decoded again with the reference (`fallback`)."""
-    with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=True, device=device) as r:
+    digests there and were decoded again with the reference (`fallback`). In a 1.4 file the
+    report has this reader's smallest band margin (`margin`, SPEC.md 9)."""
+    with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=True, device=device,
+                margins=True) as r:
         n = len(r)
         rep = VerifyReport(str(path), f"{r.header.major}.{r.header.minor}", n, 0, 0, 0, digests=r.has_digests,
                            device=r.linalg.name, note=r.note)
@@ -310,6 +327,8 @@ def verify(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = 
                 rep.inexact.append(f"{block.index} {block.name}")
             if block.fallback:
                 rep.fallback.append(f"{block.index} {block.name}")
+            if block.margin is not None and (rep.margin is None or block.margin < rep.margin):
+                rep.margin, rep.margin_chunk = block.margin, f"{block.index} {block.name}"
             rep.tensors += len(block.tensors)
             rep.values += sum(t.bits.size for t in block.tensors.values())
             rep.decoded_bytes += sum(t.bits.nbytes for t in block.tensors.values())

@@ -142,6 +142,8 @@ def _cmd_verify(a: argparse.Namespace) -> int:
         print(json.dumps(rep.as_dict(), indent=2))
     else:
         print(rep.summary())
+        if rep.margin_line():
+            print(rep.margin_line())
         if rep.note:
             sys.stderr.write(f"bbformat: note: {rep.note}\n")
     return DigestError.exit_status if rep.exact is False else 0

@@ -16,12 +16,13 @@ from enum import IntEnum
 
 FORMAT_MAJOR = 1
 """Header and footer `major` (SPEC.md 4, 10.2); any other value is E_VERSION."""
-FORMAT_MINOR = 3
+FORMAT_MINOR = 4
 """The newest minor this code knows; a writer writes the lowest its file needs (minor_for)."""
-FORMAT_VERSIONS = ("1.3", "1.2", "1.1")
+FORMAT_VERSIONS = ("1.4", "1.3", "1.2", "1.1")
 """What a writer can be asked to write (`pack --format-version`), the default first. The file
-gets the lowest minor its features need: "1.3" writes minor 2 unless payloads may use codec
-3; "1.1" writes minor 0 unless the payloads may use codec 2."""
+gets the lowest minor its features need: "1.4" writes minor 4 when it has sites (their band
+sections), else as "1.3"; "1.3" writes minor 2 unless payloads may use codec 3; "1.1" writes
+minor 0 unless the payloads may use codec 2."""
 
 # ----------------------------------------------------------------------------- magics
 
@@ -126,9 +127,11 @@ class RequiredFlag(IntEnum):
     DIGESTS = 0x2  # 1.2: every chunk records content_crc of its decoded tensors (SPEC.md 5.4)
     MIXED_CORRECTIONS = 0x4  # 1.2: x_residuals and x_patches may share a symmetric-mode site (SPEC.md 8.4)
     EXPONENT = 0x8  # 1.3: payload sections may use codec 3 (SPEC.md 8.7)
+    BANDS = 0x10  # 1.4: every non-PLAIN site stores its band widths, a band section (SPEC.md 8.8); needs DIGESTS
 
 
-REQUIRED_FLAGS_KNOWN = int(RequiredFlag.PLANES | RequiredFlag.DIGESTS | RequiredFlag.MIXED_CORRECTIONS | RequiredFlag.EXPONENT)
+REQUIRED_FLAGS_KNOWN = int(RequiredFlag.PLANES | RequiredFlag.DIGESTS | RequiredFlag.MIXED_CORRECTIONS | RequiredFlag.EXPONENT
+                           | RequiredFlag.BANDS)
 """Every required flag this code understands (SPEC.md 4, 11.2 item 4)."""
 OPTIONAL_FLAGS_KNOWN = 0x0
 """None are defined; readers ignore optional_flags (SPEC.md 4)."""
@@ -179,6 +182,7 @@ class SectionKind(IntEnum):
     X_RESIDUALS = 3  # residuals of a symmetric-mode site's regenerated block (SPEC.md 8.4)
     X_PATCHES = 4  # patches of the regenerated block (SPEC.md 8.5)
     ANCHOR_PATCHES = 5  # patches of a PAPER site's un-rotated anchor (SPEC.md 8.5)
+    BAND = 6  # 1.4, in a file with RequiredFlag.BANDS: a site's band widths (SPEC.md 8.8)
 
 
 SECTION_KIND_NAMES: dict[int, str] = {int(k): k.name.lower() for k in SectionKind}
@@ -233,21 +237,27 @@ EXPONENT_ENTROPY_MODES = ("exponent", "auto")
 """The entropy modes whose payloads may use codec 3 in a 1.3 file (RequiredFlag.EXPONENT)."""
 
 
-def required_flags_for(format_version: str, entropy: str) -> int:
-    """The required flags of a file written as `format_version` ("1.3", "1.2" or "1.1") with
-    payloads stored by `entropy` (SPEC.md 4): 1.2 and 1.3 record digests and may mix
-    corrections; planes and auto may use codec 2; in 1.3, exponent and auto may use codec 3."""
+def required_flags_for(format_version: str, entropy: str, sites: bool = True) -> int:
+    """The required flags of a file written as `format_version` ("1.4", "1.3", "1.2" or "1.1")
+    with payloads stored by `entropy` (SPEC.md 4): 1.2 and later record digests and may mix
+    corrections; planes and auto may use codec 2; from 1.3, exponent and auto may use codec 3;
+    in 1.4, a file that may have sites (`sites`: a scheme other than none) stores their bands."""
     flags = int(RequiredFlag.PLANES) if entropy in PLANES_ENTROPY_MODES else 0
-    if format_version in ("1.2", "1.3"):
+    if format_version in ("1.2", "1.3", "1.4"):
         flags |= RequiredFlag.DIGESTS | RequiredFlag.MIXED_CORRECTIONS
-    if format_version == "1.3" and entropy in EXPONENT_ENTROPY_MODES:
+    if format_version in ("1.3", "1.4") and entropy in EXPONENT_ENTROPY_MODES:
         flags |= RequiredFlag.EXPONENT
+    if format_version == "1.4" and sites:
+        flags |= RequiredFlag.BANDS
     return flags
 
 
 def minor_for(required_flags: int) -> int:
     """The lowest minor version whose features a file with these flags uses (SPEC.md 4,
-    Versions): 3 with EXPONENT, 2 with DIGESTS or MIXED_CORRECTIONS, else 1 with PLANES, else 0."""
+    Versions): 4 with BANDS, 3 with EXPONENT, 2 with DIGESTS or MIXED_CORRECTIONS, else 1 with
+    PLANES, else 0."""
+    if required_flags & RequiredFlag.BANDS:
+        return 4
     if required_flags & RequiredFlag.EXPONENT:
         return 3
     if required_flags & (RequiredFlag.DIGESTS | RequiredFlag.MIXED_CORRECTIONS):
@@ -255,9 +265,10 @@ def minor_for(required_flags: int) -> int:
     return 1 if required_flags & RequiredFlag.PLANES else 0
 
 
-def written_version(format_version: str, entropy: str) -> str:
-    """The version ("1.3", "1.2", "1.1" or "1.0") of a file written as `format_version` with `entropy`."""
-    return f"{FORMAT_MAJOR}.{minor_for(required_flags_for(format_version, entropy))}"
+def written_version(format_version: str, entropy: str, sites: bool = True) -> str:
+    """The version ("1.4" ... "1.0") of a file written as `format_version` with `entropy` (and
+    sites, unless `sites` is False: scheme none)."""
+    return f"{FORMAT_MAJOR}.{minor_for(required_flags_for(format_version, entropy, sites))}"
 
 
 # ----------------------------------------------------------------------------- errors

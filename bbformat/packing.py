@@ -77,6 +77,7 @@ class EncodeChain:
     moments: Moments | None = None
     band: bool = True
     progress: Progress | None = None
+    bands: bool = False  # format 1.4: band sections (SPEC.md 8.8)
     la: Linalg = REFERENCE  # where the linear algebra runs
     canonical: dict[str, np.ndarray] = field(default_factory=dict)
     pending: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
@@ -92,7 +93,7 @@ class EncodeChain:
         incoming = {k: v for k, v in self.pending.items() if k[0] in local}
         moments = {n: m for n, m in self.moments.items() if n in local} if self.moments else None
         enc = encode_chunk(chunk, LazyTensors(self.get, chunk.tensors), incoming, self.scheme, self.tolerance, self.canonical,
-                           moments, defer=True, band=self.band, la=self.la)
+                           moments, defer=True, band=self.band, la=self.la, bands=self.bands)
         for k in incoming:
             self.pending.pop(k, None)
         for k, r in enc.outgoing.items():

@@ -96,6 +96,7 @@ class DecodedBlock:
     tensors: dict[str, RawTensor]
     exact: bool | None = None
     fallback: bool = False
+    margin: float | None = None  # with margins: the smallest site margin (SPEC.md 9), None if no site has a band section
 
 
 def claim_names(seen: dict[str, int], block: DecodedBlock) -> DecodedBlock:
@@ -134,19 +135,22 @@ def _decode_or_blame_numerics(chunk: ParsedChunk, corrector: StoredCorrector, la
                           f"{exc.code} ({exc}); the reference decodes this chunk") from None
 
 
-def decode_parsed(chunk: ParsedChunk, allow_inexact: bool = False, la: Linalg = REFERENCE, fallback: bool = True) -> DecodedBlock:
+def decode_parsed(chunk: ParsedChunk, allow_inexact: bool = False, la: Linalg = REFERENCE, fallback: bool = True,
+                  margins: bool = False) -> DecodedBlock:
     """Decode a parsed chunk on backend `la` and check its content digest where the file
     records one: a mismatch is DigestError (E_DIGEST), or with allow_inexact a block marked
     exact=False. On any backend but the reference, a chunk that misses its digest is decoded
     again with the reference (fallback=True, the default; the block says so), so a device
-    never costs exactness, only the time of the chunks it missed."""
-    corrector = StoredCorrector(chunk.program, chunk.side)
+    never costs exactness, only the time of the chunks it missed. margins: the block's margin
+    (a 1.4 file's band sections; that of the decoding whose values are returned)."""
+    corrector = StoredCorrector(chunk.program, chunk.side, margins)
     fell_back = False
     if fallback and not la.is_reference and chunk.content_crc is not None:
         tensors = _device_decode(chunk, corrector, la)
         if tensors is not None:
-            return DecodedBlock(chunk.index, chunk.program.name, tensors, True)
+            return DecodedBlock(chunk.index, chunk.program.name, tensors, True, margin=_margin(corrector))
         la, fell_back = REFERENCE, True
+        corrector.margins.clear()
     tensors = _decode_or_blame_numerics(chunk, corrector, la)
     exact = None
     if chunk.content_crc is not None:
@@ -156,7 +160,11 @@ def decode_parsed(chunk: ParsedChunk, allow_inexact: bool = False, la: Linalg = 
             raise DigestError(f"chunk {chunk.index} ({chunk.program.name!r}) decoded to other values than the encoder's: "
                               f"content CRC32C {got:08x}, recorded {chunk.content_crc:08x} (this reader's floating point "
                               "differs beyond the file's band)")
-    return DecodedBlock(chunk.index, chunk.program.name, tensors, exact, fell_back)
+    return DecodedBlock(chunk.index, chunk.program.name, tensors, exact, fell_back, _margin(corrector))
+
+
+def _margin(corrector: StoredCorrector) -> float | None:
+    return min(corrector.margins.values()) if corrector.margins else None
 
 
 def reader_backend(la: Linalg, has_digests: bool, source: object) -> tuple[Linalg, str | None]:
@@ -182,14 +190,18 @@ class Reader:
     by default; "cuda", "cuda:N", "torch:DEV", or a Linalg). Every chunk decoded elsewhere is
     checked against its digest and, where it misses, decoded again with the reference
     (fallback=False turns that off, for cross-reader tests). A file without digests decodes
-    with the reference; `note` then says so. `linalg` is the backend in use."""
+    with the reference; `note` then says so. `linalg` is the backend in use.
+
+    margins: each decoded block of a 1.4 file (band sections) carries its margin (DecodedBlock,
+    SPEC.md 9): how close this reader's arithmetic came to rounding a value differently."""
 
     def __init__(
         self, source: str | os.PathLike[str] | BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,
-        allow_inexact: bool = False, device: str | Linalg | None = None, fallback: bool = True,
+        allow_inexact: bool = False, device: str | Linalg | None = None, fallback: bool = True, margins: bool = False,
     ) -> None:
         self._budget = resolve_budget(max_block_bytes)
         self._fallback = fallback
+        self._margins = margins
         asked = device_backend(device)
         self._allow_inexact = allow_inexact
         self._max_dim = check_max_site_dim(max_site_dim)
@@ -299,7 +311,7 @@ class Reader:
         return self.header.has_digests
 
     def decode_block(self, i: int) -> DecodedBlock:
-        return decode_parsed(self.read_chunk(i), self._allow_inexact, self.linalg, self._fallback)
+        return decode_parsed(self.read_chunk(i), self._allow_inexact, self.linalg, self._fallback, self._margins)
 
     def iter_blocks(self, order: str = "forward", workers: int = 1) -> Iterator[DecodedBlock]:
         """Decode blocks in order, one at a time (workers=1: memory about one block), or with

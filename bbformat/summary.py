@@ -11,7 +11,7 @@ from .container.program import bits_of
 from .codec.payload import decode_payload
 from .codec.section_kinds import SECTION_KINDS, SiteContext
 from .compat import legacy_reader_problems
-from .constants import CODEC_NAMES, CRC_SIZE, SECTION_KIND_NAMES, SectionKind
+from .constants import CODEC_NAMES, CRC_SIZE, SECTION_KIND_NAMES, RequiredFlag, SectionKind
 from .container.chunks import parse_chunk
 from .container.crc import crc32c
 from .reader import Reader, resolve_budget
@@ -107,6 +107,7 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
         "scheme": r.header.scheme,
         "tolerance": meta.get("tolerance"),
         "content_digests": r.header.has_digests,
+        "band_widths": bool(r.header.required_flags & RequiredFlag.BANDS),
         "warnings": legacy_reader_problems(_side_files(meta)),
         "dtypes": sorted({t["dtype"] for b in blocks for t in b["tensors"]}),
         "blocks": blocks,
@@ -152,7 +153,8 @@ def format_summary(info: dict[str, Any]) -> str:
         f"bbformat {info['version']}  {info['file']}",
         f"architecture {info['architecture']}  scheme {info['scheme']}  tolerance {info['tolerance']}  dtypes {','.join(info['dtypes'])}",
         "content digests: " + ("yes (every chunk records a CRC32C of its decoded values; `bbformat verify` checks them)"
-                               if info["content_digests"] else "no (format 1.0/1.1: exactness on another reader cannot be checked)"),
+                               if info["content_digests"] else "no (format 1.0/1.1: exactness on another reader cannot be checked)")
+        + ("; band widths stored (`bbformat verify` reports this reader's margin)" if info.get("band_widths") else ""),
         "",
         f"{'#':>3} {'block':<14} {'tensors':>7} {'rotations (dim)':<22} {'plain B':>11} {'payload B':>11} {'coding':>6} {'sign b':>6} {'corr':>7} {'corr B':>8} {'crc':>5}",
     ]

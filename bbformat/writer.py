@@ -62,9 +62,9 @@ class Writer:
         check_entropy_mode(entropy)
         check_format_version(format_version)
         self._entropy = entropy
-        self._flags = required_flags_for(format_version, entropy)
-        if entropy == "exponent" and format_version != "1.3":
-            raise InputError(f"entropy mode 'exponent' (payload codec 3) needs format 1.3, not {format_version}")
+        self._flags = required_flags_for(format_version, entropy, sites=scheme != "none")
+        if entropy == "exponent" and format_version not in ("1.3", "1.4"):
+            raise InputError(f"entropy mode 'exponent' (payload codec 3) needs format 1.3 or later, not {format_version}")
         fields = check_header(scheme, chunk_count, metadata, self._flags)  # refuses bad input before a temp file exists
         self._header_pool: ThreadPoolExecutor | None = None
         self._header: Future[bytes] | None = None  # a background header not yet written
@@ -152,6 +152,11 @@ class Writer:
         return bool(self._flags & RequiredFlag.DIGESTS)
 
     @property
+    def bands(self) -> bool:
+        """Whether every non-PLAIN site stores its band widths (format 1.4, the encoder's bands=True)."""
+        return bool(self._flags & RequiredFlag.BANDS)
+
+    @property
     def mixed_corrections(self) -> bool:
         """Whether a site may carry x_residuals and x_patches together (the encoder's band=True)."""
         return bool(self._flags & RequiredFlag.MIXED_CORRECTIONS)
@@ -168,6 +173,10 @@ class Writer:
                                    else "a 1.1 writer records no content_crc")
         if self._added >= self._expected:
             raise WriterStateError(f"more chunks than the {self._expected} declared")
+        banded = {sec.site for sec in sections if sec.kind == SectionKind.BAND}
+        if banded != ({i for i, s in enumerate(program.sites) if not s.plain} if self.bands else set()):
+            raise InputError("a 1.4 file with sites stores a band section for every non-PLAIN site (the encoder's bands=True)"
+                             if self.bands else "band sections need format 1.4 (RequiredFlag.BANDS)")
         if not coded:
             sections = self.code_sections(program, sections)
         self._waiting.append(build_chunk_parts(self._added, program, sections, content_crc or 0))

@@ -78,7 +78,7 @@ from bbformat.reader import Reader, iter_stream  # noqa: E402
 import impl_python  # noqa: E402
 import run as runner  # noqa: E402
 
-SPEC_VERSION = "1.3"  # of the manifest; each vector records the version that introduced it
+SPEC_VERSION = "1.4"  # of the manifest; each vector records the version that introduced it
 U64 = (1 << 64) - 1
 ZSTD = zstandard.ZstdCompressor(level=19, write_content_size=True, write_checksum=False)
 
@@ -265,10 +265,12 @@ def separated(rng: np.random.Generator, rows: int, d: int, lo: float = 1.0, hi: 
     return (orth(rng, rows)[:, :d] * s) @ orth(rng, d).T
 
 
-def encode(layout: ChunkLayout, tensors: dict, scheme: str, tol: float, force: bool = False, band: bool = False):  # type: ignore[no-untyped-def]
+def encode(layout: ChunkLayout, tensors: dict, scheme: str, tol: float, force: bool = False, band: bool = False,  # type: ignore[no-untyped-def]
+           bands: bool = False):
     """encode_chunk; with force, a site is not made PLAIN for side information that does not pay.
-    band=False (the default) is the 1.1 encoder: the bytes of every vector before 1.2."""
-    return encode_chunk(layout, tensors, {}, scheme, tol, band=band, demote=not force)
+    band=False (the default) is the 1.1 encoder: the bytes of every vector before 1.2; bands=True
+    (with band) the 1.4 encoder, which stores each site's band widths."""
+    return encode_chunk(layout, tensors, {}, scheme, tol, band=band, demote=not force, bands=bands)
 
 
 def site_flags(enc) -> list[int]:  # type: ignore[no-untyped-def]
@@ -504,10 +506,10 @@ CODES = {
     "E_MAGIC": ("a magic number is wrong: the file's leading magic (or a file shorter than 8 bytes), a chunk's, the index's (or an index shorter than 8 bytes); the footer's when reading forward", "§4, §5, §10.1, §10.3", 1),
     "E_TRUNCATED": ("the file ends early: shorter than 84 bytes, no footer magic at the end of a seekable file (random access), a read past the end, a stream ending early", "§10.2, §10.3", 2),
     "E_VERSION": ("major version not 1 (header or footer), or header and footer versions differ", "§4, §10.2", 3),
-    "E_REQUIRED_FLAG": ("a required_flags bit is set that the reader does not know (1.1 defines bit 0, PLANES; 1.2 bits 1, DIGESTS, and 2, MIXED_CORRECTIONS; a 1.1 reader rejects a 1.2 file with either)", "§4", 4),
+    "E_REQUIRED_FLAG": ("a required_flags bit is set that the reader does not know (1.1 defines bit 0, PLANES; 1.2 bits 1, DIGESTS, and 2, MIXED_CORRECTIONS; 1.3 bit 3, EXPONENT; 1.4 bit 4, BANDS; a 1.1 reader rejects a 1.2 file with either), or BANDS without DIGESTS", "§4", 4),
     "E_RESERVED": ("a reserved field or bit is not zero, including chunk offset 4 in a file without DIGESTS, site flag bits 2-7 and sign bitmap padding", "§1, §4, §5, §5.1, §5.3, §8.3, §10", 5),
     "E_SCHEME": ("header scheme byte not 1 (paper), 2 (symmetric) or 3 (none: no sites, since 1.2; a 1.1 reader rejects 3)", "§4", 6),
-    "E_CODEC": ("metadata, section, residual-group or planes-group codec not 0 (raw) or 1 (zstd); section codec 2 (planes) except on the payload of a file with PLANES", "§4, §5.3, §8.2, §8.4, §8.6", 7),
+    "E_CODEC": ("metadata, section, residual-group or planes-group codec not 0 (raw) or 1 (zstd); section codec 2 (planes) except on the payload of a file with PLANES; a band section not raw (1.4)", "§4, §5.3, §8.2, §8.4, §8.6", 7),
     "E_ZSTD": ("a zstd field that is not exactly one valid zstd frame (unparseable header, damaged data, several or skippable frames, bytes after the frame)", "§4.1, §8.2, §8.4", 8),
     "E_METADATA": ("metadata not UTF-8, not JSON, or not a JSON object", "§4.1", 9),
     "E_CRC_HEADER": ("header_crc mismatch", "§3, §4", 10),
@@ -521,11 +523,11 @@ CODES = {
     "E_DESCRIPTOR": ("the descriptor does not parse to exactly Ld bytes (incl. invalid UTF-8), duplicate tensor name, unknown op kind, op index out of range, a tensor not pushed exactly once, a site not used exactly once; MAY: a tensor name in two chunks", "§1, §5.1, §5.2, §11.4", 18),
     "E_DTYPE": ("unknown symbol or tensor dtype code, or a tensor narrower than the symbols", "§5.1, §6.1", 19),
     "E_SITE": ("a site's anchor does not exist or does not fit (axis, dims[axis] = D, D >= 2), or its PUSH precedes the SITE", "§5.1, §5.2", 20),
-    "E_SECTION_KIND": ("unknown section kind, payload naming a site, a section naming a non-existent site, a kind not allowed for its site", "§5.3, §8.1", 21),
+    "E_SECTION_KIND": ("unknown section kind (6, band, in a file without BANDS), payload naming a site, a section naming a non-existent site, a kind not allowed for its site", "§5.3, §8.1", 21),
     "E_SECTION_DUPLICATE": ("two sections of one (kind, site), x_residuals and x_patches on one site in a file without MIXED_CORRECTIONS, two payloads", "§8.1", 22),
-    "E_SECTION_MISSING": ("no payload section, or a non-plain PAPER site without signs", "§8.1", 23),
-    "E_SECTION_SIZE": ("a section's stored/declared/decoded sizes disagree (raw stored != decoded, zstd content size absent or != decoded_length, signs != ceil(D/8)), decompressed metadata size != declared, a planes group not of its size", "§4.1, §8.2, §8.6", 24),
-    "E_SECTION_CONTENT": ("malformed correction content: varints (unterminated, > 10 bytes, >= 2^64, wrong number, left-over bytes), residual groups running past or left over, ordinal out of range, patch count/values/gaps/positions; a malformed planes payload (segments, classes, groups)", "§8.4, §8.5, §8.6", 25),
+    "E_SECTION_MISSING": ("no payload section, a non-plain PAPER site without signs, or (1.4, BANDS) a non-plain site without a band section", "§8.1", 23),
+    "E_SECTION_SIZE": ("a section's stored/declared/decoded sizes disagree (raw stored != decoded, zstd content size absent or != decoded_length, signs != ceil(D/8), band not 8 or 24 bytes), decompressed metadata size != declared, a planes group not of its size", "§4.1, §8.2, §8.6", 24),
+    "E_SECTION_CONTENT": ("malformed correction content: varints (unterminated, > 10 bytes, >= 2^64, wrong number, left-over bytes), residual groups running past or left over, ordinal out of range, patch count/values/gaps/positions; a malformed planes payload (segments, classes, groups); a band width not finite or not > 0 (1.4)", "§8.4, §8.5, §8.6, §8.8", 25),
     "E_SYMBOL_COUNT": ("payload decoded_length != P*W/8, a pop underflows, symbols left on the stack", "§6.3, §7.1", 26),
     "E_LIMIT_COUNT": ("more chunks, tensors, sites or sections than allowed, a descriptor longer than 16 MiB, more than 65,536 planes segments", "§4, §5, §5.1, §8.6, §11.1", 27),
     "E_LIMIT_METADATA": ("metadata over 64 MiB, stored or (zstd) declared", "§4, §4.1, §11.1", 27),
@@ -2296,7 +2298,7 @@ def mixed_sites(data: bytes) -> int:
     return sum(1 for ks in site_kinds(data) for k in ks.values() if {SectionKind.X_RESIDUALS, SectionKind.X_PATCHES} <= k)
 
 
-def f32_site(seed: int, scheme: str, tol: float, hi: float, D: int = 16):  # type: ignore[no-untyped-def]
+def f32_site(seed: int, scheme: str, tol: float, hi: float, D: int = 16, bands: bool = False):  # type: ignore[no-untyped-def]
     """One float32 chunk (W = 32) encoded by the 1.2 encoder (band=True): src (D, D), an anchor
     (D, 2D) on axis 0 whose Gram eigenvalues are linearly spaced in [1, hi] (times scale^2; hi
     close to 1 makes them clustered, so that a second eigensolver disagrees more and the band is
@@ -2308,7 +2310,7 @@ def f32_site(seed: int, scheme: str, tol: float, hi: float, D: int = 16):  # typ
         ts["follower"] = t(rng, (3, D), "float32")
         fol = (AxisRef("follower", 1),)
     lay = ChunkLayout(f"band{seed}", tuple(ts), (SiteSpec("site0", D, AxisRef("anchor", 0), fol),))
-    return encode(lay, ts, scheme, tol, force=True, band=True)
+    return encode(lay, ts, scheme, tol, force=True, band=True, bands=bands)
 
 
 def find_site(what: str, make: Callable, ok: Callable, seeds: range = range(1, 60)):  # type: ignore[no-untyped-def]
@@ -2719,11 +2721,13 @@ def add_exponent(S: Suite) -> None:  # noqa: C901 - one list of vectors
     x = with_exponent(bs, 0, good)
     x.chunks[0].sec(SectionKind.PAYLOAD).codec = 4
     inv("x_exponent_section_codec4", x.build(), "section codec 4 with EXPONENT set", "E_CODEC", 7)
-    for bit in (4, 31):  # rejected since 1.0 (bit 4 was x_required_flag_bit3's successor: bit 3 is EXPONENT now)
-        S.invalid(f"x_required_flag_bit{bit}", mod(bs, hdr={"required_flags": 1 << bit}).build(), "§4", f"required_flags bit {bit} set",
+    for bit in (4, 31):  # rejected since 1.0; bit 4 is BANDS since 1.4, still rejected here: BANDS without DIGESTS
+        S.invalid(f"x_required_flag_bit{bit}", mod(bs, hdr={"required_flags": 1 << bit}).build(), "§4",
+                  f"required_flags bit {bit} set" + (" (BANDS since 1.4: without DIGESTS, still E_REQUIRED_FLAG)" if bit == 4 else ""),
                   "E_REQUIRED_FLAG", 4)
     S.invalid("x_required_flag_planes_and_bit4", with_planes(bs, 0, planes_bytes(sym, 16, [seg(P, P, 1, 0)]), flags=0x11).build(), "§4",
-              "required_flags PLANES and bit 4 set", "E_REQUIRED_FLAG", 4, since="1.1")
+              "required_flags PLANES and bit 4 set (BANDS since 1.4: without DIGESTS, still E_REQUIRED_FLAG)", "E_REQUIRED_FLAG", 4,
+              since="1.1")
 
     small = exp_bytes(sym, d0, 0, one, 2)  # t | N=1 | n r K | Q | maps | T | tables | S | stream | rest
     head_len = 1 + len(varint(1) + varint(P) + varint(P) + b"\x01")
@@ -2820,6 +2824,125 @@ def add_exponent(S: Suite) -> None:  # noqa: C901 - one list of vectors
     inv("x_exponent_class_and_tables", ex(bad_both), "a column class >= K and a tables group of codec 2: the classes are checked first")
 
 
+BANDS_FLAG = RequiredFlag.BANDS
+V14_FLAGS = V12_FLAGS | BANDS_FLAG
+
+
+def v14(chunks: list[Chk], scheme: str = "symmetric", tol: float = 0.0, flags: int = V14_FLAGS) -> BB:
+    """A minor-4 container (default flags DIGESTS, MIXED_CORRECTIONS and BANDS), as the reference Writer writes it."""
+    meta = meta_bytes({"format": "bbformat", "format_version": "1.4", "scheme": scheme, "tolerance": tol})
+    return BB(chunks, scheme=1 if scheme == "paper" else 2, meta=meta, hdr={"required_flags": flags, "minor": 4})
+
+
+def written14(encs: list, scheme: str, tol: float) -> bytes:  # type: ignore[type-arg]
+    """The reference Writer's 1.4 file of encoded chunks (their band sections included)."""
+    buf = io.BytesIO()
+    w = bbformat.Writer(buf, scheme, len(encs), {"format": "bbformat", "format_version": "1.4", "scheme": scheme, "tolerance": tol},
+                        format_version="1.4")
+    assert w.bands
+    for e in encs:
+        w.add_encoded(e)
+    w.close()
+    return buf.getvalue()
+
+
+def file_margin(data: bytes) -> float:
+    """The reference reader's smallest band margin over a 1.4 file (SPEC.md 9 item 7)."""
+    with Reader(io.BytesIO(data), margins=True) as r:
+        margins = [b.margin for b in r.iter_blocks() if b.margin is not None]
+    assert margins, "no band margin"
+    return min(margins)
+
+
+def add_v14(S: Suite) -> None:  # noqa: C901 - one list of vectors
+    V = "1.4"
+    short = {"float16": "f16", "float32": "f32"}
+    for scheme, arch, seed in (("symmetric", "llama", 21), ("paper", "opt", 22)):
+        for dtype in ("float16", "float32"):
+            data, rep = tiny_model(arch, scheme, seed, None, dtype, layers=2, format_version="1.4")
+            with Reader(io.BytesIO(data)) as r:
+                assert (r.header.required_flags, r.header.minor, r.metadata["format_version"]) == (V14_FLAGS, 4, "1.4"), r.header
+            rotated = sum(1 for s in rep.sites if s.plain_reason is None)
+            banded = sum(1 for ks in site_kinds(data) for kinds in ks.values() if SectionKind.BAND in kinds)
+            assert rotated and banded == rotated, (scheme, dtype, rotated, banded)
+            m = file_margin(data)
+            assert m > 1, m
+            S.valid(f"v_bands_pack_{'sym' if scheme == 'symmetric' else 'paper'}_{short[dtype]}", data, "§8.8, §9, §12.6",
+                    f"bbformat.api.pack (format 1.4, its default) of a tiny sliced {'Llama' if arch == 'llama' else 'OPT'} model "
+                    f"(2 layers), {scheme} scheme, {dtype}: BANDS set, a band section on each of its {rotated} non-plain sites; "
+                    f"the reference reader's smallest margin is {m:.4g} (> 1 by construction)", since=V)
+
+    enc_s = find_site("a symmetric site with band values", lambda seed: f32_site(seed, "symmetric", 1e-4, 1.001, bands=True),
+                      lambda e: e.reports[0].banded > 0)
+    enc_p = find_site("a paper site with band values", lambda seed: f32_site(seed, "paper", 1e-4, 1.01, bands=True),
+                      lambda e: e.reports[0].banded > 0)
+    sym = v14([digest_chk(enc_s)], "symmetric", 1e-4)
+    pap = v14([digest_chk(enc_p)], "paper", 1e-4)
+    assert sym.build() == written14([enc_s], "symmetric", 1e-4) and pap.build() == written14([enc_p], "paper", 1e-4), \
+        "this script's byte model differs from the reference writer"
+    ws = np.frombuffer(sym.chunks[0].sec(SectionKind.BAND).stored, "<f8")
+    wp = np.frombuffer(pap.chunks[0].sec(SectionKind.BAND).stored, "<f8")
+    assert ws.size == 1 and wp.size == 3
+    S.valid("v_bands_sym_f32", sym.build(), "§8.8, §9",
+            f"v_band_sym_f32's kind of site (float32, D = 16, clustered spectrum, tolerance 1e-4) written by the 1.4 encoder: "
+            f"{enc_s.reports[0].banded} band values in x_patches and a band section holding δ_x = {ws[0]:.6g}; reference margin "
+            f"{file_margin(sym.build()):.4g}", since=V)
+    S.valid("v_bands_paper_f32", pap.build(), "§8.8, §9",
+            f"a float32 PAPER site (D = 16, tolerance 1e-4) written by the 1.4 encoder: a 24-byte band section (δ_x, δ_a, δ_c = "
+            f"{', '.join(f'{w:.6g}' for w in wp)}); reference margin {file_margin(pap.build()):.4g}", since=V)
+
+    def band_bytes(*w: float) -> bytes:
+        return struct.pack(f"<{len(w)}d", *w)
+
+    def with_band(bb: BB, data: bytes, codec: int = 0) -> BB:
+        x = bb.copy()
+        sec = x.chunks[0].sec(SectionKind.BAND)
+        sec.stored, sec.decoded_length, sec.codec = (data, len(data), 0) if codec == 0 else (ZSTD.compress(data), len(data), 1)
+        return x
+
+    want = decoded_tensors(sym.build())
+    odd = with_band(sym, band_bytes(2.0 ** -1074)).build()
+    assert decoded_tensors(odd) == want
+    S.valid("v_bands_width_tiny", odd, "§8.8", "v_bands_sym_f32 with δ_x the smallest subnormal float64 (finite and > 0: valid; "
+            "decoding does not use the widths, so the tensors are v_bands_sym_f32's; the margin is then huge)", since=V)
+    flagged = sealed(v14([edge_chunks()[0]])).build()
+    S.valid("v_bands_flag_no_sites", flagged, "§4, §8.8", "BANDS set in a file whose one chunk has no sites: no band section is needed",
+            eig=False, since=V)
+
+    def inv(vid: str, data: bytes, what: str, code: str, rule: int) -> None:
+        S.invalid(vid, data, "§8.8", what, code, rule, since=V)
+
+    for name, w in (("zero", 0.0), ("negative", -1e-12), ("nan", float("nan")), ("inf", float("inf"))):
+        inv(f"x_band_width_{name}", with_band(sym, band_bytes(w)).build(), f"v_bands_sym_f32 with δ_x = {w}", "E_SECTION_CONTENT", 25)
+    inv("x_band_width_paper_third_zero", with_band(pap, band_bytes(wp[0], wp[1], 0.0)).build(),
+        "v_bands_paper_f32 with δ_c = 0 (the other two as written)", "E_SECTION_CONTENT", 25)
+    inv("x_band_size_paper_8", with_band(pap, band_bytes(wp[0])).build(), "a PAPER site's band section of 8 bytes (24 needed)",
+        "E_SECTION_SIZE", 24)
+    inv("x_band_size_sym_24", with_band(sym, band_bytes(ws[0], ws[0], ws[0])).build(), "a symmetric site's band section of 24 bytes "
+        "(8 needed)", "E_SECTION_SIZE", 24)
+    inv("x_band_zstd", with_band(sym, band_bytes(ws[0]), codec=1).build(), "the band section stored as zstd (raw only)", "E_CODEC", 7)
+    x = sym.copy()
+    x.chunks[0].secs = [c for c in x.chunks[0].secs if c.kind != SectionKind.BAND]
+    inv("x_band_missing", x.build(), "v_bands_sym_f32 without its band section (BANDS set)", "E_SECTION_MISSING", 23)
+    x = sym.copy()
+    x.chunks[0].secs.append(copy.deepcopy(x.chunks[0].sec(SectionKind.BAND)))
+    inv("x_band_duplicate", x.build(), "two band sections for one site", "E_SECTION_DUPLICATE", 22)
+    x = sym.copy()
+    x.hdr["required_flags"] = V12_FLAGS
+    inv("x_band_without_flag", x.build(), "v_bands_sym_f32 in a file without BANDS: kind 6 is unknown there", "E_SECTION_KIND", 21)
+    x = sym.copy()
+    x.chunks[0].sec(SectionKind.BAND).site = 1
+    inv("x_band_site_out_of_range", x.build(), "a band section naming site 1 of a chunk with one site", "E_SECTION_KIND", 21)
+    x = sym.copy()
+    x.chunks[0].sec(SectionKind.BAND).site = NO_SITE
+    inv("x_band_no_site", x.build(), "a band section with the payload's site field 0xFFFFFFFF", "E_SECTION_KIND", 21)
+    inv("x_bands_without_digests", mod(sym, hdr={"required_flags": MIXED_FLAG | BANDS_FLAG, "minor": 4}).build(),
+        "BANDS and MIXED_CORRECTIONS set without DIGESTS", "E_REQUIRED_FLAG", 4)
+    for bit in (5,):
+        S.invalid(f"x_required_flag_bit{bit}", mod(sym, hdr={"required_flags": V14_FLAGS | 1 << bit, "minor": 4}).build(), "§4",
+                  f"v_bands_sym_f32 with required_flags bit {bit} set too (unknown in 1.4)", "E_REQUIRED_FLAG", 4, since=V)
+
+
 def add_all(S: Suite) -> None:
     add_valid(S)
     add_invalid(S)
@@ -2828,6 +2951,7 @@ def add_all(S: Suite) -> None:
     add_v12(S)
     add_phi(S)
     add_exponent(S)
+    add_v14(S)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,7 +61,7 @@ def sample_container(scheme: str = "symmetric", tolerance: float = 0.0, seed: in
     w = Writer(buf, scheme, 2, {"format": "bbformat", "scheme": scheme, "tolerance": tolerance}, entropy=entropy,
                format_version=format_version)
     for lay, ts in ((l0, t0), (l1, t1)):
-        enc = encode_chunk(lay, ts, {}, scheme, tolerance, band=format_version != "1.1")
+        enc = encode_chunk(lay, ts, {}, scheme, tolerance, band=format_version != "1.1", bands=format_version == "1.4")
         w.add_encoded(enc)
     w.close()
     return buf.getvalue()

@@ -127,10 +127,11 @@ def test_verify(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[s
     capsys.readouterr()
     assert main(["verify", str(out), "--workers", "1"]) == 0
     text = capsys.readouterr().out
-    assert "exact: all 4 chunks verified" in text
+    assert "exact: all 4 chunks verified" in text and "band margin" in text
     assert main(["verify", str(out), "--json", "--workers", "2"]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert got["chunks"] == 4 and got["content_digests"] is True and got["exact"] is True and got["format_version"] == "1.2"
+    assert got["chunks"] == 4 and got["content_digests"] is True and got["exact"] is True and got["format_version"] == "1.4"
+    assert got["band_margin"] > 1
     old = tmp_path / "old.bb"
     assert main(["pack", str(model_dir), str(old), "--quiet", "--format-version", "1.1"]) == 0
     capsys.readouterr()

@@ -48,7 +48,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = {}
     for dtype in DTYPES:
         out[dtype] = root / f"{dtype}.bb"
-        pack(_model(root, dtype, dtype), out[dtype], verify=True)
+        pack(_model(root, dtype, dtype), out[dtype], verify=True, format_version="1.2")
     return out
 
 

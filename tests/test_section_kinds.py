@@ -87,6 +87,13 @@ def signs(draw: Draw, ctx: SiteContext) -> np.ndarray:
     return mask(draw, ctx.program.sites[ctx.site].dim)
 
 
+def band_widths(draw: Draw, ctx: SiteContext) -> np.ndarray:
+    """One width per value the site's mode bounds (SPEC.md 8.8): finite and > 0."""
+    n = 3 if ctx.program.sites[ctx.site].paper else 1
+    width = st.floats(min_value=5e-324, max_value=1e308, allow_nan=False, allow_infinity=False)
+    return np.array([draw(width) for _ in range(n)], np.float64)
+
+
 def plain(make: Callable[[Draw, SiteContext], Any]) -> Callable[[Draw, SiteContext], tuple[SiteContext, Any]]:
     return lambda draw, ctx: (ctx, make(draw, ctx))
 
@@ -98,6 +105,7 @@ VALUES: dict[SectionKind, Callable[[Draw, SiteContext], tuple[SiteContext, Any]]
     SectionKind.X_RESIDUALS: residuals,
     SectionKind.X_PATCHES: plain(block_patches),
     SectionKind.ANCHOR_PATCHES: plain(anchor_patches),
+    SectionKind.BAND: plain(band_widths),
 }
 KINDS = sorted(SECTION_KINDS)
 
@@ -119,7 +127,7 @@ def test_the_registry_covers_every_section_kind() -> None:
         assert section_codec(int(kind)) is codec and rules_of(int(kind)) is SECTION_RULES[kind]
 
 
-@pytest.mark.parametrize("kind", [0, 6, 255])
+@pytest.mark.parametrize("kind", [0, 7, 255])
 def test_an_unknown_kind_is_e_section_kind(kind: int) -> None:
     for lookup in (section_codec, rules_of):
         with pytest.raises(FormatError) as info:
@@ -135,6 +143,7 @@ def test_where_each_kind_is_allowed_is_spec_8_1() -> None:
         SectionKind.X_RESIDUALS: (False, False, True, False),
         SectionKind.X_PATCHES: (False, True, True, False),
         SectionKind.ANCHOR_PATCHES: (False, True, False, False),
+        SectionKind.BAND: (False, True, True, False),
     }
     for kind, want in table.items():
         assert tuple(SECTION_KINDS[kind].allowed(s) for s in (None, paper, symmetric, plain_site)) == want, kind.name
@@ -153,6 +162,8 @@ def test_a_sites_sections_limit_is_spec_11_5(mode: int, mixed: bool) -> None:
         pair = (limit[SectionKind.X_RESIDUALS], limit[SectionKind.X_PATCHES])
         want = sum(pair) if mixed else max(pair)
     assert site_sections_limit(p, 0, mixed) == want
+    bands = 0 if mode == SiteFlag.PLAIN else limit[SectionKind.BAND]  # 1.4: the band section, with BANDS only
+    assert site_sections_limit(p, 0, mixed, bands=True) == want + bands
 
 
 # ----------------------------------------------------------------------------- the contract

@@ -57,6 +57,21 @@ def in_band(x: np.ndarray, dtype: str, delta: float) -> np.ndarray:
     return out.reshape(np.shape(x))
 
 
+def min_distance(x: np.ndarray, dtype: str, skip: np.ndarray | None = None) -> float:
+    """The smallest boundary_distance of the values of x (flat) at positions not in `skip`
+    (flat indexes: the values stored explicitly); inf when none is left. In blocks, as in_band."""
+    flat = np.asarray(x, dtype=np.float64).reshape(-1)
+    keep = np.ones(flat.size, dtype=bool)
+    if skip is not None:
+        keep[skip] = False
+    out = np.inf
+    for i in range(0, flat.size, BLOCK):
+        part = flat[i : i + BLOCK][keep[i : i + BLOCK]]
+        if part.size:
+            out = min(out, float(boundary_distance(part, dtype).min()))
+    return out
+
+
 def width(observed: float, floor: float) -> float:
     """A site's band: the safety factor over the observed disagreement, at least the floor."""
     return max(BAND_FACTOR * observed, floor)

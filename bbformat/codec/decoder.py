@@ -5,7 +5,7 @@ reader's reads the stored side sections, the encoder's simulation knows the trut
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -33,6 +33,15 @@ class BasisObserver(Protocol):
     arrays of the decoding backend, and the popped eigenvalues on the host."""
 
     def note_basis(self, site: int, g: Array, e: Array, mu: np.ndarray, m: Array | None) -> None: ...
+
+
+class MarginObserver(Protocol):
+    """A corrector that measures margins (format 1.4, SPEC.md 9 item 7): it also sees each PAPER
+    site's column sums of E, on the host, when `margins_wanted`."""
+
+    margins_wanted: bool
+
+    def note_columns(self, site: int, sums: np.ndarray) -> None: ...
 
 
 def recover_basis(la: Linalg, anchor: RawTensor, site: SiteEntry, signs: np.ndarray | None,
@@ -98,6 +107,8 @@ def _undo_site(program: BlockProgram, site: int, stack: SymbolStack, out: dict[s
     if observer is not None and g is not None:
         observer.note_basis(site, g, e, mu, m)
     del g
+    if s.paper and getattr(corrector, "margins_wanted", False):  # a MarginObserver: the sign decisions' margin
+        cast(MarginObserver, corrector).note_columns(site, la.column_sums(e))
     xf = la.block(la.regenerate(e, la.asarray(mu), s.paper))  # float64, on the host
     approx = f64_to_bits(xf, program.symbol_dtype)
     stack.push(corrector.correct_x(site, approx, xf))

@@ -178,6 +178,7 @@ def encode_chunk(
     band: bool = True,
     demote: bool = True,
     la: Linalg = REFERENCE,
+    bands: bool = False,
 ) -> EncodedChunk:
     """Encode one chunk. `tensors` may be a lazy mapping that reads a tensor on every access
     (pack's, so a block's inputs are not all held at once): each is read a few times and
@@ -195,7 +196,8 @@ def encode_chunk(
     band=True (format 1.2, the default) stores every regenerated value that another correct
     reader could round differently (codec/band.py), and may put x_residuals and x_patches on
     one site (the file must set FLAG_MIXED_CORRECTIONS); band=False writes what 1.1 readers
-    read, exact only under the reference numerics.
+    read, exact only under the reference numerics. bands=True (format 1.4, with band) also
+    stores each rotated site's band widths (a band section, SPEC.md 8.8).
 
     demote=False keeps every usable site rotated even where its side information does not
     pay for itself or another reader could decide its signs differently (conformance vectors
@@ -205,8 +207,8 @@ def encode_chunk(
     the corrections and the band are computed with that backend's numerics."""
     check_choice("scheme", scheme, ROTATION_SCHEMES)
     with la.threads(), la.guard():
-        return _encode_chunk(_ChunkContext.make(layout, tensors, incoming, scheme, tolerance, canonical, moments, defer, band, la),
-                             demote)
+        return _encode_chunk(_ChunkContext.make(layout, tensors, incoming, scheme, tolerance, canonical, moments, defer, band, la,
+                                                bands and band), demote)
 
 
 @dataclass
@@ -228,12 +230,13 @@ class _ChunkContext:
     defer: bool
     band: bool
     la: Linalg
+    bands: bool
     feedback_cache: dict[tuple[str, bytes], RawTensor] = field(default_factory=dict)
 
     @classmethod
     def make(cls, layout: ChunkLayout, tensors: Mapping[str, RawTensor], incoming: Rotations, scheme: str, tolerance: float,
              canonical: dict[str, np.ndarray] | None, moments: Moments | None, defer: bool, band: bool,
-             la: Linalg = REFERENCE) -> "_ChunkContext":
+             la: Linalg = REFERENCE, bands: bool = False) -> "_ChunkContext":
         # A site that would have to pop before anything is pushed (the start of the
         # symmetric chain) has no bits source: it is not a usable site and is left out.
         dropped = [s for s in layout.sites if _first_touched(layout, s, scheme) == 0]
@@ -242,7 +245,8 @@ class _ChunkContext:
         entries = [TensorEntry(n, t.dtype, t.shape) for n in layout.tensors for t in (tensors[n],)]
         incoming_of = {n: [(ax, r) for (t, ax), r in incoming.items() if t == n] for n in layout.tensors}
         ctx = cls(layout, dropped, tensors, incoming_of, entries, choose_symbol_dtype(entries), plan_ops(layout, scheme), scheme,
-                  tolerance, {} if canonical is None else canonical, _moments_after(moments or {}, incoming, incoming_of), defer, band, la)
+                  tolerance, {} if canonical is None else canonical, _moments_after(moments or {}, incoming, incoming_of), defer, band, la,
+                  bands)
         ctx.fill_canonical()
         return ctx
 
@@ -446,7 +450,8 @@ def _encode_once(ctx: _ChunkContext, plain: dict[int, str]) -> _Attempt:
     # the payload's bytes once, and the symbols as a read-only view of them (not a second copy)
     payload_bytes = little_endian_bytes(fw.stack.take())
     payload = np.frombuffer(payload_bytes, dtype=np.dtype(uint_dtype(ctx.w)).newbyteorder("<")).astype(uint_dtype(ctx.w), copy=False)
-    sim = SimulatingCorrector(ctx.sym_dtype, ctx.tolerance, fw.true_x, fw.true_signs, fw.true_anchor, band=ctx.band, la=ctx.la)
+    sim = SimulatingCorrector(ctx.sym_dtype, ctx.tolerance, fw.true_x, fw.true_signs, fw.true_anchor, band=ctx.band,
+                              bands=ctx.bands, la=ctx.la)
     intended = decode_program(program, payload, sim, ctx.la)
     sections = [Section(SectionKind.PAYLOAD, NO_SITE, payload_bytes)]
     reports: list[SiteReport] = []

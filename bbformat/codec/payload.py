@@ -18,7 +18,7 @@ def code_payload(program: BlockProgram, data: bytes, mode: str, flags: int = int
     required `flags` allow (`auto`: the smallest; ties go to the lower codec number)."""
     check_entropy_mode(mode)
     if mode == "exponent" and not flags & RequiredFlag.EXPONENT:
-        raise InputError("entropy mode 'exponent' needs format 1.3")
+        raise InputError("entropy mode 'exponent' needs format 1.3 or later")
     cands = [(len(data), Codec.RAW, data)]
     if not data or mode == "none":
         return Codec.RAW, data

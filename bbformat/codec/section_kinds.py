@@ -24,11 +24,13 @@ from ..constants import EXPONENT_FIELD, SECTION_ENTRY_SIZE, Codec, SectionKind
 from ..container.program import BlockProgram, bits_of
 from ..container.section_rules import (
     AnchorPatchesRules,
+    BandRules,
     BlockPatchesRules,
     PayloadRules,
     ResidualsRules,
     SectionRules,
     SignsRules,
+    band_widths,
     payload_dtype,
     residual_bytes_per_value,
     rules_of,
@@ -308,13 +310,28 @@ class AnchorPatchesSection(AnchorPatchesRules, PatchesSection):
         return anchor.numel, bits_of(anchor.dtype)
 
 
+class BandSection(BandRules, SectionCodec[Array]):
+    """A site's band widths (SPEC.md 8.8): float64 little-endian, each finite and > 0."""
+
+    compress_whole = False
+
+    def encode(self, ctx: SiteContext, value: Array) -> bytes:
+        return np.asarray(value, "<f8").tobytes()
+
+    def decode(self, ctx: SiteContext, data: Buffer) -> Array:
+        if len(data) != self.decoded_limit(ctx.program, ctx.site):
+            raise FormatError("band section has the wrong size", "E_SECTION_SIZE")
+        return band_widths(data)
+
+
 PAYLOAD = PayloadSection()
 SIGNS = SignsSection()
 X_RESIDUALS = ResidualsSection()
 X_PATCHES = BlockPatchesSection()
 ANCHOR_PATCHES = AnchorPatchesSection()
+BAND = BandSection()
 
-SECTION_KINDS: dict[SectionKind, SectionCodec[Any]] = {c.kind: c for c in (PAYLOAD, SIGNS, X_RESIDUALS, X_PATCHES, ANCHOR_PATCHES)}
+SECTION_KINDS: dict[SectionKind, SectionCodec[Any]] = {c.kind: c for c in (PAYLOAD, SIGNS, X_RESIDUALS, X_PATCHES, ANCHOR_PATCHES, BAND)}
 """Every section kind, by kind."""
 
 
@@ -344,8 +361,8 @@ class PlannedSection:
 
 @dataclass(frozen=True)
 class SitePlan:
-    """How a site's SiteFix is stored, in the writer's order (SPEC.md 8.1): `first` (signs),
-    then one of `block_choices` (the ways to store the block's corrections; none if it needs
+    """How a site's SiteFix is stored, in the writer's order (SPEC.md 8.1): `first` (signs,
+    band), then one of `block_choices` (the ways to store the block's corrections; none if it needs
     none), then `last` (anchor_patches)."""
 
     first: list[PlannedSection]
@@ -358,6 +375,8 @@ def site_plan(program: BlockProgram, site: int, fix: SiteFix) -> SitePlan:
     s = program.sites[site]
     at = SiteContext(program, site)
     first = [PlannedSection(SIGNS, at, fix.signs)] if SIGNS.allowed(s) else []
+    if fix.widths is not None:  # 1.4 (bands): the site's band widths
+        first.append(PlannedSection(BAND, at, np.asarray(fix.widths, np.float64)))
     choices: list[list[PlannedSection]] = []
     if fix.x_mask is not None and fix.x_mask.any():
         assert fix.x_true is not None

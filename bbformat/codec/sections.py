@@ -12,9 +12,11 @@ from ..container.program import BlockProgram
 from ..container.section_rules import rules_of
 from ..errors import FormatError
 from ..zstdframe import SECTION_LEVEL, compressor
+from . import band
 from .dtypes import RawTensor
 from .section_kinds import (
     ANCHOR_PATCHES,
+    BAND,
     SECTION_KINDS,
     SIGNS,
     X_PATCHES,
@@ -77,11 +79,17 @@ def decoded_limit(program: BlockProgram, kind: int, site: int) -> int:
 
 
 class StoredCorrector:
-    """The decoder's corrector: reads sign and correction sections ((kind, site) -> decoded bytes)."""
+    """The decoder's corrector: reads sign and correction sections ((kind, site) -> decoded bytes).
 
-    def __init__(self, program: BlockProgram, sections: dict[tuple[int, int], bytes]) -> None:
+    margins=True (format 1.4): each site with a band section gets its margin in `margins`: the
+    smallest distance from a rounding boundary of this decoder's float64 values that the file
+    does not store explicitly, in units of the site's band width (SPEC.md 8.8, 9)."""
+
+    def __init__(self, program: BlockProgram, sections: dict[tuple[int, int], bytes], margins: bool = False) -> None:
         self.program = program
         self.sections = sections
+        self.margins_wanted = margins
+        self.margins: dict[int, float] = {}
         for s_idx, s in enumerate(program.sites):
             for kind in SECTION_KINDS.values():
                 if kind.required and kind.allowed(s) and (kind.kind, s_idx) not in sections:
@@ -90,13 +98,31 @@ class StoredCorrector:
     def signs(self, site: int) -> np.ndarray:
         return SIGNS.decode(SiteContext(self.program, site), self.sections[(SIGNS.kind, site)])
 
+    def _widths(self, site: int) -> np.ndarray | None:
+        """The site's band widths, where margins are wanted and the file stores them."""
+        data = self.sections.get((BAND.kind, site)) if self.margins_wanted else None
+        return None if data is None else BAND.decode(SiteContext(self.program, site), data)
+
+    def _note(self, site: int, distance: float, width: float) -> None:
+        self.margins[site] = min(self.margins.get(site, np.inf), distance / width)
+
+    def note_columns(self, site: int, sums: np.ndarray) -> None:
+        """A PAPER site's column sums of E (the sign decisions): their margin from 0."""
+        widths = self._widths(site)
+        if widths is not None:
+            self._note(site, float(np.min(np.abs(sums), initial=np.inf)), float(widths[2]))
+
     def correct_x(self, site: int, approx: np.ndarray, regenerated: np.ndarray | None = None) -> np.ndarray:
         at = SiteContext(self.program, site)
         res = self.sections.get((X_RESIDUALS.kind, site))
         pat = self.sections.get((X_PATCHES.kind, site))
         out, keep = approx, None
-        if pat is not None:  # first: with residuals too (MIXED_CORRECTIONS), patched positions take none
-            patches = X_PATCHES.decode(at, pat)
+        patches = None if pat is None else X_PATCHES.decode(at, pat)
+        widths = self._widths(site)
+        if widths is not None and regenerated is not None:
+            skip = None if patches is None else patches.positions
+            self._note(site, band.min_distance(regenerated, self.program.symbol_dtype, skip), float(widths[0]))
+        if patches is not None:  # first: with residuals too (MIXED_CORRECTIONS), patched positions take none
             out = patches.apply(approx)
             if res is not None:
                 keep = np.ones(approx.size, dtype=bool)
@@ -109,7 +135,11 @@ class StoredCorrector:
 
     def correct_anchor(self, site: int, approx: RawTensor, unrotated: np.ndarray | None = None) -> RawTensor:
         pat = self.sections.get((ANCHOR_PATCHES.kind, site))
-        if pat is None:
+        patches = None if pat is None else ANCHOR_PATCHES.decode(SiteContext(self.program, site), pat)
+        widths = self._widths(site)
+        if widths is not None and unrotated is not None:
+            skip = None if patches is None else patches.positions
+            self._note(site, band.min_distance(unrotated, approx.dtype, skip), float(widths[1]))
+        if patches is None:
             return approx
-        patches = ANCHOR_PATCHES.decode(SiteContext(self.program, site), pat)
         return RawTensor(approx.dtype, patches.apply(approx.bits.reshape(-1)).reshape(approx.shape))

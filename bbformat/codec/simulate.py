@@ -38,13 +38,15 @@ class SiteFix:
     anchor_mask: np.ndarray | None = None
     anchor_true: np.ndarray | None = None
     banded: int = 0  # values in the band (stored explicitly whether or not they also needed a correction)
+    widths: tuple[float, ...] | None = None  # with bands: the band widths the writer stores (SPEC.md 8.8)
 
 
 @dataclass
 class SimulatingCorrector:
     """The encoder's stand-in for stored side information: it knows the truth. With band=True
     it also stores every value another correct reader could round differently (codec/band.py),
-    and names in `unsafe` the PAPER sites whose sign decisions another reader could flip."""
+    and names in `unsafe` the PAPER sites whose sign decisions another reader could flip; with
+    bands=True too, each site's fix records the band widths it used (a 1.4 band section)."""
 
     dtype: str
     tolerance: float
@@ -52,6 +54,7 @@ class SimulatingCorrector:
     true_signs: dict[int, np.ndarray]
     true_anchor: dict[int, RawTensor]
     band: bool = False
+    bands: bool = False
     la: Linalg = REFERENCE  # the backend the simulated decoder runs on (its second eigensolver too)
     fixes: dict[int, SiteFix] = field(default_factory=dict)
     unsafe: dict[int, str] = field(default_factory=dict)
@@ -59,6 +62,7 @@ class SimulatingCorrector:
     # and, in paper mode, the band of the un-rotated anchor. Each is dropped when used.
     _alt_x: dict[int, tuple[np.ndarray, float]] = field(default_factory=dict)
     _anchor_delta: dict[int, float] = field(default_factory=dict)
+    _sums_delta: dict[int, float] = field(default_factory=dict)
 
     def _fix(self, site: int) -> SiteFix:
         return self.fixes.setdefault(site, SiteFix())
@@ -84,6 +88,7 @@ class SimulatingCorrector:
             delta = band.width(float(np.max(np.abs(sums - sums2))), band.product_floor(d, float(np.sqrt(d))))
             if float(np.min(np.abs(sums))) <= delta:
                 self.unsafe[site] = "a sign decision lies within the band of 0"
+            self._sums_delta[site] = delta
         self._alt_x[site] = (la.block(la.regenerate(e2, la.asarray(mu), paper)), band.product_floor(d, float(np.max(np.abs(mu)))))
         if m is not None:
             row_norm = la.max_row_norm(m)
@@ -101,6 +106,8 @@ class SimulatingCorrector:
             f.x_band = band.in_band(regenerated, self.dtype, delta)
             f.banded += int(np.count_nonzero(f.x_band))
             mask = mask | f.x_band
+            if self.bands:
+                f.widths = (delta,)
         f.x_mask, f.x_true, f.x_approx = mask, true, approx
         return np.where(mask, true, approx).astype(approx.dtype)
 
@@ -109,9 +116,11 @@ class SimulatingCorrector:
         mask = needs_fix(approx.bits, true.bits, approx.dtype, self.tolerance)
         f = self._fix(site)
         delta = self._anchor_delta.pop(site, None)
+        sums = self._sums_delta.pop(site, None)
         if delta is not None and unrotated is not None:
             near = band.in_band(unrotated, approx.dtype, delta)
             f.banded += int(np.count_nonzero(near))
             mask = mask | near
+        f.widths = f.widths + (delta, sums) if f.widths is not None and delta is not None and sums is not None else None
         f.anchor_mask, f.anchor_true = mask, true.bits
         return RawTensor(approx.dtype, np.where(mask, true.bits, approx.bits).astype(approx.bits.dtype))

@@ -33,7 +33,7 @@ from ..zstdframe import Buffer, decompress
 from . import records as R
 from .crc import crc32c
 from .program import AxisRef, BlockProgram, Op, SiteEntry, TensorEntry, bits_of
-from .section_rules import SectionRules, payload_dtype, rules_of, site_sections_limit
+from .section_rules import SectionRules, band_widths, payload_dtype, rules_of, site_sections_limit
 
 PayloadDecoder = Callable[[int, Buffer, BlockProgram], np.ndarray]
 """Payload codecs 2 and 3 (SPEC.md 8.6, 8.7): (codec, stored bytes, program) -> the payload
@@ -200,12 +200,12 @@ def descriptor_extent(head: bytes, chunk_length: int) -> tuple[int, int]:
 
 
 def working_set_bytes(program: BlockProgram, chunk_length: int, planes: bool = False, mixed: bool = False,
-                      exponent: bool = False) -> int:
+                      exponent: bool = False, bands: bool = False) -> int:
     """The declared working set of decoding one chunk (SPEC.md 11.5): what a decoder needs at
     most, computed from the descriptor (and, for `planes` or `exponent`, the payload's codec 2
     or 3) before any section is decompressed."""
     w8 = program.symbol_bits // 8
-    side = sum(site_sections_limit(program, i, mixed) for i in range(len(program.sites)))
+    side = sum(site_sections_limit(program, i, mixed, bands) for i in range(len(program.sites)))
     site_work = 0
     for s in program.sites:
         if not s.plain:
@@ -244,10 +244,12 @@ def parse_chunk(
     max_block_bytes, a chunk whose declared working set is larger is refused (E_LIMIT_MEMORY)
     before any section is decompressed. required_flags: the header's; FLAG_PLANES allows
     payload codec 2 and FLAG_EXPONENT codec 3, FLAG_DIGESTS makes offset 4 the content digest,
-    FLAG_MIXED_CORRECTIONS lets x_residuals and x_patches share a site. decode_payload: the
+    FLAG_MIXED_CORRECTIONS lets x_residuals and x_patches share a site, FLAG_BANDS allows (and
+    asks for) a band section per non-PLAIN site. decode_payload: the
     payload decoder of codecs 2 and 3 (codec.payload.decode_payload); without it such a
     payload is refused (E_CODEC)."""
     mixed = bool(required_flags & RequiredFlag.MIXED_CORRECTIONS)
+    bands = bool(required_flags & RequiredFlag.BANDS)
     codecs = (Codec.RAW, Codec.ZSTD) + ((Codec.PLANES,) if required_flags & RequiredFlag.PLANES else ()) \
         + ((Codec.EXPONENT,) if required_flags & RequiredFlag.EXPONENT else ())
     if len(data) < MIN_CHUNK_LENGTH:
@@ -286,6 +288,8 @@ def parse_chunk(
     seen: set[tuple[int, int]] = set()
     for e in entries:
         _check_reserved(e.reserved, "section")
+        if e.kind == SectionKind.BAND and not bands:
+            raise FormatError("band section (kind 6) in a file without BANDS", "E_SECTION_KIND")
         rules = rules_of(e.kind)
         if e.codec not in codecs or e.codec not in rules.codecs:
             raise FormatError(f"unknown section codec {e.codec}" + (" for this section kind" if e.codec in codecs else ""), "E_CODEC")
@@ -302,7 +306,7 @@ def parse_chunk(
             raise FormatError(f"{rules.name} holds {e.decoded_length} bytes; the program needs {limit}", rules.exact_declared)
         if max_block_bytes is not None:  # once, after the first entry's size checks, before anything is decompressed
             pay = [x.codec for x in entries if x.kind == SectionKind.PAYLOAD]
-            need = working_set_bytes(program, len(data), Codec.PLANES in pay, mixed, Codec.EXPONENT in pay)
+            need = working_set_bytes(program, len(data), Codec.PLANES in pay, mixed, Codec.EXPONENT in pay, bands)
             if need > max_block_bytes:
                 raise LimitError(
                     f"chunk {head.chunk_index} ({program.name!r}) needs up to {need:,} bytes to decode; the limit is {max_block_bytes:,}",
@@ -322,9 +326,14 @@ def parse_chunk(
             raise FormatError(f"{rules.name} section has the wrong size", rules.exact_decoded)
         else:
             side[key] = bytes(raw)
+            if e.kind == SectionKind.BAND:
+                band_widths(raw)
     if pos != len(data) - CRC_SIZE:
         raise FormatError("bytes between the last section and the chunk CRC", "E_BOUNDS")
     if payload is None:
         raise FormatError("chunk has no payload section", "E_SECTION_MISSING")
+    for i, site in enumerate(program.sites):
+        if bands and not site.plain and (SectionKind.BAND, i) not in seen:
+            raise FormatError(f"site {site.name!r} has no band section", "E_SECTION_MISSING")
     return ParsedChunk(int(head.chunk_index), program, payload, side, [dict(e) for e in entries], stored_crc,
                        int(head.content_crc) if digests else None)

@@ -75,6 +75,8 @@ def check_header(scheme: str, chunk_count: int, metadata: dict[str, Any], requir
     part, compressing the metadata, is seal_header's."""
     if required_flags & ~REQUIRED_FLAGS_KNOWN:
         raise InputError(f"unknown required flags 0x{required_flags:08x}")
+    if required_flags & RequiredFlag.BANDS and not required_flags & RequiredFlag.DIGESTS:
+        raise InputError("required flag BANDS needs DIGESTS (SPEC.md 4)")
     if scheme not in SCHEME_CODES:
         raise InputError(f"unknown scheme {scheme!r} (choose {', '.join(sorted(SCHEME_CODES))})")
     if not 0 <= chunk_count <= MAX_CHUNKS:
@@ -127,6 +129,8 @@ def parse_header_fixed(data: Buffer) -> construct.Container:
     check_version(h.major, h.minor)
     if h.required_flags & ~REQUIRED_FLAGS_KNOWN:
         raise FormatError(f"unknown required flags 0x{h.required_flags:08x}", "E_REQUIRED_FLAG")
+    if h.required_flags & RequiredFlag.BANDS and not h.required_flags & RequiredFlag.DIGESTS:
+        raise FormatError("required flag BANDS (bit 4) without DIGESTS (bit 1)", "E_REQUIRED_FLAG")
     if h.metadata_codec not in BYTE_CODECS:
         raise FormatError(f"unknown metadata codec {h.metadata_codec}", "E_CODEC")
     if h.reserved1:

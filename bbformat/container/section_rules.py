@@ -130,8 +130,37 @@ class AnchorPatchesRules(SectionRules):
         return 10 + anchor.numel * (10 + bits_of(anchor.dtype) // 8)
 
 
+BAND_WIDTHS_SYMMETRIC = ("regenerated block values",)
+BAND_WIDTHS_PAPER = ("regenerated block values", "un-rotated anchor values", "column sums of E")
+"""What each float64 of a band section bounds, in order (SPEC.md 8.8)."""
+
+
+def band_widths(data: bytes | bytearray | memoryview) -> np.ndarray:
+    """A band section's widths (SPEC.md 8.8): float64 little-endian, each finite and > 0, else
+    E_SECTION_CONTENT (its size was checked against the site's mode before)."""
+    widths = np.frombuffer(data, "<f8").astype(np.float64)
+    if not (np.isfinite(widths) & (widths > 0)).all():
+        raise FormatError(f"band widths must be finite and > 0, not {widths.tolist()}", "E_SECTION_CONTENT")
+    return widths
+
+
+class BandRules(SectionRules):
+    """Kind 6 (1.4, RequiredFlag.BANDS): a non-PLAIN site's band widths (SPEC.md 8.8). Stored
+    raw; its decoded_length is exactly 8 bytes per width, checked first."""
+
+    kind = SectionKind.BAND
+    codecs = (Codec.RAW,)
+    exact_declared = "E_SECTION_SIZE"
+
+    def allowed(self, site: SiteEntry | None) -> bool:
+        return _rotated(site)
+
+    def decoded_limit(self, program: BlockProgram, site: int) -> int:
+        return 8 * len(BAND_WIDTHS_PAPER if program.sites[site].paper else BAND_WIDTHS_SYMMETRIC)
+
+
 SECTION_RULES: dict[SectionKind, SectionRules] = {
-    r.kind: r for r in (PayloadRules(), SignsRules(), ResidualsRules(), BlockPatchesRules(), AnchorPatchesRules())
+    r.kind: r for r in (PayloadRules(), SignsRules(), ResidualsRules(), BlockPatchesRules(), AnchorPatchesRules(), BandRules())
 }
 """Every section kind's rules, by kind."""
 
@@ -144,11 +173,13 @@ def rules_of(kind: int) -> SectionRules:
         raise FormatError(f"unknown section kind {kind}", "E_SECTION_KIND") from None
 
 
-def site_sections_limit(program: BlockProgram, site: int, mixed: bool) -> int:
+def site_sections_limit(program: BlockProgram, site: int, mixed: bool, bands: bool = False) -> int:
     """The largest total decoded size a site's sections may declare (SPEC.md 11.5): every kind
     allowed there, but of kinds that are each other's alternatives only the largest, unless the
-    header sets MIXED_CORRECTIONS (`mixed`). 0 for a PLAIN site."""
-    kinds = [r for r in SECTION_RULES.values() if r.allowed(program.sites[site])]
+    header sets MIXED_CORRECTIONS (`mixed`); the band section only if it sets BANDS (`bands`).
+    0 for a PLAIN site."""
+    kinds = [r for r in SECTION_RULES.values()
+             if r.allowed(program.sites[site]) and (bands or r.kind != SectionKind.BAND)]
     total, counted = 0, set()
     for r in kinds:
         if r.kind in counted:

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -192,7 +193,14 @@ static void print_accept(void)
     size_t i;
     sb_str(&b, "{\"result\":\"accept\",\"digests\":\"");
     sb_str(&b, (bb_required_flags & BB_FLAG_DIGESTS) ? "verified" : "absent");
-    sb_str(&b, "\",\"tensors\":{");
+    sb_str(&b, "\",");
+    if (bb_have_margin) { /* 1.4: the smallest site margin (SPEC.md 9 item 7); null if no value counted (+inf) */
+        char tmp[64];
+        if (isinf(bb_margin)) snprintf(tmp, sizeof tmp, "\"band_margin\":null,");
+        else snprintf(tmp, sizeof tmp, "\"band_margin\":%.17g,", bb_margin);
+        sb_str(&b, tmp);
+    }
+    sb_str(&b, "\"tensors\":{");
     for (i = 0; i < n_entries; i++) {
         entry_t *e = &entries[i];
         char tmp[64];
@@ -300,6 +308,8 @@ static void read_container(void)
     minor = ld16(hdr + 10);
     if (major != 1) fail("E_VERSION", "major version %u", major);
     if (ld32(hdr + 12) & ~BB_KNOWN_FLAGS) fail("E_REQUIRED_FLAG", "required_flags 0x%x", ld32(hdr + 12));
+    if ((ld32(hdr + 12) & BB_FLAG_BANDS) && !(ld32(hdr + 12) & BB_FLAG_DIGESTS))
+        fail("E_REQUIRED_FLAG", "required flag BANDS without DIGESTS");
     bb_required_flags = ld32(hdr + 12);
     if (hdr[21] > 1) fail("E_CODEC", "metadata_codec %u", hdr[21]);
     if (ld16(hdr + 22) != 0) fail("E_RESERVED", "header reserved field not 0");

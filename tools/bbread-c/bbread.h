@@ -66,6 +66,7 @@ int dtype_bits(int code); /* 0 if unknown */
 const char *dtype_name(int code);
 double dtype_to_f64(int code, uint32_t bits);
 uint32_t round_to_dtype(double x, int code); /* SPEC.md 7.4 */
+double boundary_distance(double x, int code); /* SPEC.md 9 item 7 */
 void dtype_exp_field(int code, int *shift, int *width);
 
 /* ---- tensor output ---- */
@@ -90,8 +91,11 @@ void emit_tensor(const tensor_t *t);
 #define BB_FLAG_DIGESTS 2u  /* 1.2: chunk content_crc at offset 4 (5.4) */
 #define BB_FLAG_MIXED   4u  /* 1.2: x_residuals and x_patches on one symmetric site (8.4) */
 #define BB_FLAG_EXPONENT 8u /* 1.3: payload codec 3 (8.7) */
-#define BB_KNOWN_FLAGS  (BB_FLAG_PLANES | BB_FLAG_DIGESTS | BB_FLAG_MIXED | BB_FLAG_EXPONENT)
+#define BB_FLAG_BANDS   16u /* 1.4: a band section per non-PLAIN site (8.8); needs DIGESTS */
+#define BB_KNOWN_FLAGS  (BB_FLAG_PLANES | BB_FLAG_DIGESTS | BB_FLAG_MIXED | BB_FLAG_EXPONENT | BB_FLAG_BANDS)
 extern uint32_t bb_required_flags;
+extern double bb_margin; /* 1.4: the smallest site margin met so far (SPEC.md 9 item 7); INFINITY if none */
+extern int bb_have_margin;
 /* exponent.c: the P symbols (W-bit LE, P*W/8 bytes, allocated) of a codec-3 payload
    section sec[0..len) (SPEC.md 8.7); fails with the codes of 11.2. */
 uint8_t *exponent_decode(const uint8_t *sec, uint64_t len, uint64_t P, int sym_dtype, int W);

@@ -11,6 +11,7 @@
 #define K_XRES 3
 #define K_XPAT 4
 #define K_APAT 5
+#define K_BAND 6 /* 1.4, with BANDS (8.8) */
 
 #define F_PLAIN 1
 #define F_PAPER 2
@@ -18,10 +19,10 @@
 typedef struct {
     uint32_t D, anchor;
     uint8_t axis, flags;
-    int has[6];                /* section present, by kind */
-    const uint8_t *sec[6];     /* decoded bytes, by kind */
-    uint64_t seclen[6];
-    int owned[6];              /* sec[kind] was allocated (zstd) */
+    int has[7];                /* section present, by kind */
+    const uint8_t *sec[7];     /* decoded bytes, by kind */
+    uint64_t seclen[7];
+    int owned[7];              /* sec[kind] was allocated (zstd) */
     uint32_t op_pos;           /* position of its SITE op */
 } site_t;
 
@@ -218,6 +219,8 @@ static void apply_residuals(const uint8_t *s, uint64_t len, uint8_t *blk, uint64
 /* ------------------------------------------------------------ planes (8.6) */
 
 uint32_t bb_required_flags;
+double bb_margin = INFINITY;
+int bb_have_margin;
 
 typedef struct {
     const uint8_t *s;
@@ -352,6 +355,13 @@ static void decode_site(site_t *s, tensor_t *anchor, const uint8_t *mu_bytes, ui
     uint64_t D = s->D, n = n_of(D), R, outer = 1, inner = 1, o, in, r, i, j, k;
     int paper = (s->flags & F_PAPER) != 0, ab = dtype_bits(anchor->dtype), finite = 1;
     double *mu, *M, *a, *Et, *B, *lam, *row;
+    /* 1.4 (band section, 8.8): the site's margin (9 item 7) from the float64 values before rounding */
+    const int banded = s->has[K_BAND];
+    double width[3] = {0, 0, 0}, margin = INFINITY, *xf = NULL, *cf = NULL;
+    for (k = 0; banded && k < s->seclen[K_BAND] / 8; k++) {
+        uint64_t bits = ld64(s->sec[K_BAND] + 8 * k);
+        memcpy(&width[k], &bits, 8);
+    }
     if (D > BB_MAX_EIG_DIM) fail("E_LIMIT_DIM", "site dimension %llu over this reader's eigensolver limit", (unsigned long long)D);
 
     mu = xalloc(D * sizeof(double), "E_LIMIT_TENSOR");
@@ -411,6 +421,7 @@ static void decode_site(site_t *s, tensor_t *anchor, const uint8_t *mu_bytes, ui
             double sum = 0.0;
             int neg, bit = (bits[j / 8] >> (j % 8)) & 1;
             for (i = 0; i < D; i++) sum += a[i + j * D];
+            if (banded) margin = fmin(margin, fabs(sum) / width[2]);
             neg = sum < 0.0;
             if (neg != bit)
                 for (i = 0; i < D; i++) a[i + j * D] = -a[i + j * D];
@@ -427,17 +438,20 @@ static void decode_site(site_t *s, tensor_t *anchor, const uint8_t *mu_bytes, ui
             Et[r * D + j] = e;
             B[r * D + j] = e * mu[j];
         }
+    if (banded) xf = xalloc(n * sizeof(double), "E_LIMIT_TENSOR");
     {
         uint64_t idx = 0, c;
         for (r = 0; r < D; r++) { /* diagonal */
             double sum = 0.0;
             for (j = 0; j < D; j++) sum += B[r * D + j] * Et[r * D + j];
+            if (xf) xf[idx] = sum;
             stsym(blk + (idx++) * (W / 8), round_to_dtype(sum, sym_dtype), W);
         }
         for (r = 0; r < D; r++) /* strict upper triangle, row-major */
             for (c = r + 1; c < D; c++) {
                 double sum = 0.0;
                 for (j = 0; j < D; j++) sum += B[r * D + j] * Et[c * D + j];
+                if (xf) xf[idx] = sum;
                 stsym(blk + (idx++) * (W / 8), round_to_dtype(sum, sym_dtype), W);
             }
     }
@@ -446,18 +460,22 @@ static void decode_site(site_t *s, tensor_t *anchor, const uint8_t *mu_bytes, ui
     /* 7. corrections of the block. With both sections (MIXED_CORRECTIONS, 1.2) x_patches
        is decoded first and its positions are not residual positions (8.4, 11.3). */
     {
-        uint8_t *patched = NULL;
-        if (s->has[K_XPAT] && s->has[K_XRES]) {
+        uint8_t *patched = NULL; /* all zero: every position is a residual position, as NULL */
+        if ((s->has[K_XPAT] && s->has[K_XRES]) || banded) {
             patched = xalloc(n, "E_LIMIT_TENSOR");
             memset(patched, 0, (size_t)n);
         }
         if (s->has[K_XPAT]) apply_patches(s->sec[K_XPAT], s->seclen[K_XPAT], n, W, blk, patched, "x_patches");
         if (s->has[K_XRES]) apply_residuals(s->sec[K_XRES], s->seclen[K_XRES], blk, n, patched, sym_dtype, W);
+        for (i = 0; xf && i < n; i++) /* the values x_patches does not store */
+            if (!patched[i]) margin = fmin(margin, boundary_distance(xf[i], sym_dtype) / width[0]);
         xfree(patched);
+        xfree(xf);
     }
     /* 9. paper: un-rotate the anchor, C = M E */
     if (paper) {
         row = xalloc(D * sizeof(double), "E_LIMIT_TENSOR");
+        if (banded) cf = xalloc((anchor->numel ? anchor->numel : 1) * sizeof(double), "E_LIMIT_TENSOR");
         for (r = 0; r < R; r++) {
             const double *mr = M + r * D;
             uint64_t oo = r / (inner ? inner : 1), ii = r % (inner ? inner : 1);
@@ -470,13 +488,30 @@ static void decode_site(site_t *s, tensor_t *anchor, const uint8_t *mu_bytes, ui
             for (j = 0; j < D; j++) {
                 uint64_t e = (oo * D + j) * inner + ii;
                 uint32_t v = round_to_dtype(row[j], anchor->dtype);
+                if (cf) cf[e] = row[j];
                 uint8_t *p = anchor->data + e * (ab / 8);
                 p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8);
                 if (ab == 32) { p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24); }
             }
         }
         xfree(row);
-        if (s->has[K_APAT]) apply_patches(s->sec[K_APAT], s->seclen[K_APAT], anchor->numel, ab, anchor->data, NULL, "anchor_patches");
+        {
+            uint8_t *patched = NULL;
+            if (cf) {
+                patched = xalloc(anchor->numel ? anchor->numel : 1, "E_LIMIT_TENSOR");
+                memset(patched, 0, (size_t)anchor->numel);
+            }
+            if (s->has[K_APAT])
+                apply_patches(s->sec[K_APAT], s->seclen[K_APAT], anchor->numel, ab, anchor->data, patched, "anchor_patches");
+            for (i = 0; cf && i < anchor->numel; i++)
+                if (!patched[i]) margin = fmin(margin, boundary_distance(cf[i], anchor->dtype) / width[1]);
+            xfree(patched);
+            xfree(cf);
+        }
+    }
+    if (banded) {
+        bb_margin = fmin(bb_margin, margin);
+        bb_have_margin = 1;
     }
     xfree(lam);
     xfree(a);
@@ -699,10 +734,12 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
         const uint8_t *dec;
         int owned = 0;
         if (ld16(e + 2)) fail("E_RESERVED", "chunk %u: section %u reserved field not 0", ci, k);
-        if (kind < 1 || kind > 5) fail("E_SECTION_KIND", "chunk %u: section %u unknown kind %u", ci, k, kind);
+        if (kind < 1 || kind > 6 || (kind == K_BAND && !(bb_required_flags & BB_FLAG_BANDS)))
+            fail("E_SECTION_KIND", "chunk %u: section %u unknown kind %u", ci, k, kind);
         if (codec > 1 && !(codec == 2 && kind == K_PAYLOAD && (bb_required_flags & BB_FLAG_PLANES))
                       && !(codec == 3 && kind == K_PAYLOAD && (bb_required_flags & BB_FLAG_EXPONENT)))
             fail("E_CODEC", "chunk %u: section %u unknown codec %u", ci, k, codec);
+        if (kind == K_BAND && codec != 0) fail("E_CODEC", "chunk %u: band section %u not raw", ci, k);
         if (so != off) fail("E_BOUNDS", "chunk %u: section %u not contiguous", ci, k);
         if (sl > len - 4 - so) fail("E_BOUNDS", "chunk %u: section %u runs past the chunk", ci, k);
         off = so + sl;
@@ -729,6 +766,8 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
         /* size / limit before decoding */
         if (kind == K_PAYLOAD) {
             if (P < 0 || dl != P_W8) fail("E_SYMBOL_COUNT", "chunk %u: payload decoded_length does not match the program", ci);
+        } else if (kind == K_BAND) {
+            if (dl != ((s->flags & F_PAPER) ? 24u : 8u)) fail("E_SECTION_SIZE", "chunk %u: band section %u is not 8 or 24 bytes", ci, k);
         } else {
             uint64_t D = s->D, n = n_of(D);
             int shift, width;
@@ -764,6 +803,13 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
             if (got != dl) fail("E_SECTION_SIZE", "chunk %u: section %u decompressed size differs", ci, k);
         }
         if (kind == K_SIGNS && dl != (s->D + 7) / 8) fail("E_SECTION_SIZE", "chunk %u: signs section is not ceil(D/8) bytes", ci);
+        if (kind == K_BAND)
+            for (uint64_t b = 0; b < dl; b += 8) { /* 8.8: widths finite and > 0 */
+                double w;
+                uint64_t bits = ld64(dec + b);
+                memcpy(&w, &bits, 8);
+                if (!(isfinite(w) && w > 0)) fail("E_SECTION_CONTENT", "chunk %u: band width %g not finite and > 0", ci, w);
+            }
         if (kind == K_PAYLOAD) {
             have_payload = 1;
             payload = dec;
@@ -778,6 +824,9 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
     }
     if (off != len - 4) fail("E_BOUNDS", "chunk %u: bytes between the last section and the chunk CRC", ci);
     if (!have_payload) fail("E_SECTION_MISSING", "chunk %u: no payload section", ci);
+    if (bb_required_flags & BB_FLAG_BANDS)
+        for (k = 0; k < NS; k++)
+            if (!(ss[k].flags & F_PLAIN) && !ss[k].has[K_BAND]) fail("E_SECTION_MISSING", "chunk %u: site %u has no band section", ci, k);
 
     /* ---- decode (7.1) ---- */
     /* stack capacity: simulate heights (symbols) */
@@ -851,7 +900,7 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
     /* free what this chunk allocated (sections decoded with zstd) */
     for (k = 0; k < NS; k++) {
         int kk;
-        for (kk = 2; kk <= 5; kk++)
+        for (kk = 2; kk <= 6; kk++)
             if (ss[k].owned[kk]) xfree((void *)ss[k].sec[kk]);
     }
     if (payload_owned) xfree((void *)payload);

@@ -1,5 +1,6 @@
 /* Support code: tracked allocator, CRC32C, SHA-256, UTF-8 and JSON checks,
    varints, zstd frames, float rounding. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -444,6 +445,24 @@ double dtype_to_f64(int code, uint32_t b)
 }
 
 /* SPEC.md 7.4 / Appendix C: round float64 directly to the dtype, ties to even. */
+/* SPEC.md 9 item 7: the distance of x from the nearest rounding boundary of dtype `code` (a
+   midpoint between neighbouring values, 0 between -0 and +0, the overflow threshold); 0 when x
+   is not finite or rounds to an infinity. Neighbours step through the values' order: ordinal
+   o = magnitude for a positive pattern, -magnitude - 1 for a negative one. */
+double boundary_distance(double x, int code)
+{
+    const int w = dtype_bits(code);
+    const int64_t sign = (int64_t)1 << (w - 1);
+    const uint32_t b = round_to_dtype(x, code);
+    const int64_t mag = (int64_t)(b & (uint32_t)(sign - 1)), o = (b & (uint32_t)sign) ? -mag - 1 : mag;
+    const int64_t od = o - 1 < -sign ? -sign : o - 1, ou = o + 1 > sign - 1 ? sign - 1 : o + 1;
+    const uint32_t bd = (uint32_t)(od < 0 ? ((-od - 1) | sign) : od), bu = (uint32_t)(ou < 0 ? ((-ou - 1) | sign) : ou);
+    const double v = dtype_to_f64(code, b), down = dtype_to_f64(code, bd), up = dtype_to_f64(code, bu);
+    const double lo = isinf(down) ? v - (up - v) / 2 : (v + down) / 2, hi = isinf(up) ? v + (v - down) / 2 : (v + up) / 2;
+    const double d = fmin(x - lo, hi - x);
+    return (isfinite(x) && isfinite(v) && isfinite(d)) ? fabs(d) : 0.0;
+}
+
 uint32_t round_to_dtype(double x, int code)
 {
     int P = code == DT_F16 ? 10 : code == DT_BF16 ? 7 : 23;

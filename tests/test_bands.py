@@ -1,0 +1,215 @@
+"""Format 1.4: band sections and reader margins (SPEC.md 8.8, 9 item 7), through pack, the
+reader, verify and the CLI. The byte rules are also conformance vectors (v_bands_*, x_band_*)."""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bbformat.api import pack, verify
+from bbformat.checkpoint import write_checkpoint
+from bbformat.codec import band
+from bbformat.codec.encoder import encode_chunk
+from bbformat.codec.layout import ChunkLayout
+from bbformat.codec.linalg import NumpyLinalg
+from bbformat.codec.dtypes import RawTensor
+from bbformat.constants import RequiredFlag, SectionKind
+from bbformat.errors import InputError
+from bbformat.reader import Reader, decode_parsed
+from bbformat.testing import make_tiny_checkpoint
+from bbformat.writer import Writer
+from conftest import sample_container
+
+DTYPES = ("float16", "bfloat16", "float32")
+CASES = [(scheme, dtype) for scheme in ("symmetric", "paper") for dtype in DTYPES]
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+    """pack's default (format 1.4) of a tiny Llama, per scheme and dtype, verified."""
+    root = tmp_path_factory.mktemp("bands")
+    out = {}
+    for scheme, dtype in CASES:
+        ck = make_tiny_checkpoint("llama", seed=5, layers=2, hidden=32, heads=4, kv_heads=2, vocab=48, max_positions=16, dtype=dtype)
+        write_checkpoint(ck, root / f"{scheme}-{dtype}")
+        out[(scheme, dtype)] = root / f"{scheme}-{dtype}.bb"
+        pack(root / f"{scheme}-{dtype}", out[(scheme, dtype)], scheme=scheme, verify=True)
+    return out
+
+
+def _widths(path: Path) -> list[tuple[bool, np.ndarray]]:
+    """(PAPER, widths) of every band section, straight from the section bytes."""
+    out = []
+    with Reader(path) as r:
+        for i in range(len(r)):
+            chunk = r.read_chunk(i)
+            for (kind, site), data in chunk.side.items():
+                if kind == SectionKind.BAND:
+                    out.append((chunk.program.sites[site].paper, np.frombuffer(data, "<f8")))
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{s}-{d}" for s, d in CASES])
+def test_pack_writes_1_4_with_one_band_section_per_rotated_site(packed: dict[tuple[str, str], Path], case: tuple[str, str]) -> None:
+    with Reader(packed[case]) as r:
+        assert r.header.minor == 4 and r.header.required_flags & RequiredFlag.BANDS and r.has_digests
+        rotated = 0
+        for i in range(len(r)):
+            chunk = r.read_chunk(i)
+            for s_idx, site in enumerate(chunk.program.sites):
+                has = (SectionKind.BAND, s_idx) in chunk.side
+                assert has == (not site.plain), (i, site.name)
+                rotated += not site.plain
+        assert rotated
+    widths = _widths(packed[case])
+    assert len(widths) == rotated
+    for paper, w in widths:
+        assert w.size == (3 if paper else 1) and np.isfinite(w).all() and (w > 0).all()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{s}-{d}" for s, d in CASES])
+def test_the_writers_own_decoding_has_margin_above_one(packed: dict[tuple[str, str], Path], case: tuple[str, str]) -> None:
+    """SPEC.md 9 item 7: every value within a band width of a boundary is stored, so the
+    reference reader's margin is > 1 at every site; verify reports the smallest one."""
+    with Reader(packed[case], margins=True) as r:
+        margins = [b.margin for b in r.iter_blocks()]
+    assert all(m is None or m > 1 for m in margins) and any(m is not None for m in margins)
+    rep = verify(packed[case])
+    assert rep.exact and rep.margin == min(m for m in margins if m is not None)
+    assert rep.margin_chunk is not None and rep.as_dict()["band_margin"] == rep.margin
+
+
+class Shifted(NumpyLinalg):
+    """A reader whose regenerated block values are all `by` off the reference's (a stand-in
+    for another eigensolver or summation order), on the CPU."""
+
+    def __init__(self, by: float) -> None:
+        super().__init__()
+        self.by = by
+        self.is_reference = False
+        self.name = "shifted"
+
+    def block(self, x: np.ndarray) -> np.ndarray:
+        return super().block(x) + self.by
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_reader_off_by_less_than_the_band_decodes_exactly_and_its_margin_moves_by_its_error(
+        packed: dict[tuple[str, str], Path], dtype: str) -> None:
+    """The band's guarantee and the margin's meaning, on the symmetric sites (SPEC.md 9):
+    values moved by 0.9 of the smallest band width still round as the reference's (the digest
+    verifies), and each chunk's margin moves by at most that shift over the band width."""
+    path = packed[("symmetric", dtype)]
+    smallest = min(float(w[0]) for _, w in _widths(path))
+    shift = 0.9 * smallest
+    with Reader(path) as r:
+        for i in range(len(r)):
+            chunk = r.read_chunk(i)
+            widths = [float(np.frombuffer(d, "<f8")[0]) for (k, _), d in chunk.side.items() if k == SectionKind.BAND]
+            if not widths:
+                continue
+            ref = decode_parsed(chunk, margins=True)
+            off = decode_parsed(chunk, la=Shifted(shift), fallback=False, margins=True)
+            assert off.exact and not off.fallback  # inside the band: bit for bit
+            assert ref.margin is not None and off.margin is not None
+            assert abs(off.margin - ref.margin) <= shift / min(widths) * (1 + 1e-9)
+            assert off.margin != ref.margin  # the shift is seen
+
+
+def test_margin_is_the_distance_to_a_boundary_in_band_widths() -> None:
+    """band.min_distance, computed independently on a few float16 values: 1.5 lies on the
+    grid (its nearest boundaries are half an ulp away), a midpoint is a boundary, and 1.0
+    sits on a binade edge (the spacing below it is half as large)."""
+    ulp = 2.0 ** -10  # float16 spacing in [1, 2)
+    x = np.array([1.5, 1.5 + ulp / 2, 1.5 + ulp / 4])
+    assert band.min_distance(x[:1], "float16") == ulp / 2
+    assert band.min_distance(np.array([1.0]), "float16") == ulp / 4
+    assert band.min_distance(x, "float16") == 0.0
+    assert band.min_distance(x, "float16", skip=np.array([1])) == ulp / 4
+    assert band.min_distance(x, "float16", skip=np.array([0, 1, 2])) == np.inf
+
+
+def test_format_1_3_and_scheme_none_write_no_band(tmp_path: Path) -> None:
+    ck = make_tiny_checkpoint("llama", seed=6, layers=1, hidden=32, heads=4, kv_heads=2, vocab=48, max_positions=16)
+    write_checkpoint(ck, tmp_path / "m")
+    pack(tmp_path / "m", tmp_path / "v13.bb", format_version="1.3")
+    pack(tmp_path / "m", tmp_path / "none.bb", scheme="none")
+    for name, minor in (("v13.bb", 2), ("none.bb", 3)):  # scheme none: entropy auto, codec 3 allowed
+        with Reader(tmp_path / name) as r:
+            assert r.header.minor == minor and not r.header.required_flags & RequiredFlag.BANDS
+        assert not _widths(tmp_path / name)
+        assert verify(tmp_path / name).margin is None
+
+
+def test_the_writer_refuses_chunks_whose_band_sections_do_not_match_its_format() -> None:
+    enc12 = _one_site_chunk(bands=False)
+    enc14 = _one_site_chunk(bands=True)
+    assert any(s.kind == SectionKind.BAND for s in enc14.sections)
+    for fmt, enc, bad in (("1.4", enc12, "stores a band section for every non-PLAIN site"), ("1.3", enc14, "need format 1.4")):
+        w = Writer(io.BytesIO(), "symmetric", 1, {}, format_version=fmt)
+        with pytest.raises(InputError, match=bad):
+            w.add_encoded(enc)
+
+
+def _one_site_chunk(bands: bool):  # type: ignore[no-untyped-def]
+    data = sample_container(format_version="1.2")
+    with Reader(io.BytesIO(data)) as r:
+        tensors = r.decode_block(0).tensors
+        program = r.read_program(0)
+    from bbformat.codec.layout import SiteSpec
+    from bbformat.container.program import AxisRef
+
+    site = program.sites[0]
+    layout = ChunkLayout("block0", tuple(t.name for t in program.tensors),
+                         (SiteSpec("site0", site.dim, AxisRef(program.tensors[site.anchor].name, site.anchor_axis), ()),))
+    ts: dict[str, RawTensor] = dict(tensors)
+    enc = encode_chunk(layout, ts, {}, "symmetric", 0.0, band=True, bands=bands)
+    assert not enc.program.sites[0].plain
+    return enc
+
+
+def test_cli_verify_prints_the_margin(packed: dict[tuple[str, str], Path]) -> None:
+    path = packed[("paper", "float32")]
+    run = lambda *a: subprocess.run([sys.executable, "-m", "bbformat", "verify", str(path), *a],  # noqa: E731
+                                    capture_output=True, text=True, check=True).stdout
+    text = run()
+    assert "exact: all" in text and "band margin" in text and "smallest, chunk" in text
+    rep = json.loads(run("--json"))
+    assert rep["band_margin"] > 1 and rep["band_margin_chunk"]
+
+
+def test_golden_v1_4_fixture_decodes_forever() -> None:
+    """Written once (numcodecs style): the 1.4 fixture pins the writer's bytes (a band section
+    on its one rotated site), verifies its digests with margin > 1, and decodes to the same
+    tensors as the 1.2 writer's file of the same input; the 1.0-1.3 fixtures still decode
+    (test_entropy.py, test_digests.py, test_exponent.py)."""
+    import hashlib
+
+    fix = Path(__file__).parent / "fixtures"
+    golden = (fix / "sample_v1_4_bands.bb").read_bytes()
+    assert hashlib.sha256(golden).hexdigest() == (fix / "sample_v1_4_bands.sha256").read_text().split()[0]
+    assert sample_container(format_version="1.4") == golden
+    with Reader(io.BytesIO(golden), margins=True) as r:
+        assert r.header.minor == 4 and r.header.required_flags & RequiredFlag.BANDS
+        assert (SectionKind.BAND, 0) in r.read_chunk(0).side
+        blocks = list(r.iter_blocks())
+        assert all(b.exact for b in blocks) and blocks[0].margin is not None and blocks[0].margin > 1
+        new = {n: t.tobytes() for b in blocks for n, t in b.tensors.items()}
+    with Reader(io.BytesIO(sample_container(format_version="1.2"))) as r:
+        assert new == {n: t.tobytes() for b in r.iter_blocks() for n, t in b.tensors.items()}
+
+
+def test_a_1_3_reader_refuses_a_1_4_file_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader that knows the 1.3 flags only stops at the header with E_REQUIRED_FLAG."""
+    from bbformat.container import framing
+    from bbformat.errors import FormatError
+
+    monkeypatch.setattr(framing, "REQUIRED_FLAGS_KNOWN", framing.REQUIRED_FLAGS_KNOWN & ~RequiredFlag.BANDS)
+    with pytest.raises(FormatError) as ei:
+        Reader(io.BytesIO((Path(__file__).parent / "fixtures" / "sample_v1_4_bands.bb").read_bytes()))
+    assert ei.value.code == "E_REQUIRED_FLAG"
