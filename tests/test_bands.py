@@ -181,6 +181,35 @@ def test_cli_verify_prints_the_margin(packed: dict[tuple[str, str], Path]) -> No
     assert "exact: all" in text and "band margin" in text and "smallest, chunk" in text
     rep = json.loads(run("--json"))
     assert rep["band_margin"] > 1 and rep["band_margin_chunk"]
+    assert "exact: all" in run("--no-margin") and "band margin" not in run("--no-margin")
+    assert json.loads(run("--json", "--no-margin"))["band_margin"] is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_boundary_distance_equals_the_ordinal_formulation(dtype: str) -> None:
+    """band.boundary_distance against SPEC.md 9's definition written another way: neighbours by
+    stepping dtypes.bits_to_ordinal (+0 and -0 adjacent), on every 16-bit pattern (a sample
+    of the 32-bit ones), values between them, and the special values."""
+    from bbformat.codec.dtypes import bits_to_f64, bits_to_ordinal, f64_to_bits, ordinal_to_bits
+
+    w = 32 if dtype == "float32" else 16
+    rng = np.random.default_rng(3)
+    bits = np.arange(1 << 16) if w == 16 else rng.integers(0, 1 << 32, 1 << 18)
+    grid = bits_to_f64(bits.astype(f"uint{w}"), dtype)
+    with np.errstate(all="ignore"):
+        x = np.concatenate([grid, grid * (1 + 1e-3), grid * (1 - 1e-3), np.nextafter(grid, np.inf), rng.standard_normal(4096) * 0.02,
+                            [0.0, -0.0, 1e-300, -1e-300, np.inf, -np.inf, np.nan, 1e300, -1e300, 65504.0, 65519.99, 65520.0]])
+        o = bits_to_ordinal(f64_to_bits(x, dtype), w)
+        lo, hi = -(1 << (w - 1)), (1 << (w - 1)) - 1
+        v = bits_to_f64(ordinal_to_bits(o, w), dtype)
+        down = bits_to_f64(ordinal_to_bits(np.maximum(o - 1, lo), w), dtype)
+        up = bits_to_f64(ordinal_to_bits(np.minimum(o + 1, hi), w), dtype)
+        mid_lo = np.where(np.isinf(down), v - (up - v) / 2, (v + down) / 2)
+        mid_hi = np.where(np.isinf(up), v + (v - down) / 2, (v + up) / 2)
+        d = np.minimum(x - mid_lo, mid_hi - x)
+        want = np.where(np.isfinite(x) & np.isfinite(v) & np.isfinite(d), np.abs(d), 0.0)
+        got = band.boundary_distance(x, dtype)
+    assert np.array_equal(got, want)
 
 
 def test_golden_v1_4_fixture_decodes_forever() -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .dtypes import bits_to_f64, bits_to_ordinal, f64_to_bits, ordinal_to_bits
+from .dtypes import bits_to_f64, f64_to_bits
 from ..container.program import bits_of
 
 if TYPE_CHECKING:
@@ -28,23 +28,30 @@ EPS = float(np.finfo(np.float64).eps)
 def boundary_distance(x: np.ndarray, dtype: str) -> np.ndarray:
     """Distance of each float64 value to the nearest rounding boundary of `dtype` (the
     midpoints between neighbouring values, 0 between -0 and +0, and the overflow threshold);
-    0 for values that are not finite or round to an infinity."""
+    0 for values that are not finite or round to an infinity. The neighbours of a value are
+    the next patterns in value order (the ordinal order of dtypes.bits_to_ordinal): from +0
+    down is -0, from -0 up is +0, from the largest finite value up is the infinity."""
     x = np.asarray(x, dtype=np.float64)
     w = bits_of(dtype)
-    b = f64_to_bits(x, dtype)
-    o = bits_to_ordinal(b, w)
-    lo, hi = -(1 << (w - 1)), (1 << (w - 1)) - 1
+    b = f64_to_bits(x, dtype).astype(np.int64)
+    sign = 1 << (w - 1)
+    mag = b & (sign - 1)
+    neg = b >= sign
+    edge = mag == sign - 1  # the last NaN pattern of each sign: no neighbour outward (and v is NaN: distance 0)
+    up = np.where(neg, np.where(mag == 0, 0, b - 1), np.where(edge, b, b + 1))
+    down = np.where(neg, np.where(edge, b, b + 1), np.where(mag == 0, sign, b - 1))
+    udt = np.dtype(f"uint{w}")
     with np.errstate(invalid="ignore", over="ignore"):
-        v = bits_to_f64(b, dtype)
-        down = bits_to_f64(ordinal_to_bits(np.maximum(o - 1, lo), w), dtype)
-        up = bits_to_f64(ordinal_to_bits(np.minimum(o + 1, hi), w), dtype)
-        mid_lo = np.where(np.isinf(down), v - (up - v) / 2, (v + down) / 2)
-        mid_hi = np.where(np.isinf(up), v + (v - down) / 2, (v + up) / 2)
+        v = bits_to_f64(b.astype(udt), dtype)
+        lo = bits_to_f64(down.astype(udt), dtype)
+        hi = bits_to_f64(up.astype(udt), dtype)
+        mid_lo = np.where(np.isinf(lo), v - (hi - v) / 2, (v + lo) / 2)
+        mid_hi = np.where(np.isinf(hi), v + (v - lo) / 2, (v + hi) / 2)
         d = np.minimum(x - mid_lo, mid_hi - x)
     return np.where(np.isfinite(x) & np.isfinite(v) & np.isfinite(d), np.abs(d), 0.0)
 
 
-BLOCK = 1 << 20  # values per step of in_band: its temporaries stay ~100 MB for any tensor
+BLOCK = 1 << 16  # values per step of in_band and min_distance: their temporaries stay in the cache (about 2x faster than 2^20)
 
 
 def in_band(x: np.ndarray, dtype: str, delta: float) -> np.ndarray:
