@@ -16,7 +16,7 @@ import numpy as np
 from .codec.dtypes import RawTensor
 from .codec.linalg import REFERENCE, Linalg, device_backend, torch_device_of
 from .codec.entropy import check_entropy_mode
-from .constants import FORMAT_VERSIONS, PACK_SCHEMES, written_version
+from .constants import FORMAT_VERSIONS, PACK_SCHEMES, RequiredFlag, written_version
 from .container.framing import check_format_version
 from .codec.encoder import EncodedChunk, SiteReport
 from .codec.layout import ChunkLayout, ModelLayout
@@ -108,8 +108,10 @@ def pack(
     `scheme` "none" takes no bits back: no rotation, the entropy stage alone, so unpack gives
     back the input's bits exactly (a 1.2 file).
 
-    `format_version` "1.3" (the default) is 1.2 with payload codec 3 allowed; a file whose
-    payloads do not use it is written as 1.2. "1.2" records each chunk's digest of its decoded values,
+    `format_version` "1.4" (the default) is 1.3 plus a band section per rotated site (the
+    band widths, from which verify measures a reader's margin, SPEC.md 8.8 and 9; 1.3
+    readers refuse it; scheme "none" has no sites and is written as 1.3 or 1.2). "1.3" is
+    1.2 with payload codec 3 allowed; a file whose payloads do not use it is written as 1.2. "1.2" records each chunk's digest of its decoded values,
     and stores explicitly every regenerated value another correct reader could round
     differently (the band, SPEC.md 9 and 12.6), so every conforming reader decodes the
     same bits and can prove it; 1.1 readers refuse such files. "1.1" writes files that 1.0
@@ -270,7 +272,8 @@ class VerifyReport:
     device: str = "cpu"  # the backend that decoded (codec/linalg.py names)
     fallback: list[str] = field(default_factory=list)  # "index name" of chunks the device missed, decoded again by the reference
     note: str | None = None  # e.g. a file without digests decoded with the reference instead of the device asked for
-    margin: float | None = None  # 1.4 (band sections): the smallest site margin this reader had (SPEC.md 9)
+    bands: bool = False  # 1.4: the file stores band widths (BANDS)
+    margin: float | None = None  # with bands: the smallest site margin this reader had (SPEC.md 9 item 7; inf: no value counted)
     margin_chunk: str | None = None  # "index name" of the chunk where it was
 
     @property
@@ -283,16 +286,19 @@ class VerifyReport:
                 "values": self.values, "decoded_bytes": self.decoded_bytes, "crc_verified": True, "content_digests": self.digests,
                 "exact": self.exact, "inexact_chunks": list(self.inexact), "device": self.device,
                 "fallback_chunks": list(self.fallback), "note": self.note,
+                "band_widths": self.bands,
                 "band_margin": self.margin if self.margin is None or math.isfinite(self.margin) else None,
-                "band_margin_chunk": self.margin_chunk}
+                "band_margin_chunk": self.margin_chunk if self.margin is not None and math.isfinite(self.margin) else None}
 
     def margin_line(self) -> str | None:
         """What the band margin says, in one line (None: the file stores no band widths)."""
         if self.margin is None:
             return None
         m = self.margin
-        said = ("no value was within its band width of a rounding boundary" if m > 1 else
-                f"this reader's float64 results differ from the reference's by at least {1 - m:.3g} of a band width somewhere")
+        if not math.isfinite(m):
+            return "band margin: no value to measure (every value near a boundary is stored in the file)"
+        said = ("no value came within its band width of a rounding boundary" if m >= 1 else
+                f"this reader's float64 results differ from the writer's by more than {1 - m:.3g} of a band width somewhere")
         return f"band margin {m:.4g} (smallest, chunk {self.margin_chunk}; the writer's own decoding has > 1): {said}"
 
     def summary(self) -> str:
@@ -323,6 +329,7 @@ def verify(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = 
                 margins=margins) as r:
         n = len(r)
         rep = VerifyReport(str(path), f"{r.header.major}.{r.header.minor}", n, 0, 0, 0, digests=r.has_digests,
+                           bands=bool(r.header.required_flags & RequiredFlag.BANDS),
                            device=r.linalg.name, note=r.note)
         for k, block in enumerate(r.iter_blocks("reverse", workers=decode_workers(workers))):
             if block.exact is False:

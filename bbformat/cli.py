@@ -259,8 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "float's exponent and top mantissa bits as one rANS symbol per tensor and column class; format 1.3), "
                          "auto (smallest per chunk among those the format version allows; the default with --scheme none)")
     pk.add_argument("--format-version", choices=FORMAT_VERSIONS, default=FORMAT_VERSIONS[0],
-                    help="1.3 (default): as 1.2, and payloads may use the exponent codec (a file that does not is written as "
-                         "1.2). 1.2: every chunk records a digest of its decoded values and the encoder stores every value "
+                    help="1.4 (default): as 1.3, and each rotated site stores the band widths it was encoded with, from "
+                         "which verify reports this reader's margin (1.3 readers refuse it; --scheme none files have no sites "
+                         "and are written as 1.3 or 1.2). 1.3: as 1.2, and payloads may use the exponent codec (a file that "
+                         "does not is written as 1.2). 1.2: every chunk records a digest of its decoded values and the encoder stores every value "
                          "another reader's floating point could round differently, so every conforming reader decodes the same "
                          "bits and checks it; 1.1 readers refuse it. 1.1: readable by 1.0/1.1 readers, exact only on readers "
                          "whose floating point matches this machine's, with nothing to check it by")

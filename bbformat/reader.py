@@ -142,7 +142,8 @@ def decode_parsed(chunk: ParsedChunk, allow_inexact: bool = False, la: Linalg = 
     exact=False. On any backend but the reference, a chunk that misses its digest is decoded
     again with the reference (fallback=True, the default; the block says so), so a device
     never costs exactness, only the time of the chunks it missed. margins: the block's margin
-    (a 1.4 file's band sections; that of the decoding whose values are returned)."""
+    (a 1.4 file's band sections) on backend `la`, also for a chunk that fell back: it is
+    how close that backend's arithmetic came, which a missed digest makes the question."""
     corrector = StoredCorrector(chunk.program, chunk.side, margins)
     fell_back = False
     if fallback and not la.is_reference and chunk.content_crc is not None:
@@ -150,8 +151,10 @@ def decode_parsed(chunk: ParsedChunk, allow_inexact: bool = False, la: Linalg = 
         if tensors is not None:
             return DecodedBlock(chunk.index, chunk.program.name, tensors, True, margin=_margin(corrector))
         la, fell_back = REFERENCE, True
-        corrector.margins.clear()
+        device = dict(corrector.margins)  # the device's, kept over the reference's below
     tensors = _decode_or_blame_numerics(chunk, corrector, la)
+    if fell_back:
+        corrector.margins = device
     exact = None
     if chunk.content_crc is not None:
         got = content_crc(chunk.program, tensors)

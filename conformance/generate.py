@@ -2856,9 +2856,9 @@ def file_margin(data: bytes) -> float:
 
 def add_v14(S: Suite) -> None:  # noqa: C901 - one list of vectors
     V = "1.4"
-    short = {"float16": "f16", "float32": "f32"}
-    for scheme, arch, seed in (("symmetric", "llama", 21), ("paper", "opt", 22)):
-        for dtype in ("float16", "float32"):
+    short = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
+    for scheme, arch, seed, dtypes in (("symmetric", "llama", 21, ("float16", "bfloat16", "float32")), ("paper", "opt", 22, ("float16", "float32"))):
+        for dtype in dtypes:
             data, rep = tiny_model(arch, scheme, seed, None, dtype, layers=2, format_version="1.4")
             with Reader(io.BytesIO(data)) as r:
                 assert (r.header.required_flags, r.header.minor, r.metadata["format_version"]) == (V14_FLAGS, 4, "1.4"), r.header
@@ -2912,7 +2912,7 @@ def add_v14(S: Suite) -> None:  # noqa: C901 - one list of vectors
     def inv(vid: str, data: bytes, what: str, code: str, rule: int) -> None:
         S.invalid(vid, data, "§8.8", what, code, rule, since=V)
 
-    for name, w in (("zero", 0.0), ("negative", -1e-12), ("nan", float("nan")), ("inf", float("inf"))):
+    for name, w in (("zero", 0.0), ("negative_zero", -0.0), ("negative", -1e-12), ("nan", float("nan")), ("inf", float("inf"))):
         inv(f"x_band_width_{name}", with_band(sym, band_bytes(w)).build(), f"v_bands_sym_f32 with δ_x = {w}", "E_SECTION_CONTENT", 25)
     inv("x_band_width_paper_third_zero", with_band(pap, band_bytes(wp[0], wp[1], 0.0)).build(),
         "v_bands_paper_f32 with δ_c = 0 (the other two as written)", "E_SECTION_CONTENT", 25)
@@ -2930,14 +2930,27 @@ def add_v14(S: Suite) -> None:  # noqa: C901 - one list of vectors
     x = sym.copy()
     x.hdr["required_flags"] = V12_FLAGS
     inv("x_band_without_flag", x.build(), "v_bands_sym_f32 in a file without BANDS: kind 6 is unknown there", "E_SECTION_KIND", 21)
+    for vid, site, what in (("x_band_site_out_of_range", 1, "site 1 of a chunk with one site"),
+                            ("x_band_no_site", NO_SITE, "the payload's site field 0xFFFFFFFF")):
+        x = sym.copy()
+        extra = copy.deepcopy(x.chunks[0].sec(SectionKind.BAND))
+        extra.site = site
+        x.chunks[0].secs.append(extra)  # site 0 keeps its own band section
+        inv(vid, x.build(), f"a second band section naming {what}", "E_SECTION_KIND", 21)
     x = sym.copy()
-    x.chunks[0].sec(SectionKind.BAND).site = 1
-    inv("x_band_site_out_of_range", x.build(), "a band section naming site 1 of a chunk with one site", "E_SECTION_KIND", 21)
-    x = sym.copy()
-    x.chunks[0].sec(SectionKind.BAND).site = NO_SITE
-    inv("x_band_no_site", x.build(), "a band section with the payload's site field 0xFFFFFFFF", "E_SECTION_KIND", 21)
-    inv("x_bands_without_digests", mod(sym, hdr={"required_flags": MIXED_FLAG | BANDS_FLAG, "minor": 4}).build(),
-        "BANDS and MIXED_CORRECTIONS set without DIGESTS", "E_REQUIRED_FLAG", 4)
+    sec = x.chunks[0].sec(SectionKind.BAND)
+    sec.stored, sec.codec = ZSTD.compress(sec.stored), 1
+    x.hdr["required_flags"] = V12_FLAGS
+    inv("x_band_zstd_without_flag", x.build(), "a zstd band section in a file without BANDS: the unknown kind is reported "
+        "before the codec", "E_SECTION_KIND", 21)
+    x = mod(sym, hdr={"required_flags": MIXED_FLAG | BANDS_FLAG, "minor": 4})
+    x.chunks[0].head["reserved0"] = 0  # without DIGESTS offset 4 is reserved: only the header rule is broken
+    inv("x_bands_without_digests", x.build(), "BANDS and MIXED_CORRECTIONS set without DIGESTS", "E_REQUIRED_FLAG", 4)
+    x = pap.copy()
+    x.chunks[0].secs = [x.chunks[0].secs[0], *x.chunks[0].secs[1:][::-1]]
+    assert [c.kind for c in x.chunks[0].secs] != [c.kind for c in pap.chunks[0].secs]
+    S.valid("v_bands_sections_reordered", x.build(), "§8.1, §8.8", "v_bands_paper_f32 with its site's sections in the reverse of "
+            "the writer's order (band after the patches): valid, the same tensors", since=V)
     for bit in (5,):
         S.invalid(f"x_required_flag_bit{bit}", mod(sym, hdr={"required_flags": V14_FLAGS | 1 << bit, "minor": 4}).build(), "§4",
                   f"v_bands_sym_f32 with required_flags bit {bit} set too (unknown in 1.4)", "E_REQUIRED_FLAG", 4, since=V)

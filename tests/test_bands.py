@@ -119,6 +119,9 @@ def test_a_reader_off_by_less_than_the_band_decodes_exactly_and_its_margin_moves
             assert ref.margin is not None and off.margin is not None
             assert abs(off.margin - ref.margin) <= shift / min(widths) * (1 + 1e-9)
             assert off.margin != ref.margin  # the shift is seen
+            far = decode_parsed(chunk, la=Shifted(4 * max(widths)), fallback=False, margins=True, allow_inexact=True)
+            assert far.margin is not None  # outside the band: perhaps inexact; the margin still bounds the shift from below
+            assert 1 - far.margin < 4 * max(widths) / min(widths)
 
 
 def test_margin_is_the_distance_to_a_boundary_in_band_widths() -> None:
@@ -132,6 +135,12 @@ def test_margin_is_the_distance_to_a_boundary_in_band_widths() -> None:
     assert band.min_distance(x, "float16") == 0.0
     assert band.min_distance(x, "float16", skip=np.array([1])) == ulp / 4
     assert band.min_distance(x, "float16", skip=np.array([0, 1, 2])) == np.inf
+    # the overflow threshold of float16 is 65520 (65504 + half its spacing of 32): 65519.99 is 0.01 from it
+    assert band.boundary_distance(np.array([65519.99, 65520.0, 65536.0, np.inf, np.nan]), "float16") == pytest.approx([0.01, 0, 0, 0, 0])
+    # +0 and -0 meet at 0; the smallest subnormal float16 is 2^-24, so its midpoint with 0 is 2^-25
+    tiny = 2.0 ** -24
+    got = band.boundary_distance(np.array([0.0, -0.0, tiny / 8, -tiny / 8, tiny, 3 * tiny / 8]), "float16")
+    assert got.tolist() == [0.0, 0.0, tiny / 8, tiny / 8, tiny / 2, tiny / 8]
 
 
 def test_format_1_3_and_scheme_none_write_no_band(tmp_path: Path) -> None:

@@ -682,7 +682,7 @@ def bench_model(ctx: Ctx, model: str, layers: int, with_pt: bool) -> Json:
     mdir = ctx.work / model
     mdir.mkdir(parents=True, exist_ok=True)
     res: Json = {"name": model, "layers": layers, "ok": True, "ops": [], "plain_loaders": [], "floors": None,
-                 "unpack_workers_option": ctx.unpack_workers_option}
+                 "unpack_workers_option": ctx.unpack_workers_option, "entropy": ctx.entropy}
     t = time.perf_counter()
     try:
         res["generator"], res["generate_s"] = prepare(ctx, model, layers, mdir, with_pt)
@@ -815,7 +815,9 @@ def _pct(a: int | None, b: int | None) -> str:
 def _shape_line(m: Json) -> str:
     s = m.get("shape") or {}
     return (f"### {m['name']}: {s.get('layers')} layers, hidden {s.get('hidden')} → d {s.get('d')}, FFN {s.get('ffn')}, "
-            f"vocab {s.get('vocab')}, {s.get('heads')} heads, {', '.join(s.get('dtypes') or ['?'])}")
+            f"vocab {s.get('vocab')}, {s.get('heads')} heads, {', '.join(s.get('dtypes') or ['?'])}"
+            + (f"; pack --entropy {m['entropy']} (random weights: not a trained model's exponents)"
+               if m.get("entropy", "none") != "none" else ""))
 
 
 def _sizes_line(m: Json) -> str:

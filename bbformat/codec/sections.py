@@ -38,9 +38,10 @@ class Section:
     stored: bytes = b""
 
     def finish(self, allow_zstd: bool = True) -> "Section":
-        """Choose the smaller of raw and zstd for storage (deterministic)."""
+        """Choose the smaller of raw and zstd for storage (deterministic), where the kind may
+        be zstd (a band section is raw only)."""
         self.codec, self.stored = Codec.RAW, self.data
-        if allow_zstd and len(self.data) > 64:
+        if allow_zstd and len(self.data) > 64 and Codec.ZSTD in rules_of(self.kind).codecs:
             comp = compressor(SECTION_LEVEL).compress(self.data)
             if len(comp) < len(self.data):
                 self.codec, self.stored = Codec.ZSTD, comp
@@ -109,8 +110,9 @@ class StoredCorrector:
     def note_columns(self, site: int, sums: np.ndarray) -> None:
         """A PAPER site's column sums of E (the sign decisions): their margin from 0."""
         widths = self._widths(site)
-        if widths is not None:
-            self._note(site, float(np.min(np.abs(sums), initial=np.inf)), float(widths[2]))
+        if widths is not None:  # a column sum that is not finite counts as 0 (SPEC.md 9 item 7)
+            dist = np.where(np.isfinite(sums), np.abs(sums), 0.0)
+            self._note(site, float(np.min(dist, initial=np.inf)), float(widths[2]))
 
     def correct_x(self, site: int, approx: np.ndarray, regenerated: np.ndarray | None = None) -> np.ndarray:
         at = SiteContext(self.program, site)

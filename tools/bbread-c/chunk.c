@@ -421,7 +421,7 @@ static void decode_site(site_t *s, tensor_t *anchor, const uint8_t *mu_bytes, ui
             double sum = 0.0;
             int neg, bit = (bits[j / 8] >> (j % 8)) & 1;
             for (i = 0; i < D; i++) sum += a[i + j * D];
-            if (banded) margin = fmin(margin, fabs(sum) / width[2]);
+            if (banded) margin = fmin(margin, (isfinite(sum) ? fabs(sum) : 0.0) / width[2]); /* 9 item 7: non-finite counts as 0 */
             neg = sum < 0.0;
             if (neg != bit)
                 for (i = 0; i < D; i++) a[i + j * D] = -a[i + j * D];

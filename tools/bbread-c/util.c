@@ -444,7 +444,6 @@ double dtype_to_f64(int code, uint32_t b)
     }
 }
 
-/* SPEC.md 7.4 / Appendix C: round float64 directly to the dtype, ties to even. */
 /* SPEC.md 9 item 7: the distance of x from the nearest rounding boundary of dtype `code` (a
    midpoint between neighbouring values, 0 between -0 and +0, the overflow threshold); 0 when x
    is not finite or rounds to an infinity. Neighbours step through the values' order: ordinal
@@ -463,6 +462,7 @@ double boundary_distance(double x, int code)
     return (isfinite(x) && isfinite(v) && isfinite(d)) ? fabs(d) : 0.0;
 }
 
+/* SPEC.md 7.4 / Appendix C: round float64 directly to the dtype, ties to even. */
 uint32_t round_to_dtype(double x, int code)
 {
     int P = code == DT_F16 ? 10 : code == DT_BF16 ? 7 : 23;
