@@ -194,7 +194,7 @@ def declared_bytes(data: bytes) -> int:
             if h.descriptor_length <= MAX_DESCRIPTOR and end <= len(data):
                 try:
                     program = parse_descriptor(data[pos + CHUNK_FIXED_SIZE : end])
-                    worst = max(worst, working_set_bytes(program, min(h.chunk_length, len(data)), exponent=True))
+                    worst = max(worst, working_set_bytes(program, min(h.chunk_length, len(data)), mixed=True, exponent=True, bands=True))
                 except BBFormatError:
                     pass
         pos = data.find(CHUNK_MAGIC, pos + 1)
