@@ -135,11 +135,9 @@ def pack(
     if entropy is None:
         entropy = "auto" if scheme == "none" else "none"
     check_entropy_mode(entropy)
-    check_format_version(format_version)
+    check_format_version(format_version, entropy)
     if scheme == "none" and format_version == "1.1":
         raise InputError("scheme 'none' needs format 1.2 or later (1.1 readers know only the paper and symmetric schemes)")
-    if entropy == "exponent" and format_version not in ("1.3", "1.4"):
-        raise InputError(f"entropy mode 'exponent' (payload codec 3) needs format 1.3 or later, not {format_version}")
     if scheme == "none" and calibration is not None:
         raise InputError("--calibration rounds rotated weights; scheme 'none' rotates nothing")
     _check_paths(Path(src), Path(dst), overwrite)

@@ -60,11 +60,9 @@ class Writer:
         unless True, here and again, atomically, when close() publishes the file
         (fsutil.rename_no_replace): a file that appears meanwhile is never replaced."""
         check_entropy_mode(entropy)
-        check_format_version(format_version)
+        check_format_version(format_version, entropy)
         self._entropy = entropy
         self._flags = required_flags_for(format_version, entropy, sites=scheme != "none")
-        if entropy == "exponent" and format_version not in ("1.3", "1.4"):
-            raise InputError(f"entropy mode 'exponent' (payload codec 3) needs format 1.3 or later, not {format_version}")
         fields = check_header(scheme, chunk_count, metadata, self._flags)  # refuses bad input before a temp file exists
         self._header_pool: ThreadPoolExecutor | None = None
         self._header: Future[bytes] | None = None  # a background header not yet written

@@ -404,6 +404,16 @@ def test_exponent_needs_format_1_3(tmp_path: Path) -> None:
     from bbformat.cli import main
 
     assert main(["pack", str(tmp_path), str(tmp_path / "x.bb"), "--entropy", "exponent", "--format-version", "1.2"]) == 2
+    import io
+
+    from bbformat import Writer
+    from bbformat.errors import InputError
+
+    for fv in ("1.2", "1.1"):  # the Writer refuses it too, before anything is written
+        with pytest.raises(InputError, match="needs format 1.3 or later"):
+            Writer(io.BytesIO(), "symmetric", 0, {}, entropy="exponent", format_version=fv)
+    for fv in ("1.3", "1.4"):
+        Writer(io.BytesIO(), "symmetric", 0, {}, entropy="exponent", format_version=fv)
 
 
 def test_golden_v1_3_fixture_decodes_forever() -> None:

@@ -32,6 +32,7 @@ from ..constants import (
     Codec,
     RequiredFlag,
     minor_for,
+    required_flags_for,
 )
 from ..errors import FormatError, InputError, IntegrityError, LimitError, check_choice
 from ..zstdframe import METADATA_LEVEL, Buffer, compress, decompress, frame_content_size
@@ -55,9 +56,12 @@ class Header:
         return bool(self.required_flags & RequiredFlag.DIGESTS)
 
 
-def check_format_version(format_version: str) -> None:
-    """A version a writer can be asked to write (constants.FORMAT_VERSIONS), else InputError."""
+def check_format_version(format_version: str, entropy: str = "none") -> None:
+    """A version a writer can be asked to write (constants.FORMAT_VERSIONS), and one that
+    allows payload codec 3 if `entropy` is "exponent" (1.3 and later), else InputError."""
     check_choice("format version", format_version, FORMAT_VERSIONS)
+    if entropy == "exponent" and not required_flags_for(format_version, entropy) & RequiredFlag.EXPONENT:
+        raise InputError(f"entropy mode 'exponent' (payload codec 3) needs format 1.3 or later, not {format_version}")
 
 
 @dataclass(frozen=True)
