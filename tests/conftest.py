@@ -67,6 +67,28 @@ def sample_container(scheme: str = "symmetric", tolerance: float = 0.0, seed: in
     return buf.getvalue()
 
 
+def sample_tensors(format_version: str) -> dict[str, bytes]:
+    """The decoded tensors of sample_container(format_version=...), by name: what every
+    golden fixture of the same input must decode to."""
+    from bbformat.reader import Reader
+
+    with Reader(io.BytesIO(sample_container(format_version=format_version))) as r:
+        return {n: t.tobytes() for b in r.iter_blocks() for n, t in b.tensors.items()}
+
+
+def assert_refused_without(monkeypatch: pytest.MonkeyPatch, flag: int, data: bytes) -> None:
+    """A reader that does not know required flag `flag` (an older version's) stops at the
+    header with E_REQUIRED_FLAG."""
+    from bbformat.container import framing
+    from bbformat.errors import FormatError
+    from bbformat.reader import Reader
+
+    monkeypatch.setattr(framing, "REQUIRED_FLAGS_KNOWN", framing.REQUIRED_FLAGS_KNOWN & ~flag)
+    with pytest.raises(FormatError) as ei:
+        Reader(io.BytesIO(data))
+    assert ei.value.code == "E_REQUIRED_FLAG"
+
+
 @pytest.fixture
 def sample_bytes() -> bytes:
     return sample_container()
