@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import math
 import os
 import warnings
@@ -20,11 +21,11 @@ from .constants import FORMAT_VERSIONS, PACK_SCHEMES, RequiredFlag, written_vers
 from .container.framing import check_format_version
 from .codec.encoder import EncodedChunk, SiteReport
 from .codec.layout import ChunkLayout, ModelLayout
-from .container.program import TensorEntry
+from .container.program import TensorEntry, bits_of
 from .compat import legacy_reader_problems
 from .container.digest import content_crc
-from .errors import FormatError, InputError, VerifyError, check_choice
-from .fsutil import check_output_file
+from .errors import FormatError, InputError, OutputExistsError, VerifyError, check_choice
+from .fsutil import check_output_file, write_synced
 from .packing import BoundedWorker, EncodeChain, Progress, encode_chunks
 from .reader import DECODE_WORKERS, DecodedBlock, Reader, decode_workers
 from .writer import Writer
@@ -438,8 +439,13 @@ def unpack(
     allow_inexact: bool = False,
     device: str | Linalg | None = None,
     overwrite: bool = False,
+    max_shard_size: int | None = None,
 ) -> Path:
-    """Write the TransformerCompression layout back: <stem>.pt (or .safetensors) and the JSON files.
+    """Write the TransformerCompression layout back: <stem>.pt (or .safetensors) and the JSON
+    files; or, with fmt="hf", a Hugging Face directory that transformers'
+    `AutoModelForCausalLM.from_pretrained(dst, trust_remote_code=True)` loads without bbformat
+    (bbformat.hfdir: config.json, the modeling file, model.safetensors or shards of at most
+    `max_shard_size` bytes (default 5 GB) with their index, the tokenizer files).
 
     `dst` must be absent or an empty directory unless `overwrite` (OutputExistsError, E_EXISTS,
     naming what would be replaced, before anything is decoded); then files of the same names
@@ -462,8 +468,10 @@ def unpack(
     the reference, and a DeviceNote says how many."""
     from .checkpoint import check_side_files, publish_checkpoint
 
-    if fmt not in ("pt", "safetensors"):
-        raise InputError(f"unknown output format {fmt!r} (choose 'pt' or 'safetensors')")
+    if fmt not in ("pt", "safetensors", "hf"):
+        raise InputError(f"unknown output format {fmt!r} (choose 'pt', 'safetensors' or 'hf')")
+    if max_shard_size is not None and fmt != "hf":
+        raise InputError("max_shard_size applies to fmt='hf' only")
     inexact = InexactBlocks(src)
     with Reader(src, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device) as r:
         inexact.note(r)
@@ -476,6 +484,10 @@ def unpack(
         files = _decode_files(r.metadata.get("files", {}))
         check_side_files(stem, files)
         wanted = {k: entries[k] for k in keys}
+        if fmt == "hf":
+            out = _unpack_hf(r, Path(dst), stem, files, wanted, progress, workers, inexact, overwrite, max_shard_size)
+            inexact.warn()
+            return out
 
         def weights(path: Path) -> None:
             _stream_weights(r, path, fmt, wanted, progress, workers, inexact)
@@ -507,6 +519,56 @@ def _stream_weights(r: Reader, path: Path, fmt: str, wanted: dict[str, TensorEnt
         st.finish()
         f.flush()
         os.fsync(f.fileno())
+
+
+def _unpack_hf(r: Reader, dst: Path, stem: str, files: dict[str, bytes], wanted: dict[str, TensorEntry], progress: Progress | None,
+               workers: int | None, inexact: InexactBlocks, overwrite: bool, max_shard_size: int | None) -> Path:
+    """unpack's fmt="hf": the directory's files (hfdir), its shards streamed as blocks decode."""
+    from . import hfdir
+    from .adapters.sliced_config import identity_norms
+    from .checkpoint import publish_directory
+    from .stream_writers import SafetensorsWriter
+    from .tensors import torch_dtype
+
+    base, slicing = json.loads(files["config.json"]), json.loads(files[f"{stem}.json"])
+    norms = set(identity_norms(base, list(wanted)))
+    keep = {k: e for k, e in wanted.items() if k not in norms}
+    nbytes = {k: e.numel * bits_of(e.dtype) // 8 for k, e in keep.items()}
+    by_dtype: dict[str, int] = {}
+    for k, e in keep.items():
+        by_dtype[e.dtype] = by_dtype.get(e.dtype, 0) + nbytes[k]
+    dtype = max(by_dtype, key=lambda d: by_dtype[d]) if by_dtype else "float32"
+    side = hfdir.side_files(files, stem, hfdir.hf_config(base, slicing, stem, list(keep), dtype))
+    groups = hfdir.shards(list(nbytes.items()), hfdir.DEFAULT_SHARD_BYTES if max_shard_size is None else max_shard_size)
+    names = hfdir.shard_names(len(groups))
+    written = names + ([hfdir.INDEX] if len(groups) > 1 else [])
+    if overwrite and dst.is_dir():  # replaced files are fine; another export's weights left beside them are not
+        stale = sorted(p.name for p in dst.iterdir() if hfdir.is_weights_file(p.name) and p.name not in written)
+        if stale:
+            raise OutputExistsError(f"{dst} holds {', '.join(stale[:3])}{' ...' if len(stale) > 3 else ''} of another export, "
+                                    f"which would sit beside the new weights; remove them or give an empty directory")
+
+    def write(where: Path) -> None:
+        handles, writers, route = [], [], {}
+        try:
+            for name, group in zip(names, groups):
+                f = open(where / name, "xb")
+                handles.append(f)
+                writers.append(SafetensorsWriter(f, [(k, torch_dtype(keep[k].dtype), keep[k].shape) for k in group],
+                                                 metadata={"format": "pt"}))
+                route.update({k: writers[-1] for k in group})
+            _write_blocks(r, keep, lambda k, t: route[k].write(k, t), progress, workers, inexact)
+            for f, st in zip(handles, writers):
+                st.finish()
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            for f in handles:
+                f.close()
+        if len(groups) > 1:
+            write_synced(where / hfdir.INDEX, hfdir.index_json(groups, names, sum(nbytes.values())))
+
+    return publish_directory(dst, side, written, write, overwrite=overwrite)
 
 
 def _write_blocks(r: Reader, wanted: dict[str, TensorEntry], write: Callable[[str, torch.Tensor], None],

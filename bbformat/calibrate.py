@@ -14,9 +14,8 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from .adapters import llama_torch
+from .adapters.torch_models import build_model, require_transformers
 from .adapters.llama import NAMES
-from .adapters.torch_base import require_transformers
 from .checkpoint import Checkpoint
 from .codec.encoder import Moments
 from .codec.rounding import quantize_moment
@@ -71,13 +70,13 @@ def stream_moments(ckpt: Checkpoint, batches: torch.Tensor) -> Moments:
     q/k/v and gate/up projections (axis 1). float64 accumulation; rounded to 10
     significant bits so rounding decisions do not hinge on the last bits."""
     check_calibratable(ckpt)
-    model = llama_torch.build_model(ckpt.hf_config, ckpt.slicing_config, torch.float32)
+    model = build_model(ckpt.hf_config, ckpt.slicing_config, torch.float32, list(ckpt.state_dict))
     fill_model(model, ckpt.state_dict.items(), {n for n, _ in model.named_parameters()})
     hidden = int(ckpt.hf_config["hidden_size"])
-    config: Any = model.config  # transformers' LlamaConfig
-    eps = float(config.rms_norm_eps)
+    config: Any = model.config  # hf_modeling.SlicedConfig
+    eps = float(config.sliced_norm_eps)
     vocab = int(config.vocab_size)
-    layers = cast("list[llama_torch.SlicedLlamaDecoderLayer]", list(model.get_submodule("model.layers").children()))
+    layers = list(model.get_submodule("model.layers").children())
     if batches.dim() != 2 or batches.numel() == 0 or int(batches.min()) < 0 or int(batches.max()) >= vocab:
         raise InputError(f"calibration tokens must be a non-empty (samples, seqlen) tensor of ids in [0, {vocab})")
     raw: dict[str, torch.Tensor] = {}
@@ -91,9 +90,9 @@ def stream_moments(ckpt: Checkpoint, batches: torch.Tensor) -> Moments:
 
     hooks = []
     for i, layer in enumerate(layers):
-        hooks.append(layer.register_forward_pre_hook(
-            lambda m, a, k, i=i: add(f"attn.{i}", k["hidden_states"] if "hidden_states" in k else a[0]), with_kwargs=True))
-        hooks.append(layer.post_attention_layernorm.register_forward_pre_hook(lambda m, a, i=i: add(f"mlp.{i}", a[0])))
+        hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: add(f"attn.{i}", a[0])))  # the stream in
+        hooks.append(layer.get_submodule("post_attention_layernorm").register_forward_pre_hook(
+            lambda m, a, i=i: add(f"mlp.{i}", a[0])))
     try:
         for b in batches:
             model(b[None].long())

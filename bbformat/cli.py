@@ -118,13 +118,21 @@ def _larger_than_plain(t: dict[str, Any]) -> str:
             f"{max(0, t['plain_bytes'] - t['weights_bytes']):,} B the weights' coding saves")
 
 
+def _shard_size(a: argparse.Namespace) -> int | None:
+    if a.max_shard_size is None:
+        return None
+    if a.format != "hf" or not isinstance(a.max_shard_size, int):
+        raise InputError("--max-shard-size takes a size in bytes, with --format hf only")
+    return a.max_shard_size
+
+
 def _cmd_unpack(a: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", InexactWarning)
         warnings.simplefilter("always", DeviceNote)
         out = unpack(a.src, a.dst, fmt=a.format, progress=_progress(a.quiet, "unpack"), max_block_bytes=a.max_memory,
                      max_site_dim=a.max_site_dim, workers=a.workers, allow_inexact=a.allow_inexact, device=a.device,
-                     overwrite=a.force)
+                     overwrite=a.force, max_shard_size=_shard_size(a))
     for w in caught:
         if issubclass(w.category, InexactWarning):
             sys.stderr.write(f"bbformat: warning: {w.message}\n")
@@ -270,10 +278,15 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--quiet", action="store_true")
     pk.add_argument("--json", action="store_true", help="print the size totals as JSON")
     pk.set_defaults(func=_cmd_pack)
-    up = sub.add_parser("unpack", help="decode a container back to the TransformerCompression layout")
+    up = sub.add_parser("unpack", help="decode a container back to the TransformerCompression layout, or to a Hugging Face directory")
     up.add_argument("src")
     up.add_argument("dst", help="output directory")
-    up.add_argument("--format", choices=("pt", "safetensors"), default="pt")
+    up.add_argument("--format", choices=("pt", "safetensors", "hf"), default="pt",
+                    help="pt / safetensors: TransformerCompression's layout; hf: a Hugging Face directory that "
+                         "AutoModelForCausalLM.from_pretrained(DST, trust_remote_code=True) loads without bbformat")
+    up.add_argument("--max-shard-size", type=_size, metavar="BYTES",
+                    help="with --format hf: shard the weights above this size (K/M/G/T: powers of 1024; default 5 GB, "
+                         "5*10^9 B, as save_pretrained)")
     up.add_argument("-f", "--force", action="store_true",
                     help="write into DST even if it exists and is not empty, replacing its files of the same names "
                          "(without: refused, exit 2, E_EXISTS)")

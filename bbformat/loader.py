@@ -2,11 +2,11 @@
 a container block by block as the blocks decode (never holding the decoded model twice), or
 from a checkpoint directory.
 
-The models themselves are built beside their adapters (adapters/torch_models.py and the
-adapters/*_torch.py it dispatches to): transformers' LlamaForCausalLM / OPTForCausalLM /
-PhiForCausalLM / Phi3ForCausalLM whose decoder layers carry the shortcut matrices and
-parameter-free RMS norms, as TransformerCompression's compressed layers do, so they run
-`generate()`. Written from the architecture, with no dependency on TransformerCompression.
+The model is adapters/hf_modeling.py's SlicedForCausalLM (built by adapters/torch_models.py):
+a transformers PreTrainedModel whose layers carry the shortcut matrices and parameter-free
+RMS norms, as TransformerCompression's compressed layers do, so it runs `generate()` and
+`save_pretrained`; the same code `unpack --format hf` writes for from_pretrained. Written
+from the architecture, with no dependency on TransformerCompression.
 """
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
-from .adapters.torch_base import require_transformers
-from .adapters.torch_models import build_model
+from .adapters.torch_models import build_model, require_transformers
 from .api import InexactBlocks
 from .checkpoint import Checkpoint, read_checkpoint
 from .container.program import bits_of
@@ -86,7 +85,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
                 dtype = torch_dtype(_dominant((e.dtype, e.numel * bits_of(e.dtype)) for e in entries.values()))
             # The model is built on a thread of its own while the first blocks decode.
             with ThreadPoolExecutor(1, thread_name_prefix="bbformat-build") as ex:
-                built = ex.submit(build_model, hf, sc, dtype, list(entries), target)
+                built = ex.submit(build_model, hf, sc, dtype, list(entries), target, stem)
                 blocks = r.iter_blocks("reverse", workers=decode_workers(workers))
                 first = next(blocks, None)
                 model = built.result()
@@ -108,7 +107,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
             sd = ckpt.state_dict
             if dtype is None:
                 dtype = _dominant((t.dtype, t.numel() * t.element_size()) for t in sd.values())
-            model = build_model(ckpt.hf_config, ckpt.slicing_config, dtype, list(sd), target)
+            model = build_model(ckpt.hf_config, ckpt.slicing_config, dtype, list(sd), target, ckpt.stem)
             expected = {n for n, _ in model.named_parameters()}
             fill_model(model, _released(ckpt), expected)
     if expected:

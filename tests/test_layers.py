@@ -13,7 +13,7 @@ LAYERS = [
     {"constants", "errors", "zstdframe", "fsutil", "bytecursor"},
     {"container"},
     {"codec"},
-    {"checkpoint", "adapters", "compat", "tensors", "stream_writers"},
+    {"checkpoint", "adapters", "compat", "tensors", "stream_writers", "hfdir"},
     {"reader", "writer"},
 ]
 

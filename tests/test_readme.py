@@ -54,3 +54,23 @@ def test_untrusted_files_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     (code,) = [b for b in _blocks("python") if "max_block_bytes" in b]
     exec(compile(code, "README.md", "exec"), {"bbformat": bbformat})
     assert "layers.0" in capsys.readouterr().out
+
+
+def test_hf_loading_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers")
+    import bbformat
+    from bbformat.checkpoint import write_checkpoint
+    from bbformat.testing import make_tiny_checkpoint
+
+    write_checkpoint(make_tiny_checkpoint("llama", seed=0, layers=2), tmp_path / "demo" / "model")
+    bbformat.pack(tmp_path / "demo" / "model", tmp_path / "demo" / "model.bb")
+    section = README.split("### Loading with transformers", 1)[1]
+    (cmd,) = re.findall(r"```sh\n(.*?)```", section, flags=re.S)[:1]
+    argv = shlex.split(cmd.strip())
+    r = subprocess.run([sys.executable, "-m", "bbformat", *argv[1:]], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)[:1]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert re.fullmatch(r"tensor\(\[\[ *1, +2, +3(, +\d+){8}\]\]\)\n", out), out

@@ -108,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtypes", default=",".join(DTYPES), help="comma list from fp16,fp32 (default: both)")
     ap.add_argument("--sparsity", type=float, default=0.25, help="TC --sparsity for the tiny models (default 0.25: d = 48 of 64)")
     ap.add_argument("--no-smollm2", action="store_true", help="skip the SmolLM2 part")
+    ap.add_argument("--smol-from", type=Path, default=None,
+                    help="take the SmolLM2 part from an earlier run's results JSON instead of running it (the report says so)")
     ap.add_argument("--smol-slice", type=Path, default=None,
                     help="an existing tools/slice.py output directory to use instead of slicing SmolLM2 again")
     ap.add_argument("--smol-sparsity", type=float, default=0.25)
@@ -174,7 +176,8 @@ def relative_summary(rows: list[Json]) -> list[str]:
     out = []
     for dt, u in UNIT_ROUNDOFF.items():
         vals = {}
-        for col, what in (("tc_reload_unpacked_ckpt_dtype", "TC, ckpt dtype"), ("load_model", "load_model")):
+        for col, what in (("tc_reload_unpacked_ckpt_dtype", "TC, ckpt dtype"), ("load_model", "load_model"),
+                          ("hf_from_pretrained", "from_pretrained of the hf directory")):
             v = [r[col]["max_abs"] / r["ref_max_abs_logit"] for r in rows if r.get("dtype") == dt and r.get("ref_max_abs_logit")
                  and isinstance(r.get(col), dict) and "max_abs" in r[col]]
             if v:
@@ -213,10 +216,14 @@ def render_section(res: Json) -> str:
          f"{res.get('ids_shape', '?')} fixed token ids. Cells are max |Δlogit| / top-1 agreement against it. `bbformat pack "
          "--verify` (default: symmetric, exact), then `bbformat unpack` to TC's `.pt` layout. TC's `load_sliced_model` always "
          "builds a float16 model (hf_utils.get_model_and_tokenizer's default dtype), so its fp32 rows carry float16 rounding; "
-         "the next column casts the model TC built to the checkpoint's dtype and loads the same `.pt` into it.", "",
+         "the next column casts the model TC built to the checkpoint's dtype and loads the same `.pt` into it. The last "
+         "column: `bbformat unpack --format hf` of the same container, loaded in TC's venv (its transformers, no bbformat "
+         "importable) by `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True, torch_dtype=\"auto\")` (the "
+         "checkpoint's dtype), then a greedy `generate()` of 4 tokens with the cache.", "",
          "| arch | TC `--model` | dtype | pack --verify | container B | TC .pt B | container/.pt | side files | max \\|logit\\| "
-         "| TC reload of TC's .pt | TC reload of unpacked | same, in ckpt dtype | `load_model(.bb)` |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+         "| TC reload of TC's .pt | TC reload of unpacked | same, in ckpt dtype | `load_model(.bb)` | `from_pretrained` of "
+         "`unpack --format hf`, TC's venv |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res.get("rows", []):
         ratio = "—"
         if r.get("container_bytes") and r.get("tc_pt_bytes"):
@@ -227,7 +234,8 @@ def render_section(res: Json) -> str:
                  f"{_int(r.get('container_bytes'))} | {_int(r.get('tc_pt_bytes'))} | {ratio} | {side} | "
                  f"{'—' if r.get('ref_max_abs_logit') is None else format(r['ref_max_abs_logit'], '.3g')} | "
                  f"{_cmp_cell(r.get('tc_reload_tc'))} | {_cmp_cell(r.get('tc_reload_unpacked'))} | "
-                 f"{_cmp_cell(r.get('tc_reload_unpacked_ckpt_dtype'))} | {_cmp_cell(r.get('load_model'))} |")
+                 f"{_cmp_cell(r.get('tc_reload_unpacked_ckpt_dtype'))} | {_cmp_cell(r.get('load_model'))} | "
+                 f"{_cmp_cell(r.get('hf_from_pretrained'))} |")
     rel = relative_summary(res.get("rows", []))
     if rel:
         L += ["", "Largest max |Δlogit| relative to the reference's max |logit|, over the rows: " + "; ".join(rel) + ". "
@@ -236,7 +244,12 @@ def render_section(res: Json) -> str:
     fails = [f"- {r.get('label', r.get('arch'))} {r.get('dtype')}: {e}" for r in res.get("rows", []) for e in r.get("errors", [])]
     s = res.get("smollm2")
     if s:
-        L += ["", "### SmolLM2-135M-Instruct sliced by `tools/slice.py`, loaded by TC", "",
+        L += ["", "### SmolLM2-135M-Instruct sliced by `tools/slice.py`, loaded by TC", ""]
+        if s.get("reused_from"):
+            u = s["reused_from"]
+            L += [f"Not rerun here: this part is the run of {u.get('date', '?')} (`{u.get('command', '?')}`; {u.get('machine', '?')}), "
+                  "carried over with `--smol-from`.", ""]
+        L += [
               f"Slice: `{s.get('slice_command', '?')}` ({s.get('slice_dtype', '?')}, {s.get('stem', '?')}). TC loads it with "
               f"`load_sliced_model('{s.get('tc_model_name', '?')}', <dir>, sparsity={s.get('sparsity', '?')})`: "
               f"rope_theta as TC reads it: {s.get('tc_rope_theta', '?')} (config.json: {s.get('config_rope_theta', '?')}). "
@@ -521,6 +534,26 @@ def tc_smol(a: argparse.Namespace) -> Json:
     return res
 
 
+def tc_hf(a: argparse.Namespace) -> Json:
+    """from_pretrained(trust_remote_code=True) of a directory `bbformat unpack --format hf`
+    wrote, with this venv's transformers and bbformat not importable: logits on the ids (in
+    the directory's dtype) and a greedy generate() with the cache."""
+    sys.modules["bbformat"] = None  # type: ignore[assignment]  # the directory must stand alone
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.from_numpy(np.load(a.ids))
+    model = AutoModelForCausalLM.from_pretrained(a.dir, trust_remote_code=True, torch_dtype="auto").eval()
+    with torch.no_grad():
+        logits = model(ids).logits.double().numpy()
+        x = ids[:1, :8]
+        gen = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=4, do_sample=False, pad_token_id=0)
+    np.savez(a.out, logits=logits)
+    return {"versions": _tc_versions(), "class": type(model).__name__,
+            "model_dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "generated": int(gen.shape[1] - x.shape[1])}
+
+
 def tc_side_main(argv: list[str]) -> int:
     for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):  # local files only, never the hub
         os.environ.setdefault(k, "1")
@@ -540,6 +573,10 @@ def tc_side_main(argv: list[str]) -> int:
     s.add_argument("--ids", required=True)
     s.add_argument("--dirs", nargs="+", required=True)
     s.add_argument("--outs", nargs="+", required=True)
+    s = sub.add_parser("hf")
+    s.add_argument("--dir", required=True)
+    s.add_argument("--ids", required=True)
+    s.add_argument("--out", required=True)
     s = sub.add_parser("smol")
     s.add_argument("--tc-src", required=True)
     s.add_argument("--model-name", required=True)
@@ -557,7 +594,7 @@ def tc_side_main(argv: list[str]) -> int:
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    res = {"slice": tc_slice, "load": tc_load, "smol": tc_smol}[a.cmd](a)
+    res = {"slice": tc_slice, "load": tc_load, "hf": tc_hf, "smol": tc_smol}[a.cmd](a)
     print("TC-RESULT " + json.dumps(res))
     return 0
 
@@ -691,6 +728,19 @@ def run_tiny(a: argparse.Namespace, arch: str, dtype: str) -> Json:
     except Exception as e:
         row["errors"].append(f"TC load: {e}")
     if bb.is_file():
+        hf = work / "hf"
+        u = _bb(["unpack", str(bb), str(hf), "--format", "hf", "--quiet"], log)
+        if u.returncode != 0:
+            row["hf_from_pretrained"] = {"error": f"bbformat unpack --format hf exited {u.returncode}"}
+            row["errors"].append(f"bbformat unpack --format hf exited {u.returncode}: {u.stderr.strip()[:300]}")
+        else:
+            try:
+                th = _tc(a, ["hf", "--dir", str(hf), "--ids", str(work / "ids.npy"), "--out", str(work / "tc_hf.npz")], log)
+                row["hf_from_pretrained"] = {**compare(ref["logits"], np.load(work / "tc_hf.npz")["logits"]),
+                                             "model_dtype": th["model_dtype"], "class": th["class"], "generated": th["generated"]}
+            except Exception as e:
+                row["hf_from_pretrained"] = {"error": str(e)}
+                row["errors"].append(f"TC-side from_pretrained of unpack --format hf: {e}")
         try:
             row["load_model"] = compare(ref["logits"], _load_model_logits(bb, ref["ids"]))
         except Exception as e:
@@ -874,8 +924,12 @@ def main(argv: list[str] | None = None) -> int:
                 res["versions"]["tc_side"] = row["tc_versions"]
             res.setdefault("ids_shape", row.get("ids_shape"))
             print(f"tc_interop: {arch} {dtype}: " + json.dumps({k: row.get(k) for k in ("pack_verify_ok", "side_files_identical",
-                  "tc_reload_unpacked", "load_model", "errors")}), file=sys.stderr, flush=True)
-    if not a.no_smollm2:
+                  "tc_reload_unpacked", "load_model", "hf_from_pretrained", "errors")}), file=sys.stderr, flush=True)
+    if a.smol_from is not None:
+        earlier = json.loads(a.smol_from.read_text())
+        res["smollm2"] = dict(earlier["smollm2"], reused_from={k: earlier.get(k) for k in ("date", "command", "machine")})
+        res["versions"].setdefault("tc_side", earlier.get("versions", {}).get("tc_side", {}))
+    elif not a.no_smollm2:
         print("tc_interop: SmolLM2", file=sys.stderr, flush=True)
         res["smollm2"] = run_smol(a)
         res["versions"].setdefault("tc_side", res["smollm2"].get("tc_versions", {}))

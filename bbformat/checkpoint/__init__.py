@@ -3,7 +3,8 @@
 * `files`: the `Checkpoint` (tensors, the two configs, side files) and the layout's file rules.
 * `read`: `read_checkpoint` (.pt through torch.load(weights_only=True), or safetensors), mapped.
 * `mapped`: `MappedWeights`, a weights file's tensors mapped, pages released after use.
-* `write`: `publish_checkpoint` (atomic, through fsutil.AtomicOutput) and `write_checkpoint`.
+* `write`: `publish_checkpoint` and `publish_directory` (atomic, through fsutil.AtomicOutput) and
+  `write_checkpoint`.
 
 What microsoft/TransformerCompression (TC) writes, from its sources (experiments/run_slicegpt.py,
 src/slicegpt/{rotate,layernorm_fusion,model_adapter,slicing_scheduler,hf_utils,modules}.py and
@@ -78,7 +79,7 @@ from .files import (
 )
 from .mapped import MappedWeights, release_mapped
 from .read import read_checkpoint
-from .write import publish_checkpoint, write_checkpoint
+from .write import publish_checkpoint, publish_directory, write_checkpoint
 
 __all__ = [
     "FORMATS",
@@ -89,6 +90,7 @@ __all__ = [
     "check_side_files",
     "input_files",
     "publish_checkpoint",
+    "publish_directory",
     "read_checkpoint",
     "release_mapped",
     "side_files",

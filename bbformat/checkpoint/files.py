@@ -117,9 +117,55 @@ def find_weights(src: Path) -> tuple[Path, Path]:
     return src, found[0]
 
 
+HF_MODEL_TYPE = "bbformat_sliced"  # config.json of a directory unpack --format hf wrote (bbformat.hfdir)
+HF_WEIGHTS, HF_INDEX = "model.safetensors", "model.safetensors.index.json"
+
+
+def hf_shards(src: Path) -> list[Path] | None:
+    """The weights files of a directory `unpack --format hf` wrote (config.json's model_type
+    says so): model.safetensors, or the shards its index names; None for any other path."""
+    cfg = src / "config.json"
+    if not src.is_dir() or not cfg.is_file():
+        return None
+    try:  # too big for a side file: not ours to judge here (read_checkpoint's side files say so)
+        if cfg.stat().st_size > SIDE_FILES_MAX_BYTES:
+            return None
+    except OSError:
+        return None
+    if _small_json(cfg).get("model_type") != HF_MODEL_TYPE:
+        return None
+    if (src / HF_INDEX).is_file() == (src / HF_WEIGHTS).is_file():  # transformers would take model.safetensors
+        raise InputError(f"{src} has {'both' if (src / HF_INDEX).is_file() else 'neither'} {HF_WEIGHTS} and {HF_INDEX}: "
+                         f"{'ambiguous, remove the one that is stale' if (src / HF_INDEX).is_file() else 'no weights'}")
+    if not (src / HF_INDEX).is_file():
+        return [src / HF_WEIGHTS]
+    wm = _small_json(src / HF_INDEX).get("weight_map")
+    if not isinstance(wm, dict) or not wm or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
+        raise InputError(f"{src / HF_INDEX} has no weight_map of tensor names to files")
+    names = list(dict.fromkeys(wm.values()))
+    for n in names:
+        if "/" in n or "\\" in n or n.startswith(".") or not n.endswith(".safetensors") or not (src / n).is_file():
+            raise InputError(f"{src / HF_INDEX} names {n!r}, which is not a .safetensors file in {src}")
+    return [src / n for n in names]
+
+
+def _small_json(path: Path) -> dict[str, Any]:
+    """A side file's JSON object (parse_json's checks and errors), its size checked first."""
+    try:
+        if path.stat().st_size > SIDE_FILES_MAX_BYTES:
+            raise InputError(f"{path} is over {SIDE_FILES_MAX_BYTES:,} bytes")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return parse_json({path.name: data}, path.name)
+
+
 def input_files(src: Path | str) -> list[Path]:
     """The files of the checkpoint directory that SRC names which pack reads or could read
     (weights files and side files): an output path must not be one of them."""
+    shards = hf_shards(Path(src))
+    if shards is not None:
+        return [p for p in sorted(Path(src).iterdir()) if p.is_file() and (p in shards or is_side_file(p.name))]
     d, _ = find_weights(Path(src))
     return [p for p in sorted(d.iterdir()) if p.is_file() and (p.suffix in WEIGHT_SUFFIXES or is_side_file(p.name))]
 

@@ -19,11 +19,12 @@ class MappedWeights(Mapping[str, torch.Tensor]):
     again (they stay in the OS page cache). pack holds about one block of the model this way,
     whatever the file's size. close() unmaps the file (the tensors must not be used after)."""
 
-    def __init__(self, path: Path, tensors: dict[str, torch.Tensor], keep_alive: object = None) -> None:
-        self._path = path
+    def __init__(self, path: Path | list[Path], tensors: dict[str, torch.Tensor], keep_alive: object = None) -> None:
+        paths = path if isinstance(path, list) else [path]  # a sharded model: several files
+        self._path = paths[0]
         self._tensors = tensors
         self._keep_alive = keep_alive  # e.g. the safetensors handle that owns the mapping
-        self._ranges = _file_mappings(path)
+        self._ranges = [r for p in paths for r in _file_mappings(p)]
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self._tensors[name]

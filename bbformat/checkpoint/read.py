@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
-from .files import SIDE_FILES_MAX_BYTES, Checkpoint, check_stem, find_weights, is_side_file, parse_json
+from .files import (HF_INDEX, SIDE_FILES_MAX_BYTES, Checkpoint, check_stem, find_weights, hf_shards, is_side_file,
+                    parse_json)
 from .mapped import MappedWeights
 
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -131,7 +132,11 @@ def _load_safetensors(path: Path) -> MappedWeights:
 
 
 def read_checkpoint(src: Path | str) -> Checkpoint:
-    """Read a TC-layout directory (or its .pt / .safetensors file, siblings from its directory)."""
+    """Read a TC-layout directory (or its .pt / .safetensors file, siblings from its directory),
+    or a Hugging Face directory that `unpack --format hf` (or save_pretrained of its model) wrote."""
+    shards = hf_shards(Path(src))
+    if shards is not None:
+        return _read_hf(Path(src), shards)
     d, weights = find_weights(Path(src))
     stem = weights.stem
     if not (d / f"{stem}.json").is_file():
@@ -147,13 +152,47 @@ def read_checkpoint(src: Path | str) -> Checkpoint:
     return Checkpoint(stem, sd, sc, hf, files)
 
 
-def _read_side_files(d: Path, weights: Path) -> dict[str, bytes]:
+def _read_hf(d: Path, shards: list[Path]) -> Checkpoint:
+    """The checkpoint inside an HF directory: config.json's sliced_base, sliced_slicing and
+    sliced_stem give back TC's config.json, SlicingConfig and stem; the tokenizer files stay."""
+    files = _read_side_files(d, *shards)
+    files.pop(HF_INDEX, None)
+    cfg = parse_json(files, "config.json")
+    base, sc, stem = cfg.get("sliced_base"), cfg.get("sliced_slicing"), cfg.get("sliced_stem")
+    if not isinstance(base, dict) or not isinstance(sc, dict) or not isinstance(stem, str):
+        raise InputError(f"{d / 'config.json'} lacks sliced_base, sliced_slicing or sliced_stem")
+    check_stem(stem)
+    if f"{stem}.json" in files:
+        raise InputError(f"{d / 'config.json'}'s sliced_stem {stem!r} would replace the side file {stem}.json")
+    files["config.json"] = (json.dumps(base, indent=2) + "\n").encode()
+    files[f"{stem}.json"] = json.dumps(sc).encode()
+    parts: list[MappedWeights] = []
+    try:
+        for p in shards:
+            parts.append(_load_safetensors(p))
+        tensors = {k: v for part in parts for k, v in part.items()}
+        if len(tensors) != sum(len(part) for part in parts):
+            raise InputError(f"a tensor name is in more than one shard of {d}")
+        if len(shards) > 1:  # the index must say where each tensor is, as from_pretrained reads it
+            wm = parse_json({HF_INDEX: (d / HF_INDEX).read_bytes()}, HF_INDEX)["weight_map"]
+            wrong = [k for k in set(wm) | set(tensors) if k not in tensors or k not in wm or
+                     wm[k] != next(p.name for p, part in zip(shards, parts) if k in part)]
+            if wrong:
+                raise InputError(f"{d / HF_INDEX} does not match its shards (e.g. {sorted(wrong)[0]!r})")
+    except BaseException:
+        for part in parts:
+            part.close()
+        raise
+    return Checkpoint(stem, MappedWeights(shards, tensors, keep_alive=parts), sc, base, files)
+
+
+def _read_side_files(d: Path, *weights: Path) -> dict[str, bytes]:
     """The side files next to the weights file, by name; their total size is checked before
     each is read (a huge JSON is refused unread)."""
     files: dict[str, bytes] = {}
     total = 0
     for p in sorted(d.iterdir()):
-        if p.is_file() and not p.name.startswith(".") and p != weights and is_side_file(p.name):
+        if p.is_file() and not p.name.startswith(".") and p not in weights and is_side_file(p.name):
             try:
                 total += p.stat().st_size
                 if total > SIDE_FILES_MAX_BYTES:

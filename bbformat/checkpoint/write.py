@@ -51,8 +51,20 @@ def publish_checkpoint(dst: Path | str, stem: str, files: Mapping[str, bytes], f
     (fsutil.remove_stale_temps). An OSError while writing becomes an OutputError (NoSpaceError
     for a full disk or a file-size limit) and the staging directory is removed. Returns DST.
     """
+    check_format(fmt)
+    check_stem(stem)
+    weights = f"{stem}.{fmt}"
+    return publish_directory(dst, files, [weights], lambda where: write_weights(where / weights), overwrite=overwrite)
+
+
+def publish_directory(dst: Path | str, files: Mapping[str, bytes], written: list[str], write: Callable[[Path], None], *,
+                      overwrite: bool = False) -> Path:
+    """publish_checkpoint's publication for any directory: the side `files` (name -> bytes) and
+    the files `write(staging_dir)` creates there, named in `written` in the order they are
+    published (the weights last: a sharded model's index after its shards). The same refusals,
+    atomicity and errors as publish_checkpoint."""
     dst, files = Path(dst), dict(files)
-    order = _publish_order(dst, stem, files, fmt)
+    order = _publish_order(dst, files, written)
     if not overwrite:
         _refuse_existing(dst, order)
     label = os.path.basename(os.path.abspath(dst)) or "checkpoint"
@@ -65,9 +77,9 @@ def publish_checkpoint(dst: Path | str, stem: str, files: Mapping[str, bytes], f
     try:
         staging = _staging(dst, label, existed, overwrite)
         with staging:  # an exception, KeyboardInterrupt included, removes the staging directory
-            for name in order[:-1]:
+            for name in sorted(files):
                 fsutil.write_synced(staging.temp / name, files[name])
-            write_weights(staging.temp / order[-1])
+            write(staging.temp)
             _publish(staging, order)
     except FileExistsError as exc:  # overwrite=False: something appeared at DST while it was written
         what = exc.filename or dst
@@ -80,15 +92,15 @@ def publish_checkpoint(dst: Path | str, stem: str, files: Mapping[str, bytes], f
     return dst
 
 
-def _publish_order(dst: Path, stem: str, files: dict[str, bytes], fmt: str) -> list[str]:
-    """The names to publish, the weights file last; refuses bad names and a DST that cannot
-    take them."""
-    check_format(fmt)
-    check_stem(stem)
+def _publish_order(dst: Path, files: dict[str, bytes], written: list[str]) -> list[str]:
+    """The names to publish, the written ones (weights) last; refuses bad names and a DST that
+    cannot take them."""
     for name in files:
         if not name or "/" in name or "\\" in name or name.startswith(".") or name.endswith(WEIGHT_SUFFIXES):
             raise InputError(f"refusing to write side file {name!r}")
-    order = sorted(files) + [f"{stem}.{fmt}"]  # the weights file last: see publish_checkpoint
+    if set(files) & set(written) or len(set(written)) != len(written):
+        raise InputError(f"a file is named twice among {sorted(files) + written}")
+    order = sorted(files) + list(written)  # the weights last: see publish_checkpoint
     if os.path.lexists(dst) and not dst.is_dir():
         raise InputError(f"{dst} exists and is not a directory")
     for up in dst.parents:  # the nearest existing ancestor must be a directory to create DST in
