@@ -2,8 +2,10 @@
 `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`.
 
 bbformat writes this file, unchanged, into every directory of `bbformat unpack --format hf`
-as `modeling_bbformat_sliced.py`. It stands alone: it imports torch and transformers only
-(transformers 4.41, the version TransformerCompression pins, through 5.x), never bbformat.
+as `modeling_bbformat_sliced.py` (save_pretrained of bbformat.load_model's model copies it as
+`hf_modeling.py`), and load_model builds its models from it. It stands alone: it imports torch
+and transformers only (transformers 4.41, the version TransformerCompression pins, through
+5.x), never bbformat.
 
 What a sliced model is (TransformerCompression's compressed layers): the residual stream of
 layer i has its own width; each block reads a parameter-free RMS norm of the stream (the sum

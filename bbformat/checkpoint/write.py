@@ -98,6 +98,9 @@ def _publish_order(dst: Path, files: dict[str, bytes], written: list[str]) -> li
     for name in files:
         if not name or "/" in name or "\\" in name or name.startswith(".") or name.endswith(WEIGHT_SUFFIXES):
             raise InputError(f"refusing to write side file {name!r}")
+    for name in written:
+        if not name or "/" in name or "\\" in name or name.startswith("."):
+            raise InputError(f"refusing to write {name!r}")
     if set(files) & set(written) or len(set(written)) != len(written):
         raise InputError(f"a file is named twice among {sorted(files) + written}")
     order = sorted(files) + list(written)  # the weights last: see publish_checkpoint
