@@ -37,7 +37,7 @@ PretrainedConfig = getattr(transformers, "PreTrainedConfig", None) or transforme
 try:  # transformers >= 4.45 exports it; 5.x models must inherit it themselves
     from transformers import GenerationMixin
 except ImportError:  # pragma: no cover - 4.41 has it here (and PreTrainedModel inherits it)
-    from transformers.generation import GenerationMixin  # type: ignore[attr-defined]
+    from transformers.generation import GenerationMixin
 
 ARCHS = ("llama", "opt", "phi", "phi3")
 # what this transformers calls the cache in model outputs and generate's inputs: `cache` from
@@ -330,7 +330,7 @@ class SlicedDecoder(nn.Module):
         setattr(self, self.final_norm_name, norm)
 
 
-class SlicedPreTrainedModel(PreTrainedModel):
+class SlicedPreTrainedModel(PreTrainedModel):  # type: ignore[misc]
     config_class = SlicedConfig
     base_model_prefix = "model"
     _no_split_modules = ["SlicedLayer"]
@@ -345,7 +345,7 @@ class SlicedPreTrainedModel(PreTrainedModel):
                 module.bias.data.zero_()
 
 
-class SlicedForCausalLM(SlicedPreTrainedModel, GenerationMixin):
+class SlicedForCausalLM(SlicedPreTrainedModel, GenerationMixin):  # type: ignore[misc]
     """A sliced model with its head: runs forward, generate() (with transformers' cache) and
     save_pretrained like any causal LM."""
 
@@ -361,7 +361,7 @@ class SlicedForCausalLM(SlicedPreTrainedModel, GenerationMixin):
             self.model = decoder
         vocab, head = int(config.sliced_base["vocab_size"]), Widths(config).head
         self.lm_head = nn.Linear(head, vocab, bias="head" in config.sliced_biases)
-        self.post_init()  # type: ignore[no-untyped-call]
+        self.post_init()
 
     @property
     def decoder(self) -> SlicedDecoder:

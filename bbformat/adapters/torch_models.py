@@ -45,7 +45,7 @@ def build_model(config_json: dict[str, Any], slicing_config: dict[str, Any], dty
 
     config = SlicedConfig(**sliced_fields(config_json, slicing_config, names), sliced_stem=stem)
     SlicedConfig.register_for_auto_class()  # save_pretrained: auto_map and the modeling file
-    SlicedForCausalLM.register_for_auto_class("AutoModelForCausalLM")  # type: ignore[no-untyped-call]
+    SlicedForCausalLM.register_for_auto_class("AutoModelForCausalLM")
     with torch.device("meta"):
         model = SlicedForCausalLM(config)
     built: nn.Module = nn.Module.to(model, dtype).to_empty(device=device)
