@@ -528,16 +528,13 @@ def _unpack_hf(r: Reader, dst: Path, stem: str, files: dict[str, bytes], wanted:
     from .adapters.sliced_config import identity_norms
     from .checkpoint import publish_directory
     from .stream_writers import SafetensorsWriter
-    from .tensors import torch_dtype
+    from .tensors import dominant, torch_dtype
 
     base, slicing = json.loads(files["config.json"]), json.loads(files[f"{stem}.json"])
     norms = set(identity_norms(base, list(wanted)))
     keep = {k: e for k, e in wanted.items() if k not in norms}
     nbytes = {k: e.numel * bits_of(e.dtype) // 8 for k, e in keep.items()}
-    by_dtype: dict[str, int] = {}
-    for k, e in keep.items():
-        by_dtype[e.dtype] = by_dtype.get(e.dtype, 0) + nbytes[k]
-    dtype = max(by_dtype, key=lambda d: by_dtype[d]) if by_dtype else "float32"
+    dtype = dominant(((e.dtype, nbytes[k]) for k, e in keep.items()), "float32")
     side = hfdir.side_files(files, stem, hfdir.hf_config(base, slicing, stem, list(keep), dtype))
     groups = hfdir.shards(list(nbytes.items()), hfdir.DEFAULT_SHARD_BYTES if max_shard_size is None else max_shard_size)
     names = hfdir.shard_names(len(groups))

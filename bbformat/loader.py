@@ -15,7 +15,7 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -27,7 +27,7 @@ from .container.program import bits_of
 from .codec.linalg import Linalg, device_backend, torch_device_of
 from .errors import InputError
 from .reader import DecodedBlock, Reader, decode_workers
-from .tensors import raw_to_torch, torch_dtype
+from .tensors import dominant, raw_to_torch, torch_dtype
 
 
 def fill_model(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], expected: set[str]) -> None:
@@ -82,7 +82,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
             sc = json.loads(files[f"{stem}.json"])
             entries = r.tensor_entries()
             if dtype is None:
-                dtype = torch_dtype(_dominant((e.dtype, e.numel * bits_of(e.dtype)) for e in entries.values()))
+                dtype = torch_dtype(dominant(((e.dtype, e.numel * bits_of(e.dtype)) for e in entries.values()), "float32"))
             # The model is built on a thread of its own while the first blocks decode.
             with ThreadPoolExecutor(1, thread_name_prefix="bbformat-build") as ex:
                 built = ex.submit(build_model, hf, sc, dtype, list(entries), target, stem)
@@ -106,7 +106,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
         with read_checkpoint(p) as ckpt:
             sd = ckpt.state_dict
             if dtype is None:
-                dtype = _dominant((t.dtype, t.numel() * t.element_size()) for t in sd.values())
+                dtype = dominant(((t.dtype, t.numel() * t.element_size()) for t in sd.values()), torch.float32)
             model = build_model(ckpt.hf_config, ckpt.slicing_config, dtype, list(sd), target, ckpt.stem)
             expected = {n for n, _ in model.named_parameters()}
             fill_model(model, _released(ckpt), expected)
@@ -120,11 +120,3 @@ def _released(ckpt: Checkpoint) -> Iterator[tuple[str, torch.Tensor]]:
     for name, t in ckpt.state_dict.items():
         yield name, t
         ckpt.release(name)
-
-
-def _dominant(sizes: Iterable[tuple[Any, int]]) -> Any:
-    """The dtype most bytes are in (ties: the first met); float32 for an empty model."""
-    total: dict[Any, int] = {}
-    for dt, n in sizes:
-        total[dt] = total.get(dt, 0) + n
-    return max(total, key=lambda k: total[k]) if total else torch.float32

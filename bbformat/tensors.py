@@ -1,6 +1,9 @@
 """torch <-> RawTensor, bit for bit."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TypeVar
+
 import numpy as np
 import torch
 
@@ -40,3 +43,15 @@ def raw_to_torch(r: RawTensor, *, copy: bool = True) -> torch.Tensor:
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype of a SPEC dtype name (float16, bfloat16, float32)."""
     return _TO_TORCH[name]
+
+
+D = TypeVar("D")
+
+
+def dominant(sizes: Iterable[tuple[D, int]], default: D) -> D:
+    """The dtype most bytes are in, from (dtype, bytes) pairs (ties: the first met); `default`
+    when there are none. A model's dtype when none is asked for (load_model, unpack --format hf)."""
+    total: dict[D, int] = {}
+    for dt, n in sizes:
+        total[dt] = total.get(dt, 0) + n
+    return max(total, key=lambda k: total[k]) if total else default

@@ -427,9 +427,7 @@ class SlicedForCausalLM(SlicedPreTrainedModel, GenerationMixin):  # type: ignore
                 t = (attention_mask.shape[1] if attention_mask is not None else input_ids.shape[1]) - past
             t = max(1, min(int(t), int(input_ids.shape[1])))
             inputs["input_ids"] = input_ids[:, -t:]
-        position_ids = None
-        if attention_mask is not None:
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -t:]
+        position_ids = None if attention_mask is None else _mask_positions(attention_mask, t)
         inputs.update({CACHE: cache, "attention_mask": attention_mask, "position_ids": position_ids,
                        "use_cache": kwargs.get("use_cache", True)})
         return inputs
@@ -438,8 +436,13 @@ class SlicedForCausalLM(SlicedPreTrainedModel, GenerationMixin):  # type: ignore
 def _positions(attention_mask: Optional[torch.Tensor], past: int, t: int, b: int, device: torch.device, from_mask: bool) -> torch.Tensor:
     """Positions of the new tokens: from the padding mask where given (OPT's rule), else past .. past + t - 1."""
     if from_mask and attention_mask is not None:
-        return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -t:]
+        return _mask_positions(attention_mask, t)
     return torch.arange(past, past + t, device=device)[None].expand(b, t)
+
+
+def _mask_positions(attention_mask: torch.Tensor, t: int) -> torch.Tensor:
+    """The last t tokens' positions counted over the unpadded ones (left padding starts at 0)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -t:]
 
 
 def _mask(attention_mask: Optional[torch.Tensor], past: int, t: int, b: int, device: torch.device,

@@ -132,14 +132,14 @@ def hf_shards(src: Path) -> list[Path] | None:
             return None
     except OSError:
         return None
-    if _small_json(cfg).get("model_type") != HF_MODEL_TYPE:
+    if read_json_file(cfg).get("model_type") != HF_MODEL_TYPE:
         return None
     if (src / HF_INDEX).is_file() == (src / HF_WEIGHTS).is_file():  # transformers would take model.safetensors
         raise InputError(f"{src} has {'both' if (src / HF_INDEX).is_file() else 'neither'} {HF_WEIGHTS} and {HF_INDEX}: "
                          f"{'ambiguous, remove the one that is stale' if (src / HF_INDEX).is_file() else 'no weights'}")
     if not (src / HF_INDEX).is_file():
         return [src / HF_WEIGHTS]
-    wm = _small_json(src / HF_INDEX).get("weight_map")
+    wm = read_json_file(src / HF_INDEX).get("weight_map")
     if not isinstance(wm, dict) or not wm or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
         raise InputError(f"{src / HF_INDEX} has no weight_map of tensor names to files")
     names = list(dict.fromkeys(wm.values()))
@@ -149,8 +149,9 @@ def hf_shards(src: Path) -> list[Path] | None:
     return [src / n for n in names]
 
 
-def _small_json(path: Path) -> dict[str, Any]:
-    """A side file's JSON object (parse_json's checks and errors), its size checked first."""
+def read_json_file(path: Path) -> dict[str, Any]:
+    """A side file's JSON object (parse_json's checks and errors), its size checked first and a
+    failed read an InputError."""
     try:
         if path.stat().st_size > SIDE_FILES_MAX_BYTES:
             raise InputError(f"{path} is over {SIDE_FILES_MAX_BYTES:,} bytes")

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import InputError
 from .files import (HF_INDEX, SIDE_FILES_MAX_BYTES, Checkpoint, check_stem, find_weights, hf_shards, is_side_file,
-                    parse_json)
+                    parse_json, read_json_file)
 from .mapped import MappedWeights
 
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -174,7 +174,7 @@ def _read_hf(d: Path, shards: list[Path]) -> Checkpoint:
         if len(tensors) != sum(len(part) for part in parts):
             raise InputError(f"a tensor name is in more than one shard of {d}")
         if len(shards) > 1:  # the index must say where each tensor is, as from_pretrained reads it
-            wm = parse_json({HF_INDEX: (d / HF_INDEX).read_bytes()}, HF_INDEX)["weight_map"]
+            wm = read_json_file(d / HF_INDEX)["weight_map"]  # hf_shards checked it
             wrong = [k for k in set(wm) | set(tensors) if k not in tensors or k not in wm or
                      wm[k] != next(p.name for p, part in zip(shards, parts) if k in part)]
             if wrong:
