@@ -241,8 +241,43 @@ def test_bench_gpu_runs_its_steps_through_the_torch_backend(tmp_path: Path) -> N
     assert res["determinism"] == {"ok": True, "dim": 64, "same": True, "sha256": res["determinism"]["sha256"]}
     text = report.read_text()
     assert "## 12. On a GPU" in text and "| every digest verified on the device, 0 fallbacks | met" in text
+    # a partial checkpoint's pack time is a projection, never "met"
+    assert "| pack --device of the full Llama-2-7B shape ≤ 300 s | not measured at the full shape" in text
+    # a second run merged into the first: its process floor, margins-off verify and worker rows
+    r = _tool(str(TOOLS / "bench_gpu.py"), "--work", str(tmp_path / "w2"), "--quick", "--device", "torch:cpu", "--layers", "2",
+              "--skip-cold", "--only", "baseline,load_workers,verify_device_nomargins", "--load-workers", "1",
+              "--merge", str(tmp_path / "r.json"), "--json", str(tmp_path / "r2.json"), "--report", str(report))
+    assert r.returncode == 0, r.stderr
+    both = json.loads((tmp_path / "r2.json").read_text())
+    assert both["pack"] == res["pack"] and both["second_run"]["load_model_workers_1"]["ok"]
+    assert "verify_cpu" not in both["second_run"] and both["second_run"]["verify_device_nomargins"]["report"]["exact"] is True
+    notes = tmp_path / "notes.md"
+    notes.write_text("\nA note by hand.\n")
+    r = _tool(str(TOOLS / "bench_gpu.py"), "--render", str(tmp_path / "r2.json"), "--notes", str(notes), "--report", str(report))
+    text = report.read_text()
+    assert r.returncode == 0 and "A second run" in text and "| 1 | " in text and "A note by hand." in text
+    assert "after importing transformers and the sliced model" in text and text.count("## 12.") == 1
     r = _tool(str(TOOLS / "bench_gpu.py"), "--not-run", "No GPU was lent to this session.", "--report", str(report))
     assert r.returncode == 0 and "**Not run.** No GPU was lent" in report.read_text() and report.read_text().count("## 12.") == 1
+
+
+def test_gpu_fixtures_records_what_the_device_decoded(tmp_path: Path) -> None:
+    """tools/gpu_fixtures.py on torch:cpu (the GPU code path): its manifest's tensor digests are
+    what the numpy reference decodes from each file, and each file's sha256 is its bytes'."""
+    import hashlib
+    import json
+
+    from bbformat.reader import Reader
+
+    r = _tool(str(TOOLS / "gpu_fixtures.py"), str(tmp_path), "--device", "torch:cpu", "--layers", "1")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "gpu_fixtures.json").read_text())
+    assert doc["machine"]["device"] == "torch:cpu" and len(doc["files"]) == 4
+    for name, entry in doc["files"].items():
+        assert hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() == entry["sha256"]
+        with Reader(tmp_path / name) as rd:
+            got = {n: hashlib.sha256(t.tobytes()).hexdigest() for b in rd.iter_blocks() for n, t in b.tensors.items()}
+        assert entry["decoded_on_device"]["exact"] is True and got == entry["decoded_on_device"]["tensors"], name
 
 
 def test_decode_split_accounts_for_the_whole_decode(tmp_path: Path) -> None:

@@ -81,23 +81,28 @@ def task_cli(device: str, args: list[str]) -> Json:
 def task_verify(device: str, args: list[str]) -> Json:
     import bbformat
 
-    workers = int(args[1]) if len(args) > 1 else None
+    workers = int(args[1]) if len(args) > 1 and args[1] != "default" else None
+    margins = not (len(args) > 2 and args[2] == "nomargins")
     t = time.perf_counter()
-    rep = bbformat.verify(args[0], device=device, workers=workers)
+    rep = bbformat.verify(args[0], device=device, workers=workers, margins=margins)
     _sync(device)
     return {"wall_s": time.perf_counter() - t, "report": rep.as_dict(), "gpu_peak_bytes": _gpu_peak(device)}
 
 
 def task_load_model(device: str, args: list[str]) -> Json:
+    t = time.perf_counter()
     import torch
 
     import bbformat
+    from bbformat.adapters import hf_modeling  # noqa: F401  (transformers' import, timed apart from the load)
 
+    imports_s = time.perf_counter() - t
+    workers = int(args[1]) if len(args) > 1 else None
     t = time.perf_counter()
-    model = bbformat.load_model(args[0], device=device)
+    model = bbformat.load_model(args[0], device=device, workers=workers)
     _sync(device)
-    res: Json = {"wall_s": time.perf_counter() - t, "load_peak_rss_bytes": vm_hwm(), "dtype": str(next(model.parameters()).dtype),
-                 "param_device": str(next(model.parameters()).device)}
+    res: Json = {"wall_s": time.perf_counter() - t, "imports_s": imports_s, "load_peak_rss_bytes": vm_hwm(),
+                 "dtype": str(next(model.parameters()).dtype), "param_device": str(next(model.parameters()).device)}
     ids = torch.randint(0, int(model.config.vocab_size), (1, 8), generator=torch.Generator().manual_seed(0))
     t = time.perf_counter()
     with torch.no_grad():
@@ -180,6 +185,29 @@ def task_floors(device: str, args: list[str]) -> Json:
             "gpu_peak_bytes": _gpu_peak(device)}
 
 
+def task_baseline(device: str, args: list[str]) -> Json:
+    """A process's host memory before any decoding: after importing torch, after the device's
+    first float64 eigh and matrix product (CUDA context, cuSOLVER, cuBLAS), and after importing
+    transformers and bbformat's model (what load_model needs before its first block)."""
+    import torch
+
+    out: Json = {"rss_torch_bytes": vm_hwm()}
+    from bbformat.codec.linalg import device_backend
+
+    la = device_backend(device)
+    import numpy as np
+
+    g = la.asarray(np.eye(64))
+    la.eigh(la.gram(la.axis_matrix(g, 0)))
+    _sync(device)
+    out["rss_device_bytes"] = vm_hwm()
+    from bbformat.adapters import hf_modeling  # noqa: F401
+
+    out["rss_transformers_bytes"] = vm_hwm()
+    out["torch"] = torch.__version__
+    return out
+
+
 def task_machine(device: str, args: list[str]) -> Json:
     import numpy
     import torch
@@ -209,7 +237,7 @@ def _cpu_name() -> str:
 
 TASKS: dict[str, Callable[[str, list[str]], Json]] = {
     "cli": task_cli, "verify": task_verify, "load_model": task_load_model, "st_load": task_st_load, "read": task_read,
-    "floors": task_floors, "machine": task_machine,
+    "floors": task_floors, "machine": task_machine, "baseline": task_baseline,
 }
 
 
@@ -330,7 +358,11 @@ def determinism(r: Run, d: int) -> Json:
     return {"ok": True, "dim": d, "same": digests[0] == digests[1], "sha256": digests}
 
 
-def bench(work: Path, device: str, layers: int, budget_s: float, quick: bool, skip_cold: bool) -> Json:
+def bench(work: Path, device: str, layers: int, budget_s: float, quick: bool, skip_cold: bool,
+          save: Callable[[Json], None] = lambda res: None, only: frozenset[str] = frozenset(),
+          load_workers: tuple[int, ...] = ()) -> Json:
+    """The steps in order (generate and pack always; of the rest, those named in `only`, or all
+    when it is empty); `save` gets the results so far after each (a run cut off keeps them)."""
     work.mkdir(parents=True, exist_ok=True)
     r = Run(work, device, budget_s)
     res: Json = {"device": device, "layers": layers, "quick": quick, "budget_s": budget_s, "date": datetime.date.today().isoformat(),
@@ -344,20 +376,35 @@ def bench(work: Path, device: str, layers: int, budget_s: float, quick: bool, sk
         subprocess.run(["rm", "-rf", str(p)], check=False)
     res["pack"] = r.task("pack", "cli", ["pack", str(st), str(bb), "--quiet", "--device", device])
     res["container_bytes"] = bb.stat().st_size if bb.is_file() else None
+    save(res)
     if bb.is_file():
-        res["verify_device"] = r.task("verify_device", "verify", [str(bb)])
-        res["verify_cpu"] = r.task("verify_cpu", "verify", [str(bb), str(os.cpu_count() or 1)], device="cpu")
+        # The goals' steps first, so that a budget that runs out costs the side rows.
         cold = not skip_cold
-        res["load_model_cold"] = r.task("load_model_cold", "load_model", [str(bb)], cold=cold)
-        res["st_load_cold"] = r.task("st_load_cold", "st_load", [str(st_file)], cold=cold)
-        res["load_model_warm"] = r.task("load_model_warm", "load_model", [str(bb)])
-        res["st_load_warm"] = r.task("st_load_warm", "st_load", [str(st_file)])
-        res["unpack"] = r.task("unpack", "cli", ["unpack", str(bb), str(out), "--format", "safetensors", "--quiet", "--device", device])
-        subprocess.run(["rm", "-rf", str(out)], check=False)
-        res["plain_codecs"] = zipnn_rows(r, st_file) if st_file else {}
-        res["read_cold"] = r.task("read_cold", "read", [str(bb)], cold=cold)
-        res["floors"] = r.task("floors", "floors", [str(bb)])
-    res["determinism"] = determinism(r, 64 if quick else 2048)
+        steps: list[tuple[str, Callable[[], Json]]] = [
+            ("verify_device", lambda: r.task("verify_device", "verify", [str(bb)])),
+            ("load_model_cold", lambda: r.task("load_model_cold", "load_model", [str(bb)], cold=cold)),
+            ("st_load_cold", lambda: r.task("st_load_cold", "st_load", [str(st_file)], cold=cold)),
+            ("load_model_warm", lambda: r.task("load_model_warm", "load_model", [str(bb)])),
+            ("st_load_warm", lambda: r.task("st_load_warm", "st_load", [str(st_file)])),
+            ("read_cold", lambda: r.task("read_cold", "read", [str(bb)], cold=cold)),
+            ("floors", lambda: r.task("floors", "floors", [str(bb)])),
+            ("verify_cpu", lambda: r.task("verify_cpu", "verify", [str(bb), str(os.cpu_count() or 1)], device="cpu")),
+            ("unpack", lambda: r.task("unpack", "cli", ["unpack", str(bb), str(out), "--format", "safetensors", "--quiet", "--device", device])),
+            ("plain_codecs", lambda: zipnn_rows(r, st_file) if st_file else {}),
+        ]
+        steps.append(("baseline", lambda: r.task("baseline", "baseline", [])))
+        steps.append(("verify_device_nomargins", lambda: r.task("verify_device_nomargins", "verify", [str(bb), "default", "nomargins"])))
+        for n in load_workers:
+            steps.append((f"load_model_workers_{n}", lambda n=n: r.task(f"load_model_workers_{n}", "load_model", [str(bb), str(n)])))
+        for key, step in steps:
+            if only and key not in only and not (key.startswith("load_model_workers_") and "load_workers" in only):
+                continue
+            res[key] = step()
+            if key == "unpack":
+                subprocess.run(["rm", "-rf", str(out)], check=False)
+            save(res)
+    if not only or "determinism" in only:
+        res["determinism"] = determinism(r, 64 if quick else 2048)
     res["elapsed_s"] = time.perf_counter() - r.t0
     return res
 
@@ -390,8 +437,10 @@ def goals(res: Json) -> list[tuple[str, str]]:
 
     lc, sc = wall("load_model_cold"), wall("st_load_cold")
     cold_ok = (res.get("load_model_cold") or {}).get("cold") and (res.get("st_load_cold") or {}).get("cold")
+    at = "" if res.get("layers") == 32 and not res.get("quick") else f" at {res.get('layers')} layers, not the full shape"
     if lc and sc and cold_ok:
-        out.append(("load_model cold ≤ 2× safetensors cold", f"{'met' if lc <= 2 * sc else 'missed'}: {lc / sc:.2f}× ({lc:.2f} s / {sc:.2f} s)"))
+        out.append(("load_model cold ≤ 2× safetensors cold",
+                    f"{'met' if lc <= 2 * sc else 'missed'}: {lc / sc:.2f}× ({lc:.2f} s / {sc:.2f} s){at}"))
         out.append(("moonshot: ≤ 1.2× safetensors cold", f"{'met' if lc <= 1.2 * sc else 'missed'}: {lc / sc:.2f}×"))
     else:
         out.append(("load_model cold ≤ 2× safetensors cold", "not measured (no cold cache, or a step failed)"))
@@ -400,14 +449,20 @@ def goals(res: Json) -> list[tuple[str, str]]:
     vd, fl, rd = wall("verify_device"), (res.get("floors") or {}).get("decode_s"), wall("read_cold")
     if vd and fl is not None and rd:
         lim = 1.5 * (fl + rd)
-        out.append(("verify --device ≤ 1.5× (device floor + file read)", f"{'met' if vd <= lim else 'missed'}: {vd:.2f} s against {lim:.2f} s"))
+        out.append(("verify --device ≤ 1.5× (device floor + file read)",
+                    f"{'met' if vd <= lim else 'missed'}: {vd:.2f} s against {lim:.2f} s{at}"))
     else:
         out.append(("verify --device ≤ 1.5× (device floor + file read)", "not measured"))
-    pk = wall("pack")
-    full = res.get("layers") == 32 and not res.get("quick")
-    out.append(("pack --device of the full Llama-2-7B shape ≤ 300 s",
-                (f"{'met' if pk <= 300 else 'missed'}: {pk:.1f} s" + ("" if full else f" at {res.get('layers')} layers, not the full shape"))
-                if pk else "not measured"))
+    pk, layers = wall("pack"), int(res.get("layers") or 0)
+    if not pk or not layers:
+        out.append(("pack --device of the full Llama-2-7B shape ≤ 300 s", "not measured"))
+    elif layers == 32 and not res.get("quick"):
+        out.append(("pack --device of the full Llama-2-7B shape ≤ 300 s", f"{'met' if pk <= 300 else 'missed'}: {pk:.1f} s"))
+    else:  # every layer is one chunk of the same shapes: time scales with the layer count (embeddings and head ride along)
+        proj = pk * 32 / layers
+        out.append(("pack --device of the full Llama-2-7B shape ≤ 300 s",
+                     f"not measured at the full shape: {pk:.1f} s at {layers} layers; scaled by 32/{layers}, about {proj:.0f} s "
+                     f"(a projection, not a measurement: {'met' if proj <= 300 else 'missed'} by it)"))
     rep = (res.get("verify_device") or {}).get("report") or {}
     cpu = (res.get("verify_cpu") or {}).get("report") or {}
     out.append(("every digest verified on the device, 0 fallbacks",
@@ -436,13 +491,14 @@ def section(res: Json) -> list[str]:
                       f"exact={vd.get('exact')}, fallbacks {len(vd.get('fallback_chunks') or [])}" if vd else ""))
     lines.append(_row(f"verify --device cpu --workers {m.get('cores')} (numpy reference)", res.get("verify_cpu"),
                       f"exact={vc.get('exact')}" if vc else ""))
-    for key, label in (("load_model_cold", "load_model(device) + forward, cold cache"), ("st_load_cold", "safetensors load_file(device), cold cache"),
-                       ("load_model_warm", "load_model(device) + forward, warm"), ("st_load_warm", "safetensors load_file(device), warm"),
+    for key, label in (("load_model_cold", "load_model(device), cold cache"), ("st_load_cold", "safetensors load_file(device), cold cache"),
+                       ("load_model_warm", "load_model(device), warm"), ("st_load_warm", "safetensors load_file(device), warm"),
                        ("unpack", f"unpack --device {res['device']} --format safetensors"), ("read_cold", "read the container, cold cache")):
         step = res.get(key)
         note = "" if not step or "cold" not in key else ("cache dropped" if step.get("cold") else "could not drop the cache: warm")
         if key.startswith("load_model") and step and step.get("ok"):
-            note = (note + f"; forward {step.get('forward_s', 0):.3f} s, finite={step.get('logits_finite')}").lstrip("; ")
+            note = (note + f"; then a forward pass {step.get('forward_s', 0):.3f} s, finite={step.get('logits_finite')}; "
+                    f"imports before it (transformers) {step.get('imports_s', 0):.2f} s, not in wall s").lstrip("; ")
         lines.append(_row(label, step, note))
     codecs = res.get("plain_codecs") or {}
     for codec, label in (("zipnn", f"ZipNN {codecs.get('zipnn_version') or ''} decompress, all cores"), ("zstd", "zstd-3 decompress, byte-grouped")):
@@ -466,8 +522,36 @@ def section(res: Json) -> list[str]:
                   f"(sha256 {det['sha256'][0][:16]}…{'' if det['same'] else ' / ' + det['sha256'][1][:16] + '…'})."]
     elif det:
         lines += ["", f"Determinism: not measured ({det.get('error')})."]
+    lines += second_run(res.get("second_run"))
     lines += ["", "Goals (issue 23):", "", "| goal | result |", "|---|---|"]
     lines += [f"| {g} | {r} |" for g, r in goals(res)]
+    return lines
+
+
+def second_run(res: Json | None) -> list[str]:
+    """The rows of a second run (--merge): a process's memory floor and load_model per worker count."""
+    if not res:
+        return []
+    m = res.get("machine") or {}
+    lines = ["", f"A second run, on another lent machine of the same kind ({m.get('gpu', '?')}, {m.get('cores')} cores): "
+             f"`{res['command']}` ({res['date']}, {res['elapsed_s'] / 60:.1f} min); its own checkpoint and pack, "
+             f"container {res.get('container_bytes') or 0:,} B (pack {_s((res.get('pack') or {}).get('wall_s'))} s)."]
+    v, vm = res.get("verify_device_nomargins") or {}, res.get("verify_device") or {}
+    if v.get("ok"):
+        lines += ["", f"`verify(device)` without measuring margins (`margins=False`): {v['wall_s']:.2f} s "
+                  f"(exact={(v.get('report') or {}).get('exact')})"
+                  + (f"; with margins, in the same run: {vm['wall_s']:.2f} s." if vm.get("ok") else ".")]
+    b = res.get("baseline") or {}
+    if b.get("ok"):
+        lines += ["", "A process's host memory before it decodes anything (VmHWM): "
+                  f"after `import torch` {_gib(b.get('rss_torch_bytes'))} GiB; after the device's first float64 eigh and product "
+                  f"{_gib(b.get('rss_device_bytes'))} GiB; after importing transformers and the sliced model "
+                  f"{_gib(b.get('rss_transformers_bytes'))} GiB."]
+    rows = sorted((int(k.rsplit("_", 1)[1]), v) for k, v in res.items() if k.startswith("load_model_workers_"))
+    if rows:
+        lines += ["", "| load_model(device), warm, decode workers | wall s | peak host RSS GiB | peak GPU GiB | note |",
+                  "|---|---|---|---|---|"]
+        lines += [_row(str(n), v, f"forward {v.get('forward_s', 0):.3f} s" if v.get("ok") else "") for n, v in rows]
     return lines
 
 
@@ -492,6 +576,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="raw results (default: tools/bench_gpu_results.json; --quick: none)")
     ap.add_argument("--report", type=Path, default=None, help="markdown file whose section 12 to write (default BENCHMARKS.md; --quick: print)")
     ap.add_argument("--not-run", metavar="WHY", help="write the section saying it has not run, and why")
+    ap.add_argument("--only", default="", help="comma-separated steps after pack (e.g. baseline,load_workers,determinism); default all")
+    ap.add_argument("--load-workers", default="", help="comma-separated decode worker counts: a warm load_model row for each")
+    ap.add_argument("--merge", type=Path, default=None,
+                    help="an earlier run's results JSON: this run's steps are added to it as a second run (the report says which)")
+    ap.add_argument("--render", type=Path, default=None, help="write the section from a results JSON, running nothing")
+    ap.add_argument("--notes", type=Path, default=None, help="markdown appended to the section (what the run shows)")
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -499,12 +589,28 @@ def main(argv: list[str] | None = None) -> int:
     report = a.report if a.report is not None else (None if a.quick else ROOT / "BENCHMARKS.md")
     if a.not_run:
         lines = not_run_section(a.not_run)
+    elif a.render is not None:
+        lines = section(json.loads(a.render.read_text()))
     else:
-        res = bench(a.work, a.device, a.layers, a.budget_s, a.quick, a.skip_cold)
         json_out = a.json if a.json is not None else (None if a.quick else TOOLS / "bench_gpu_results.json")
+
+        first = json.loads(a.merge.read_text()) if a.merge is not None else None
+
+        def merged(res: Json) -> Json:
+            return res if first is None else {**first, "second_run": res}
+
+        def save(res: Json) -> None:
+            if json_out:
+                json_out.write_text(json.dumps(merged(res), indent=1, default=str) + "\n")
+
+        only = frozenset(x for x in a.only.split(",") if x)
+        workers = tuple(int(x) for x in a.load_workers.split(",") if x)
+        res = merged(bench(a.work, a.device, a.layers, a.budget_s, a.quick, a.skip_cold, save, only, workers))
         if json_out:
             json_out.write_text(json.dumps(res, indent=1, default=str) + "\n")
         lines = section(res)
+    if a.notes is not None:
+        lines += a.notes.read_text().rstrip("\n").splitlines()
     if report:
         mdsection.write_section(report, "\n".join(lines), SECTION_TITLE)
         log(f"wrote section 12 of {report}")
