@@ -247,7 +247,7 @@ def _check_paths(src: Path, dst: Path, overwrite: bool = False) -> None:
 def verify_container(path: str | os.PathLike[str], digests: list[dict[str, str]], device: str | Linalg | None = None) -> None:
     """pack --verify: decode the written file (on `device`, with the reader's fallback) and
     compare every tensor's SHA-256 with the encoder's intent."""
-    with Reader(path, device=device) as r:
+    with Reader(path, device=device, share_payload=True) as r:
         if len(r) != len(digests):
             raise VerifyError("chunk count differs from what was encoded")
         for block in r.iter_blocks():
@@ -325,7 +325,7 @@ def verify(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = 
     report has this reader's smallest band margin (`margin`, SPEC.md 9) unless margins=False
     (measuring it costs about 50 ns per regenerated value on one core)."""
     with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=True, device=device,
-                margins=margins) as r:
+                margins=margins, share_payload=True) as r:
         n = len(r)
         rep = VerifyReport(str(path), f"{r.header.major}.{r.header.minor}", n, 0, 0, 0, digests=r.has_digests,
                            bands=bool(r.header.required_flags & RequiredFlag.BANDS),
@@ -403,7 +403,8 @@ def read_tensors(path: str | os.PathLike[str], *, max_block_bytes: int | str | N
     digest raises DigestError, unless allow_inexact (then an InexactWarning names it).
     `device`: where the linear algebra runs (Reader), and where the tensors are put: its torch
     device ("cuda:0" for "cuda"), the CPU for "cpu"."""
-    with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device) as r:
+    with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device,
+                share_payload=True) as r:
         inexact = InexactBlocks(path)
         inexact.note(r)
         out = _decode_to_torch(r, None, inexact, torch_device_of(r.linalg))
@@ -473,7 +474,8 @@ def unpack(
     if max_shard_size is not None and fmt != "hf":
         raise InputError("max_shard_size applies to fmt='hf' only")
     inexact = InexactBlocks(src)
-    with Reader(src, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device) as r:
+    with Reader(src, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device,
+                share_payload=True) as r:
         inexact.note(r)
         entries = r.tensor_entries()
         keys = r.metadata.get("keys") or list(entries)

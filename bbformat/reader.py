@@ -109,24 +109,24 @@ def claim_names(seen: dict[str, int], block: DecodedBlock) -> DecodedBlock:
     return block
 
 
-def _device_decode(chunk: ParsedChunk, corrector: StoredCorrector, la: Linalg) -> dict[str, RawTensor] | None:
+def _device_decode(chunk: ParsedChunk, corrector: StoredCorrector, la: Linalg, share: bool) -> dict[str, RawTensor] | None:
     """The chunk decoded on `la` if that matches its digest, else None. A format error met on
     the way is None too: the device's numerics may have led the decoder off the file's path
     (other residual contexts), and the reference decides whether the file is at fault."""
     try:
-        tensors = decode_program(chunk.program, chunk.payload, corrector, la)
+        tensors = decode_program(chunk.program, chunk.payload, corrector, la, share)
     except FormatError:
         return None
     return tensors if content_crc(chunk.program, tensors) == chunk.content_crc else None
 
 
-def _decode_or_blame_numerics(chunk: ParsedChunk, corrector: StoredCorrector, la: Linalg) -> dict[str, RawTensor]:
+def _decode_or_blame_numerics(chunk: ParsedChunk, corrector: StoredCorrector, la: Linalg, share: bool) -> dict[str, RawTensor]:
     """decode_program on `la`. On a backend other than the reference, a format error in a file
     with digests is the file's only if the reference meets it too; otherwise this backend's
     numerics left the band (other residual contexts, say) and it is DigestError (E_DIGEST),
     which allow_inexact cannot pass: there are no values to return."""
     try:
-        return decode_program(chunk.program, chunk.payload, corrector, la)
+        return decode_program(chunk.program, chunk.payload, corrector, la, share)
     except FormatError as exc:
         if la.is_reference or chunk.content_crc is None:
             raise
@@ -136,23 +136,24 @@ def _decode_or_blame_numerics(chunk: ParsedChunk, corrector: StoredCorrector, la
 
 
 def decode_parsed(chunk: ParsedChunk, allow_inexact: bool = False, la: Linalg = REFERENCE, fallback: bool = True,
-                  margins: bool = False) -> DecodedBlock:
+                  margins: bool = False, share: bool = False) -> DecodedBlock:
     """Decode a parsed chunk on backend `la` and check its content digest where the file
     records one: a mismatch is DigestError (E_DIGEST), or with allow_inexact a block marked
     exact=False. On any backend but the reference, a chunk that misses its digest is decoded
     again with the reference (fallback=True, the default; the block says so), so a device
     never costs exactness, only the time of the chunks it missed. margins: the block's margin
     (a 1.4 file's band sections) on backend `la`, also for a chunk that fell back: it is
-    how close that backend's arithmetic came, which a missed digest makes the question."""
+    how close that backend's arithmetic came, which a missed digest makes the question.
+    share: tensors may be views of the chunk's payload (decode_program)."""
     corrector = StoredCorrector(chunk.program, chunk.side, margins)
     fell_back = False
     if fallback and not la.is_reference and chunk.content_crc is not None:
-        tensors = _device_decode(chunk, corrector, la)
+        tensors = _device_decode(chunk, corrector, la, share)
         if tensors is not None:
             return DecodedBlock(chunk.index, chunk.program.name, tensors, True, margin=_margin(corrector))
         la, fell_back = REFERENCE, True
         device = dict(corrector.margins)  # the device's, kept over the reference's below
-    tensors = _decode_or_blame_numerics(chunk, corrector, la)
+    tensors = _decode_or_blame_numerics(chunk, corrector, la, share)
     if fell_back:
         corrector.margins = device
     exact = None
@@ -196,13 +197,20 @@ class Reader:
     with the reference; `note` then says so. `linalg` is the backend in use.
 
     margins: each decoded block of a 1.4 file (band sections) carries its margin (DecodedBlock,
-    SPEC.md 9): how close this reader's arithmetic came to rounding a value differently."""
+    SPEC.md 9): how close this reader's arithmetic came to rounding a value differently.
+
+    share_payload: a decoded tensor that lies wholly in its chunk's payload is a view of it
+    rather than a copy: about a third less memory per block, but the payload lives as long as
+    any of its tensors, and one read straight from the file is read-only. For callers that
+    use each block and drop it (verify, unpack, load_model)."""
 
     def __init__(
         self, source: str | os.PathLike[str] | BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,
         allow_inexact: bool = False, device: str | Linalg | None = None, fallback: bool = True, margins: bool = False,
+        share_payload: bool = False,
     ) -> None:
         self._budget = resolve_budget(max_block_bytes)
+        self._share = share_payload
         self._fallback = fallback
         self._margins = margins
         asked = device_backend(device)
@@ -314,7 +322,7 @@ class Reader:
         return self.header.has_digests
 
     def decode_block(self, i: int) -> DecodedBlock:
-        return decode_parsed(self.read_chunk(i), self._allow_inexact, self.linalg, self._fallback, self._margins)
+        return decode_parsed(self.read_chunk(i), self._allow_inexact, self.linalg, self._fallback, self._margins, self._share)
 
     def iter_blocks(self, order: str = "forward", workers: int = 1) -> Iterator[DecodedBlock]:
         """Decode blocks in order, one at a time (workers=1: memory about one block), or with

@@ -139,3 +139,37 @@ def test_a_tensor_name_in_two_chunks_is_refused(order: str, workers: int, tmp_pa
     with pytest.raises(FormatError):
         api.unpack(DUPLICATE, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("entropy", ["none", "zstd"])
+def test_shared_payload_gives_the_same_tensors_as_views(entropy: str, tmp_path: Path) -> None:
+    """share_payload=True (verify, unpack, load_model): the tensors that lie wholly in their
+    chunk's payload are views of it, with the same bytes as the owning copies; views of a raw
+    payload read from the file are read-only, and the torch backend takes them without warning."""
+    import warnings
+
+    import bbformat
+
+    path = tmp_path / "s.bb"
+    path.write_bytes(sample_container(format_version="1.4", entropy=entropy))
+    decoded = {}
+    for share in (False, True):
+        with Reader(path, share_payload=share) as r:
+            decoded[share] = {n: t for b in r.iter_blocks() for n, t in b.tensors.items()}
+    assert {n: t.tobytes() for n, t in decoded[True].items()} == {n: t.tobytes() for n, t in decoded[False].items()}
+
+    def root(a: object) -> int:  # the object at the bottom of a chain of numpy views
+        while hasattr(a, "base") and a.base is not None:
+            a = a.base
+        return id(a)
+
+    owned = [root(t.bits) for t in decoded[False].values()]
+    assert len(set(owned)) == len(owned)  # every copy owns its memory
+    roots = [root(t.bits) for t in decoded[True].values()]
+    shared = [t for t, r in zip(decoded[True].values(), roots) if roots.count(r) > 1]
+    assert len(shared) >= 2  # views of one payload
+    if entropy == "none":
+        assert not any(t.bits.flags.writeable for t in shared)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert bbformat.verify(path, device="torch:cpu").exact is True

@@ -14,26 +14,36 @@ ops = st.lists(st.one_of(st.tuples(st.just("push"), st.lists(st.integers(0, 6553
                          st.tuples(st.just("pop"), st.integers(0, 60))), max_size=40)
 
 
-@given(initial=st.lists(st.integers(0, 65535), max_size=80), seq=ops, capacity=st.integers(0, 200))
-def test_stack_matches_a_list(initial: list[int], seq: list, capacity: int) -> None:
+@given(initial=st.lists(st.integers(0, 65535), max_size=80), seq=ops, capacity=st.integers(0, 200), share=st.booleans())
+def test_stack_matches_a_list(initial: list[int], seq: list, capacity: int, share: bool) -> None:
+    """Also with share=True: a pop that lies wholly in the payload is a view of it, and every
+    popped array keeps its values through all later pushes and pops."""
     payload = np.array(initial, np.uint16)
     payload.setflags(write=False)
     stack, model = SymbolStack(16, payload, capacity=capacity), list(initial)
+    popped: list[tuple[np.ndarray, list[int]]] = []
+    in_payload = len(initial)  # the model's bottom entries that are still the payload's
     for kind, arg in seq:
         if kind == "push":
             stack.push(np.array(arg, np.uint16))
             model.extend(arg)
         elif arg > len(model):
             with pytest.raises(FormatError):
-                stack.pop(arg)
+                stack.pop(arg, share)
         else:
-            got = stack.pop(arg)
+            from_payload = len(model) <= in_payload  # nothing pushed is left above the payload
+            got = stack.pop(arg, share)
             want = model[len(model) - arg :]
             del model[len(model) - arg :]
+            in_payload = min(in_payload, len(model))
             assert got.tolist() == want
+            if arg:
+                assert np.shares_memory(got, payload) == (share and from_payload)
+            popped.append((got, want))
         assert len(stack) == len(model)
         assert stack.symbols().tolist() == model
     assert payload.tolist() == initial
+    assert all(got.tolist() == want for got, want in popped)
     assert stack.take().tolist() == model and len(stack) == 0
 
 

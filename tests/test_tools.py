@@ -288,7 +288,7 @@ def test_decode_split_accounts_for_the_whole_decode(tmp_path: Path) -> None:
 
     write_checkpoint(make_tiny_checkpoint("llama", seed=1, layers=2), tmp_path / "src")
     bbformat.pack(tmp_path / "src", tmp_path / "m.bb")
-    r = _tool(str(TOOLS / "decode_split.py"), str(tmp_path / "m.bb"), "--devices", "cpu,torch:cpu")
+    r = _tool(str(TOOLS / "decode_split.py"), str(tmp_path / "m.bb"), "--devices", "cpu,torch:cpu", "--share")
     assert r.returncode == 0, r.stderr
     rows = [line.split("|") for line in r.stdout.splitlines()[2:]]
     assert [row[1].strip() for row in rows] == ["cpu", "torch:cpu"]

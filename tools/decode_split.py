@@ -24,7 +24,7 @@ from bbformat.codec import rotation as rot  # noqa: E402
 from bbformat.reader import Reader  # noqa: E402
 
 
-def split(path: Path, device: str, workers: int) -> dict[str, float]:
+def split(path: Path, device: str, workers: int, share: bool = False) -> dict[str, float]:
     spent: dict[str, float] = defaultdict(float)
     lock = threading.Lock()
 
@@ -32,7 +32,7 @@ def split(path: Path, device: str, workers: int) -> dict[str, float]:
         with lock:
             spent[name] += seconds
 
-    with rot.linalg_clock(record), Reader(path, device=device) as r:
+    with rot.linalg_clock(record), Reader(path, device=device, share_payload=share) as r:
         t = time.perf_counter()
         for _ in r.iter_blocks(workers=workers):
             pass
@@ -45,11 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("file", type=Path)
     ap.add_argument("--devices", default="cpu,torch:cpu")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--share", action="store_true", help="decode as verify, unpack and load_model do (Reader share_payload)")
     a = ap.parse_args(argv)
     print("| device | decode s | linear algebra s (gram / eigh / regenerate) | host s |")
     print("|---|---|---|---|")
     for dev in a.devices.split(","):
-        s = split(a.file, dev, a.workers)
+        s = split(a.file, dev, a.workers, a.share)
         la = " / ".join(f"{s.get(k, 0.0):.2f}" for k in ("gram", "eigh", "regenerate"))
         print(f"| {dev} | {s['total']:.2f} | {s['total'] - s['host']:.2f} ({la}) | {s['host']:.2f} |")
     return 0

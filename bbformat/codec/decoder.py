@@ -64,24 +64,29 @@ def recover_basis(la: Linalg, anchor: RawTensor, site: SiteEntry, signs: np.ndar
     return m, e, (g if keep_gram else None)
 
 
-def decode_program(program: BlockProgram, payload: np.ndarray, corrector: Corrector, la: Linalg = REFERENCE) -> dict[str, RawTensor]:
+def decode_program(program: BlockProgram, payload: np.ndarray, corrector: Corrector, la: Linalg = REFERENCE,
+                   share: bool = False) -> dict[str, RawTensor]:
     """Run the program backwards from the final stack; return the decoded tensors.
 
     la: where the linear algebra runs (codec/linalg.py); the default is the reference, as the
     encoder's simulation of the decoder needs. Every value is rounded on the host (SPEC.md
-    7.4) whatever the backend. Non-finite anchors decode to NaN (SPEC.md 7.5), quietly."""
+    7.4) whatever the backend. Non-finite anchors decode to NaN (SPEC.md 7.5), quietly.
+    share: a tensor that lies wholly in the payload is a view of it, not a copy (less memory
+    and time; the payload lives while any such tensor does, and a view of a read-only
+    payload is read-only): for callers that use a block and drop it."""
     with la.threads(), la.guard(), np.errstate(invalid="ignore", over="ignore"):
-        return _decode_program(program, payload, corrector, la)
+        return _decode_program(program, payload, corrector, la, share)
 
 
-def _decode_program(program: BlockProgram, payload: np.ndarray, corrector: Corrector, la: Linalg) -> dict[str, RawTensor]:
+def _decode_program(program: BlockProgram, payload: np.ndarray, corrector: Corrector, la: Linalg,
+                    share: bool) -> dict[str, RawTensor]:
     w = program.symbol_bits
     stack = SymbolStack(w, payload, capacity=program.stack_peak_symbols())
     out: dict[str, RawTensor] = {}
     for op in reversed(program.ops):
         if op.kind == OpKind.PUSH:
             t = program.tensors[op.index]
-            out[t.name] = symbols_to_tensor(stack.pop(t.symbols(w)), t.dtype, t.shape, w)
+            out[t.name] = symbols_to_tensor(stack.pop(t.symbols(w), share), t.dtype, t.shape, w, share)
             continue
         s = program.sites[op.index]
         if s.plain:

@@ -104,17 +104,23 @@ def f64_to_bits(x: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def bits_to_ordinal(bits: np.ndarray, width: int) -> np.ndarray:
-    """Map sign-magnitude bit patterns to integers that order like the values (+0 -> 0, -0 -> -1)."""
-    b = bits.astype(np.int64)
+    """Map sign-magnitude bit patterns to integers that order like the values (+0 -> 0, -0 -> -1).
+    In place on one int64 array (a residual block's temporaries are 8 bytes a value, not 40)."""
+    o = np.array(bits, dtype=np.int64)
     sign = np.int64(1) << np.int64(width - 1)
-    mag = b & (sign - 1)
-    return np.where(b & sign, -mag - 1, mag)
+    neg = np.bitwise_and(o, sign) != 0
+    np.bitwise_and(o, sign - 1, out=o)
+    np.subtract(-1, o, out=o, where=neg)  # -magnitude - 1
+    return o
 
 
 def ordinal_to_bits(o: np.ndarray, width: int) -> np.ndarray:
-    o = np.asarray(o, dtype=np.int64)
+    """bits_to_ordinal's inverse, for ordinals in range (callers check)."""
+    b = np.array(o, dtype=np.int64)
     sign = np.int64(1) << np.int64(width - 1)
-    b = np.where(o < 0, (-o - 1) | sign, o)
+    neg = b < 0
+    np.subtract(-1, b, out=b, where=neg)
+    np.bitwise_or(b, sign, out=b, where=neg)
     return b.astype(uint_dtype(width))
 
 
@@ -134,9 +140,11 @@ def little_endian_bytes(a: np.ndarray) -> bytes:
     return np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
-def symbols_to_tensor(sym: np.ndarray, dtype: str, shape: tuple[int, ...], symbol_bits: int) -> RawTensor:
+def symbols_to_tensor(sym: np.ndarray, dtype: str, shape: tuple[int, ...], symbol_bits: int, share: bool = False) -> RawTensor:
+    """The tensor whose bits the symbols are. It owns its memory, unless share and the symbols
+    are already a contiguous array of the tensor's own width (then it is a view of them)."""
     sym = np.ascontiguousarray(sym, dtype=uint_dtype(symbol_bits))  # no copy when already so
-    if sym.base is not None:
+    if sym.base is not None and not (share and bits_of(dtype) == symbol_bits):
         sym = sym.copy()
     return RawTensor(dtype, sym.view(uint_dtype(bits_of(dtype))).reshape(shape))
 

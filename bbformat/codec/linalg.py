@@ -274,11 +274,14 @@ class TorchLinalg:
         torch = self._torch
         ints, floats = _TORCH_VIEW[t.dtype]
         bits = np.ascontiguousarray(t.bits).view(np.dtype(ints))
+        if not bits.flags.writeable:  # a view of a payload read from the file: torch wants its own
+            bits = bits.copy()
         dev = torch.from_numpy(bits).to(self.device)
         return dev.view(getattr(torch, floats)).to(torch.float64)
 
     def asarray(self, x: np.ndarray) -> Any:
-        return self._torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64)).to(self.device)
+        x = np.ascontiguousarray(x, dtype=np.float64)
+        return self._torch.from_numpy(x if x.flags.writeable else x.copy()).to(self.device)
 
     def host(self, a: Any) -> np.ndarray:
         out: np.ndarray = a.detach().to("cpu").numpy()

@@ -169,9 +169,11 @@ def context_groups(approx_bits: Array, dtype: str, keep: Array | None = None) ->
     if keep is not None:
         where = np.flatnonzero(keep)
         return [(c, where[pos]) for c, pos in context_groups(approx_bits.reshape(-1)[where], dtype)]
-    ctx = residual_contexts(approx_bits, dtype)
-    counts = np.bincount(ctx, minlength=1 << EXPONENT_FIELD[dtype][1])
-    order = np.argsort(ctx.astype(np.uint8), kind="stable")  # contexts < 256: a radix sort
+    shift, nbits = EXPONENT_FIELD[dtype]
+    a = np.asarray(approx_bits)
+    ctx = ((a >> a.dtype.type(shift)) & a.dtype.type((1 << nbits) - 1)).astype(np.uint8)
+    counts = np.bincount(ctx, minlength=1 << nbits)  # residual_contexts, one byte a value
+    order = np.argsort(ctx, kind="stable")  # contexts < 256: a radix sort
     ends = np.cumsum(counts)
     return [(int(c), order[ends[c] - counts[c] : ends[c]]) for c in np.flatnonzero(counts)]
 
@@ -244,9 +246,10 @@ class ResidualsSection(ResidualsRules, SectionCodec[Array]):
         """The block with the residuals applied (SPEC.md 8.4); out of range is E_SECTION_CONTENT."""
         assert ctx.approx is not None, "x_residuals needs the block before correction"
         w = ctx.program.symbol_bits
-        o = bits_to_ordinal(ctx.approx, w) + value
+        o = bits_to_ordinal(ctx.approx, w)
+        o += value  # a residual too large for int64 arithmetic lands far out of range, and is refused
         lim = 1 << (w - 1)
-        if np.any(o < -lim) or np.any(o >= lim):
+        if o.size and (int(o.min()) < -lim or int(o.max()) >= lim):
             raise FormatError("residual moves a value out of range", "E_SECTION_CONTENT")
         return ordinal_to_bits(o, w)
 

@@ -46,12 +46,17 @@ class SymbolStack:
         below = n - self._ntop
         return np.concatenate((self._base[self._nbase - below : self._nbase], self._top[: self._ntop]))
 
-    def pop(self, n: int) -> np.ndarray:
+    def pop(self, n: int, share: bool = False) -> np.ndarray:
+        """The top n symbols, bottom first. share: where they all lie in the initial symbols,
+        a view of them (the initial array then lives as long as the view), not a copy."""
         if n == self._nbase == self._base.size and not self._ntop and self._base.flags.writeable and self._base.base is None:
             # the whole of a fresh, writable initial array (a decoded payload holding one
             # tensor): hand it over instead of copying it
             out, self._base, self._nbase = self._base, np.zeros(0, self._dtype), 0
             return out
+        if share and not self._ntop and n <= self._nbase:
+            self._nbase -= n
+            return self._base[self._nbase : self._nbase + n]
         out = self.peek(n)
         if n <= self._ntop:
             self._ntop -= n
