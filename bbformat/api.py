@@ -403,8 +403,7 @@ def read_tensors(path: str | os.PathLike[str], *, max_block_bytes: int | str | N
     digest raises DigestError, unless allow_inexact (then an InexactWarning names it).
     `device`: where the linear algebra runs (Reader), and where the tensors are put: its torch
     device ("cuda:0" for "cuda"), the CPU for "cpu"."""
-    with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device,
-                share_payload=True) as r:
+    with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device) as r:
         inexact = InexactBlocks(path)
         inexact.note(r)
         out = _decode_to_torch(r, None, inexact, torch_device_of(r.linalg))

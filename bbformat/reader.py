@@ -200,9 +200,9 @@ class Reader:
     SPEC.md 9): how close this reader's arithmetic came to rounding a value differently.
 
     share_payload: a decoded tensor that lies wholly in its chunk's payload is a view of it
-    rather than a copy: about a third less memory per block, but the payload lives as long as
-    any of its tensors, and one read straight from the file is read-only. For callers that
-    use each block and drop it (verify, unpack, load_model)."""
+    (writable: a chunk is then read into a buffer of its own) rather than a copy: less memory
+    per block, but the payload, and the chunk it was read from, live as long as any of its
+    tensors. For callers that use each block and drop it (verify, unpack, load_model)."""
 
     def __init__(
         self, source: str | os.PathLike[str] | BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,
@@ -231,6 +231,30 @@ class Reader:
             self.close()
             raise
         self.linalg, self.note = reader_backend(asked, self.has_digests, source if isinstance(source, (str, os.PathLike)) else "input")
+
+    def _read_into(self, offset: int, n: int) -> bytearray:
+        """_read_at into a buffer of its own: arrays over it are writable, so a shared payload's
+        tensors go to torch without a copy (share_payload)."""
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        if self._own and hasattr(os, "preadv"):
+            while got < n:
+                k = os.preadv(self._f.fileno(), [view[got:]], offset + got)
+                if k <= 0:
+                    break
+                got += k
+        else:
+            with self._lock:
+                self._f.seek(offset)
+                while got < n:
+                    k = self._f.readinto(view[got:])  # type: ignore[attr-defined]
+                    if not k:
+                        break
+                    got += k
+        if got != n:
+            raise FormatError("unexpected end of file", "E_TRUNCATED")
+        return buf
 
     def _read_at(self, offset: int, n: int) -> bytes:
         if self._own and hasattr(os, "pread"):  # a file this reader opened: positional reads, no lock
@@ -287,7 +311,10 @@ class Reader:
         return self._read_at(e.offset, e.length)
 
     def read_chunk(self, i: int) -> ParsedChunk:
-        data = self.read_chunk_bytes(i)
+        if self._share and 0 <= i < len(self.entries):
+            data: bytes | bytearray = self._read_into(self.entries[i].offset, self.entries[i].length)
+        else:
+            data = self.read_chunk_bytes(i)
         return parse_chunk(data, expected_index=i, expected_crc=self.entries[i].crc, max_block_bytes=self._budget,
                            max_site_dim=self._max_dim, required_flags=self.header.required_flags, decode_payload=decode_payload)
 

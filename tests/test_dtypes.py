@@ -104,6 +104,23 @@ def test_ordinal_and_zigzag_match_their_scalar_definitions() -> None:
     assert unzigzag(u).tolist() == want and np.array_equal(u, u_before)
 
 
+def test_context_groups_sort_by_residual_contexts() -> None:
+    """context_groups' one-byte contexts are residual_contexts' (the exponent field, SPEC.md
+    8.4) on every 16-bit pattern and random 32-bit ones; positions ascend within a group."""
+    from bbformat.codec.section_kinds import context_groups, residual_contexts
+
+    rng = np.random.default_rng(2)
+    cases = {"float16": np.arange(1 << 16, dtype=np.uint16), "bfloat16": rng.permutation(np.arange(1 << 16, dtype=np.uint16)),
+             "float32": rng.integers(0, 1 << 32, 50_000, dtype=np.uint64).astype(np.uint32)}
+    for dtype, bits in cases.items():
+        ctx = residual_contexts(bits, dtype)
+        groups = context_groups(bits, dtype)
+        assert [c for c, _ in groups] == sorted(set(ctx.tolist()))
+        for c, where in groups:
+            assert np.array_equal(where, np.flatnonzero(ctx == c)), (dtype, c)
+    assert unzigzag(np.uint64(5)).shape == () and int(unzigzag(np.uint64(5))) == -3
+
+
 @given(st.lists(st.integers(-(2**40), 2**40), max_size=200))
 def test_zigzag_varint_round_trip(values: list[int]) -> None:
     v = np.array(values, dtype=np.int64)

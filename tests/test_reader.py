@@ -141,12 +141,16 @@ def test_a_tensor_name_in_two_chunks_is_refused(order: str, workers: int, tmp_pa
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("entropy", ["none", "zstd"])
-def test_shared_payload_gives_the_same_tensors_as_views(entropy: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", ["path", "stream"])
+@pytest.mark.parametrize("entropy", ["none", "zstd", "planes", "exponent"])
+def test_shared_payload_gives_the_same_tensors_as_views(entropy: str, source: str, tmp_path: Path) -> None:
     """share_payload=True (verify, unpack, load_model): the tensors that lie wholly in their
-    chunk's payload are views of it, with the same bytes as the owning copies; views of a raw
-    payload read from the file are read-only, and the torch backend takes them without warning."""
+    chunk's payload are views of one buffer, with the same bytes as the owning copies, and
+    writable but for a zstd payload; writing to one changes no other tensor; the torch
+    backend takes them without a warning."""
     import warnings
+
+    import numpy as np
 
     import bbformat
 
@@ -154,9 +158,11 @@ def test_shared_payload_gives_the_same_tensors_as_views(entropy: str, tmp_path: 
     path.write_bytes(sample_container(format_version="1.4", entropy=entropy))
     decoded = {}
     for share in (False, True):
-        with Reader(path, share_payload=share) as r:
+        src = path if source == "path" else io.BytesIO(path.read_bytes())
+        with Reader(src, share_payload=share) as r:
             decoded[share] = {n: t for b in r.iter_blocks() for n, t in b.tensors.items()}
-    assert {n: t.tobytes() for n, t in decoded[True].items()} == {n: t.tobytes() for n, t in decoded[False].items()}
+    want = {n: t.tobytes() for n, t in decoded[False].items()}
+    assert {n: t.tobytes() for n, t in decoded[True].items()} == want
 
     def root(a: object) -> int:  # the object at the bottom of a chain of numpy views
         while hasattr(a, "base") and a.base is not None:
@@ -166,10 +172,15 @@ def test_shared_payload_gives_the_same_tensors_as_views(entropy: str, tmp_path: 
     owned = [root(t.bits) for t in decoded[False].values()]
     assert len(set(owned)) == len(owned)  # every copy owns its memory
     roots = [root(t.bits) for t in decoded[True].values()]
-    shared = [t for t, r in zip(decoded[True].values(), roots) if roots.count(r) > 1]
+    shared = [n for n, r in zip(decoded[True], roots) if roots.count(r) > 1]
     assert len(shared) >= 2  # views of one payload
-    if entropy == "none":
-        assert not any(t.bits.flags.writeable for t in shared)
+    # writable (a zstd payload comes back from zstandard as bytes: read-only, and torch then copies)
+    assert all(decoded[True][n].bits.flags.writeable == (entropy != "zstd") for n in shared)
+    if entropy != "zstd":
+        decoded[True][shared[0]].bits[...] = 0  # the views do not overlap
+        assert all(decoded[True][n].tobytes() == want[n] for n in shared[1:])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert bbformat.verify(path, device="torch:cpu").exact is True
+    got = bbformat.read_tensors(path)  # not shared: the caller keeps these
+    assert all(not np.shares_memory(got[a].numpy(), got[b].numpy()) for a in got for b in got if a != b)

@@ -51,9 +51,12 @@ trap 'tar czf "$OUT/logs.tgz" -C "$WORK" logs preflight.log 2>/dev/null || true'
 # Preflight: the GPU tests (every digest vector decoded on the device, a GPU pack verified by the
 # reference, load_model on the device). A failure stops here, before the long steps.
 if [ "${PREFLIGHT:-1}" = 1 ]; then
-  timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_linalg.py > "$WORK/preflight.log" 2>&1 \
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_linalg.py > "$WORK/preflight.log" 2>&1 \
     || { tail -n 30 "$WORK/preflight.log"; echo "preflight failed"; exit 3; }
   tail -n 1 "$WORK/preflight.log"
+  if ! tail -n 1 "$WORK/preflight.log" | grep -q passed || tail -n 1 "$WORK/preflight.log" | grep -q skipped; then
+    echo "preflight: the GPU tests did not all run (no GPU seen?)"; exit 3
+  fi
   # Synthetic D=1024 sites packed on the device, brought back ($OUT) for the C reader and numpy.
   for dt in float16 bfloat16 float32; do
     python3 tools/crosscheck.py --make-synthetic 1024 "$dt" "$OUT/gpu_packed_$dt.bb" --format-version 1.2 --device cuda \
@@ -67,5 +70,5 @@ if [ "${FIXTURES:-0}" = 1 ]; then
 fi
 echo "preflight done at $((SECONDS - t0)) s"
 cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
-if [ -n "${END_BY_S:-}" ]; then set -- "$@" --budget-s "$((END_BY_S - (SECONDS - t0)))"; fi
+if [ -n "${END_BY_S:-}" ]; then left=$((END_BY_S - (SECONDS - t0))); set -- "$@" --budget-s "$((left > 0 ? left : 0))"; fi
 PYTHONUNBUFFERED=1 python3 tools/bench_gpu.py --work "$WORK" --json "$OUT/bench_gpu_results.json" --report "$OUT/BENCHMARKS.md" "$@"

@@ -17,11 +17,12 @@ def zigzag(v: np.ndarray) -> np.ndarray:
 def unzigzag(u: np.ndarray) -> np.ndarray:
     """zigzag's inverse: (u >> 1) ^ -(u & 1), in place on two int64 arrays."""
     u = np.asarray(u, dtype=np.uint64)
-    out = (u >> np.uint64(1)).view(np.int64)  # < 2^63: the same value as int64
-    odd = (u & np.uint64(1)).view(np.int64)
+    flat = u.reshape(-1)
+    out = (flat >> np.uint64(1)).view(np.int64)  # < 2^63: the same value as int64
+    odd = (flat & np.uint64(1)).view(np.int64)
     np.negative(odd, out=odd)
     out ^= odd
-    return out
+    return out.reshape(u.shape)
 
 
 def varint_bytes(u: np.ndarray) -> int:
