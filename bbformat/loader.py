@@ -75,7 +75,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
     if p.is_file() and p.suffix == ".bb":
         inexact = InexactBlocks(p)
         with Reader(p, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=la,
-                    share_payload=True) as r:
+                    share_payload=True, writable_chunks=True) as r:
             inexact.note(r)
             files = {k: base64.b64decode(v) for k, v in r.metadata.get("files", {}).items()}
             stem = r.metadata.get("stem", "model")

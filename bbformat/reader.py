@@ -4,6 +4,7 @@ Every size and offset is checked against the file before anything is allocated.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from collections import deque
@@ -200,17 +201,20 @@ class Reader:
     SPEC.md 9): how close this reader's arithmetic came to rounding a value differently.
 
     share_payload: a decoded tensor that lies wholly in its chunk's payload is a view of it
-    (writable: a chunk is then read into a buffer of its own) rather than a copy: less memory
-    per block, but the payload, and the chunk it was read from, live as long as any of its
-    tensors. For callers that use each block and drop it (verify, unpack, load_model)."""
+    rather than a copy: less memory and time per block, but the payload, and the chunk it was
+    read from, live as long as any of its tensors. For callers that use each block and drop it
+    (verify, unpack, load_model). Views of a payload stored raw are read-only, unless
+    writable_chunks: each chunk is then read into a writable mapping of its own (for callers
+    that hand the tensors to torch without a copy: load_model)."""
 
     def __init__(
         self, source: str | os.PathLike[str] | BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,
         allow_inexact: bool = False, device: str | Linalg | None = None, fallback: bool = True, margins: bool = False,
-        share_payload: bool = False,
+        share_payload: bool = False, writable_chunks: bool = False,
     ) -> None:
         self._budget = resolve_budget(max_block_bytes)
         self._share = share_payload
+        self._writable = writable_chunks
         self._fallback = fallback
         self._margins = margins
         asked = device_backend(device)
@@ -232,26 +236,30 @@ class Reader:
             raise
         self.linalg, self.note = reader_backend(asked, self.has_digests, source if isinstance(source, (str, os.PathLike)) else "input")
 
-    def _read_into(self, offset: int, n: int) -> bytearray:
-        """_read_at into a buffer of its own: arrays over it are writable, so a shared payload's
-        tensors go to torch without a copy (share_payload)."""
-        buf = bytearray(n)
-        view = memoryview(buf)
+    def _read_into(self, offset: int, n: int) -> mmap.mmap:
+        """_read_at into an anonymous mapping of its own (writable, and not zero-filled first as
+        a bytearray would be): arrays over it are writable, so shared tensors go to torch
+        without a copy (writable_chunks)."""
+        buf = mmap.mmap(-1, max(n, 1))
+        view = memoryview(buf)[:n]
         got = 0
-        if self._own and hasattr(os, "preadv"):
-            while got < n:
-                k = os.preadv(self._f.fileno(), [view[got:]], offset + got)
-                if k <= 0:
-                    break
-                got += k
-        else:
-            with self._lock:
-                self._f.seek(offset)
+        try:
+            if self._own and hasattr(os, "preadv"):
                 while got < n:
-                    k = self._f.readinto(view[got:])  # type: ignore[attr-defined]
-                    if not k:
+                    k = os.preadv(self._f.fileno(), [view[got:]], offset + got)
+                    if k <= 0:
                         break
                     got += k
+            else:
+                with self._lock:
+                    self._f.seek(offset)
+                    while got < n:
+                        k = self._f.readinto(view[got:])  # type: ignore[attr-defined]
+                        if not k:
+                            break
+                        got += k
+        finally:
+            view.release()
         if got != n:
             raise FormatError("unexpected end of file", "E_TRUNCATED")
         return buf
@@ -311,8 +319,8 @@ class Reader:
         return self._read_at(e.offset, e.length)
 
     def read_chunk(self, i: int) -> ParsedChunk:
-        if self._share and 0 <= i < len(self.entries):
-            data: bytes | bytearray = self._read_into(self.entries[i].offset, self.entries[i].length)
+        if self._writable and 0 <= i < len(self.entries) and self.entries[i].length:
+            data: bytes | memoryview = memoryview(self._read_into(self.entries[i].offset, self.entries[i].length))
         else:
             data = self.read_chunk_bytes(i)
         return parse_chunk(data, expected_index=i, expected_crc=self.entries[i].crc, max_block_bytes=self._budget,

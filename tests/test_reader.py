@@ -145,9 +145,9 @@ def test_a_tensor_name_in_two_chunks_is_refused(order: str, workers: int, tmp_pa
 @pytest.mark.parametrize("entropy", ["none", "zstd", "planes", "exponent"])
 def test_shared_payload_gives_the_same_tensors_as_views(entropy: str, source: str, tmp_path: Path) -> None:
     """share_payload=True (verify, unpack, load_model): the tensors that lie wholly in their
-    chunk's payload are views of one buffer, with the same bytes as the owning copies, and
-    writable but for a zstd payload; writing to one changes no other tensor; the torch
-    backend takes them without a warning."""
+    chunk's payload are views of one buffer, with the same bytes as the owning copies; with
+    writable_chunks (load_model) they are writable but for a zstd payload; writing to one
+    changes no other tensor; the torch backend takes read-only ones without a warning."""
     import warnings
 
     import numpy as np
@@ -157,10 +157,11 @@ def test_shared_payload_gives_the_same_tensors_as_views(entropy: str, source: st
     path = tmp_path / "s.bb"
     path.write_bytes(sample_container(format_version="1.4", entropy=entropy))
     decoded = {}
-    for share in (False, True):
+    for share in (False, True, "writable"):
         src = path if source == "path" else io.BytesIO(path.read_bytes())
-        with Reader(src, share_payload=share) as r:
+        with Reader(src, share_payload=bool(share), writable_chunks=share == "writable") as r:
             decoded[share] = {n: t for b in r.iter_blocks() for n, t in b.tensors.items()}
+    assert {n: t.tobytes() for n, t in decoded["writable"].items()} == {n: t.tobytes() for n, t in decoded[False].items()}
     want = {n: t.tobytes() for n, t in decoded[False].items()}
     assert {n: t.tobytes() for n, t in decoded[True].items()} == want
 
@@ -174,13 +175,44 @@ def test_shared_payload_gives_the_same_tensors_as_views(entropy: str, source: st
     roots = [root(t.bits) for t in decoded[True].values()]
     shared = [n for n, r in zip(decoded[True], roots) if roots.count(r) > 1]
     assert len(shared) >= 2  # views of one payload
-    # writable (a zstd payload comes back from zstandard as bytes: read-only, and torch then copies)
-    assert all(decoded[True][n].bits.flags.writeable == (entropy != "zstd") for n in shared)
+    # views of a raw payload are read-only, unless the chunk was read into a writable mapping; a
+    # zstd payload comes back from zstandard as bytes (read-only: torch copies); codecs 2 and 3
+    # decode into fresh arrays
+    assert all(decoded[True][n].bits.flags.writeable == (entropy in ("planes", "exponent")) for n in shared)
+    assert all(decoded["writable"][n].bits.flags.writeable == (entropy != "zstd") for n in shared)
     if entropy != "zstd":
-        decoded[True][shared[0]].bits[...] = 0  # the views do not overlap
-        assert all(decoded[True][n].tobytes() == want[n] for n in shared[1:])
+        decoded["writable"][shared[0]].bits[...] = 0  # the views do not overlap
+        assert all(decoded["writable"][n].tobytes() == want[n] for n in shared[1:])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert bbformat.verify(path, device="torch:cpu").exact is True
     got = bbformat.read_tensors(path)  # not shared: the caller keeps these
     assert all(not np.shares_memory(got[a].numpy(), got[b].numpy()) for a in got for b in got if a != b)
+
+
+def test_writable_chunks_reader_fails_and_decodes_as_the_default_one(tmp_path: Path) -> None:
+    """Reading chunks into writable mappings (load_model) changes nothing a reader reports:
+    on damaged copies of a container, the same error code or the same tensors."""
+    import numpy as np
+
+    from bbformat.errors import BBFormatError
+    from conftest import DAMAGE, damage
+
+    good = sample_container(format_version="1.4", entropy="exponent")
+    rng = np.random.default_rng(11)
+
+    def outcome(path: Path, **kw: bool) -> object:
+        try:
+            with Reader(path, share_payload=True, **kw) as r:
+                return {n: t.tobytes() for b in r.iter_blocks() for n, t in b.tensors.items()}
+        except BBFormatError as exc:
+            return exc.code
+
+    codes = set()
+    for k in range(40):
+        path = tmp_path / f"d{k}.bb"
+        path.write_bytes(bytes(damage(bytearray(good), rng, DAMAGE[k % len(DAMAGE)])))
+        got = outcome(path, writable_chunks=True)
+        assert got == outcome(path), k
+        codes.add(got if isinstance(got, str) else "decoded")
+    assert len(codes) >= 3  # the damage reached several checks
