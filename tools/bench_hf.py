@@ -39,6 +39,22 @@ DATA = TOOLS.parent.parent / "shared" / "data"
 SECTION = "## 16. Hugging Face directories: `unpack --format hf` and `from_pretrained` (issue 25)"
 WINDOW = 1024
 
+def window_losses(model: Any, wins: Any) -> tuple[list[float], list[Any], float]:
+    """Each window's summed loss over its predictions and its float32 logits, and the seconds
+    the forward passes took: the one computation both sides of the comparison run (this
+    module imports nothing of bbformat, so the from_pretrained side imports it too)."""
+    import torch
+
+    nll, logits = [], []
+    t0 = time.time()
+    with torch.no_grad():
+        for w in wins:
+            lo = model(w[None]).logits[0, :-1].float()
+            nll.append(float(torch.nn.functional.cross_entropy(lo, w[1:], reduction="sum")))
+            logits.append(lo.numpy())
+    return nll, logits, time.time() - t0
+
+
 # runs under the python given, with bbformat made unimportable: per-window losses and logits
 HF_SIDE = """
 import json, sys, time
@@ -52,14 +68,9 @@ t0 = time.time()
 model = AutoModelForCausalLM.from_pretrained(d, trust_remote_code=True, **{"dtype" if new else "torch_dtype": torch.float32}).eval()
 load_s = time.time() - t0
 ids = torch.from_numpy(np.load(ids_path))
-nll, logits = [], []
-t0 = time.time()
-with torch.no_grad():
-    for w in ids:
-        lo = model(w[None]).logits[0, :-1].float()
-        nll.append(float(torch.nn.functional.cross_entropy(lo, w[1:], reduction="sum")))
-        logits.append(lo.numpy())
-forward_s = time.time() - t0
+sys.path.insert(0, sys.argv[5])
+from bench_hf import window_losses
+nll, logits, forward_s = window_losses(model, ids)
 np.savez(out, nll=np.array(nll), logits=np.stack(logits))
 print("HF-RESULT " + json.dumps({"transformers": transformers.__version__, "torch": torch.__version__,
                                  "class": type(model).__name__, "load_s": load_s, "forward_s": forward_s}))
@@ -80,7 +91,7 @@ def bb(*args: str) -> float:
 
 
 def hf_side(python: str, d: Path, ids: Path, out: Path) -> dict[str, Any]:
-    p = run([python, "-c", HF_SIDE, str(d), str(ids), str(out), str(os.cpu_count() or 1)])
+    p = run([python, "-c", HF_SIDE, str(d), str(ids), str(out), str(os.cpu_count() or 1), str(TOOLS)])
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("HF-RESULT ")), None)
     if p.returncode != 0 or line is None:
         return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1][:300]}
@@ -120,16 +131,10 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     t0 = time.time()
     model = bbformat.load_model(container, torch.float32).eval()
     load_s = time.time() - t0
-    nll, ref = [], []
-    t0 = time.time()
-    with torch.no_grad():
-        for w in wins:
-            lo = model(w[None]).logits[0, :-1].float()
-            nll.append(float(torch.nn.functional.cross_entropy(lo, w[1:], reduction="sum")))
-            ref.append(lo.numpy())
+    nll, ref, forward_s = window_losses(model, wins)
     del model
     base = {"what": "`bbformat.load_model(container, torch.float32)`", "perplexity": math.exp(sum(nll) / preds),
-            "load_s": load_s, "forward_s": time.time() - t0}
+            "load_s": load_s, "forward_s": forward_s}
     res["rows"].append(base)
     ref_logits = np.stack(ref)
     for label, python in (("this venv", sys.executable), ("transformers 4.41 venv", a.python441)):
