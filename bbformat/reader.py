@@ -236,33 +236,29 @@ class Reader:
             raise
         self.linalg, self.note = reader_backend(asked, self.has_digests, source if isinstance(source, (str, os.PathLike)) else "input")
 
-    def _read_into(self, offset: int, n: int) -> mmap.mmap:
+    def _read_into(self, offset: int, n: int) -> memoryview:
         """_read_at into an anonymous mapping of its own (writable, and not zero-filled first as
         a bytearray would be): arrays over it are writable, so shared tensors go to torch
         without a copy (writable_chunks)."""
-        buf = mmap.mmap(-1, max(n, 1))
-        view = memoryview(buf)[:n]
+        view = memoryview(mmap.mmap(-1, max(n, 1)))[:n]  # a mapping cannot be empty
         got = 0
-        try:
-            if self._own and hasattr(os, "preadv"):
+        if self._own and hasattr(os, "preadv"):
+            while got < n:
+                k = os.preadv(self._f.fileno(), [view[got:]], offset + got)
+                if k <= 0:
+                    break
+                got += k
+        else:
+            with self._lock:
+                self._f.seek(offset)
                 while got < n:
-                    k = os.preadv(self._f.fileno(), [view[got:]], offset + got)
-                    if k <= 0:
+                    k = self._f.readinto(view[got:])  # type: ignore[attr-defined]
+                    if not k:
                         break
                     got += k
-            else:
-                with self._lock:
-                    self._f.seek(offset)
-                    while got < n:
-                        k = self._f.readinto(view[got:])  # type: ignore[attr-defined]
-                        if not k:
-                            break
-                        got += k
-        finally:
-            view.release()
         if got != n:
             raise FormatError("unexpected end of file", "E_TRUNCATED")
-        return buf
+        return view
 
     def _read_at(self, offset: int, n: int) -> bytes:
         if self._own and hasattr(os, "pread"):  # a file this reader opened: positional reads, no lock
@@ -313,25 +309,24 @@ class Reader:
     def read_chunk_bytes(self, i: int) -> bytes:
         """Chunk i's stored bytes (chunk_length of them, CRC included) as its index entry
         places them, unchecked: read_chunk checks them, parse_chunk can (bbformat.inspect)."""
-        if not 0 <= i < len(self.entries):
-            raise IndexError(i)
-        e = self.entries[i]
+        e = self._entry(i)
         return self._read_at(e.offset, e.length)
 
+    def _entry(self, i: int) -> IndexEntry:
+        if not 0 <= i < len(self.entries):
+            raise IndexError(i)
+        return self.entries[i]
+
     def read_chunk(self, i: int) -> ParsedChunk:
-        if self._writable and 0 <= i < len(self.entries) and self.entries[i].length:
-            data: bytes | memoryview = memoryview(self._read_into(self.entries[i].offset, self.entries[i].length))
-        else:
-            data = self.read_chunk_bytes(i)
-        return parse_chunk(data, expected_index=i, expected_crc=self.entries[i].crc, max_block_bytes=self._budget,
+        e = self._entry(i)
+        data = self._read_into(e.offset, e.length) if self._writable else self._read_at(e.offset, e.length)
+        return parse_chunk(data, expected_index=i, expected_crc=e.crc, max_block_bytes=self._budget,
                            max_site_dim=self._max_dim, required_flags=self.header.required_flags, decode_payload=decode_payload)
 
     def read_program(self, i: int) -> BlockProgram:
         """Chunk i's program (its tensors, sites and ops) from its descriptor alone, without
         reading the rest of the chunk: its CRC is checked only when the chunk is decoded."""
-        if not 0 <= i < len(self.entries):
-            raise IndexError(i)
-        e = self.entries[i]
+        e = self._entry(i)
         try:
             off, n = descriptor_extent(self._read_at(e.offset, CHUNK_FIXED_SIZE), e.length)
             return parse_descriptor(self._read_at(e.offset + off, n))
