@@ -288,13 +288,14 @@ def test_decode_split_accounts_for_the_whole_decode(tmp_path: Path) -> None:
 
     write_checkpoint(make_tiny_checkpoint("llama", seed=1, layers=2), tmp_path / "src")
     bbformat.pack(tmp_path / "src", tmp_path / "m.bb")
-    r = _tool(str(TOOLS / "decode_split.py"), str(tmp_path / "m.bb"), "--devices", "cpu,torch:cpu", "--share")
+    r = _tool(str(TOOLS / "decode_split.py"), str(tmp_path / "m.bb"), "--devices", "cpu,torch:cpu", "--share", "--peak")
     assert r.returncode == 0, r.stderr
     rows = [line.split("|") for line in r.stdout.splitlines()[2:]]
     assert [row[1].strip() for row in rows] == ["cpu", "torch:cpu"]
     for row in rows:
         total, la, host = float(row[2]), float(row[3].split()[0]), float(row[4])
         assert la >= 0 and host > 0 and abs(total - la - host) < 0.02 and row[3].count("/") == 2
+        assert float(row[5]) > 0  # --peak: the largest block's numpy peak, MB
 
 
 def test_exponent_study_measures_known_sources() -> None:
