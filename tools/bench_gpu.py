@@ -522,20 +522,26 @@ def section(res: Json) -> list[str]:
                   f"(sha256 {det['sha256'][0][:16]}…{'' if det['same'] else ' / ' + det['sha256'][1][:16] + '…'})."]
     elif det:
         lines += ["", f"Determinism: not measured ({det.get('error')})."]
-    lines += second_run(res.get("second_run"))
+    lines += side_rows(res) + second_run(res.get("second_run"))
     lines += ["", "Goals (issue 23):", "", "| goal | result |", "|---|---|"]
     lines += [f"| {g} | {r} |" for g, r in goals(res)]
     return lines
 
 
 def second_run(res: Json | None) -> list[str]:
-    """The rows of a second run (--merge): a process's memory floor and load_model per worker count."""
+    """A second run (--merge): what it was, then its side rows."""
     if not res:
         return []
     m = res.get("machine") or {}
-    lines = ["", f"A second run, on another lent machine of the same kind ({m.get('gpu', '?')}, {m.get('cores')} cores): "
-             f"`{res['command']}` ({res['date']}, {res['elapsed_s'] / 60:.1f} min); its own checkpoint and pack, "
-             f"container {res.get('container_bytes') or 0:,} B (pack {_s((res.get('pack') or {}).get('wall_s'))} s)."]
+    return ["", f"A second run, on another lent machine of the same kind ({m.get('gpu', '?')}, {m.get('cores')} cores): "
+            f"`{res['command']}` ({res['date']}, {res['elapsed_s'] / 60:.1f} min); its own checkpoint and pack, "
+            f"container {res.get('container_bytes') or 0:,} B (pack {_s((res.get('pack') or {}).get('wall_s'))} s)."] + side_rows(res)
+
+
+def side_rows(res: Json) -> list[str]:
+    """A run's side rows, where it has them: verify without margins, a process's memory floor,
+    and load_model per worker count."""
+    lines: list[str] = []
     v, vm = res.get("verify_device_nomargins") or {}, res.get("verify_device") or {}
     if v.get("ok"):
         lines += ["", f"`verify(device)` without measuring margins (`margins=False`): {v['wall_s']:.2f} s "
