@@ -225,14 +225,14 @@ def _version() -> str:
             f"container format: writes {', '.join(written)} (pack --format-version {'|'.join(FORMAT_VERSIONS)}, "
             f"default {FORMAT_VERSIONS[0]}); reads {FORMAT_MAJOR}.0 to {FORMAT_MAJOR}.{FORMAT_MINOR} "
             f"(and any later {FORMAT_MAJOR}.x whose required flags it knows)\n"
-            f"payload codec 3 decoder: {_codec3_decoder()}")
+            f"payload codec 3 coder: {_codec3_coder()}")
 
 
-def _codec3_decoder() -> str:
-    """Which decoder payload codec 3 uses here."""
+def _codec3_coder() -> str:
+    """Which coder payload codec 3 uses here (pack and every reader)."""
     if NATIVE_DECODER:
         return "compiled (bbformat/codec/_exponent_native.c)"
-    return "numpy (the compiled decoder is not built, or not usable on this host; about 10x slower)"
+    return "numpy (the compiled coder is not built, or not usable on this host; several times slower)"
 
 
 class _VersionAction(argparse.Action):

@@ -321,6 +321,6 @@ def test_version_names_the_package_and_the_format_versions() -> None:
     assert first == f"bbformat {bbformat.__version__}"
     from bbformat.codec.exponent import NATIVE_DECODER
 
-    assert third.startswith("payload codec 3 decoder: " + ("compiled" if NATIVE_DECODER else "numpy"))
+    assert third.startswith("payload codec 3 coder: " + ("compiled" if NATIVE_DECODER else "numpy"))
     assert all(v in second for v in FORMAT_VERSIONS) and f"{FORMAT_MAJOR}.{FORMAT_MINOR}" in second
     assert second.index("writes") < second.index(FORMAT_VERSIONS[0]) < second.index("reads")

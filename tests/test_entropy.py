@@ -77,6 +77,33 @@ def test_planes_round_trip_with_contexts(case, k: int) -> None:  # type: ignore[
     assert np.array_equal(decode_planes(data, sym.size, w), sym)
 
 
+@settings(max_examples=100, deadline=None)
+@given(payloads(), st.sampled_from([2, 4, 16]))
+def test_each_context_group_holds_its_top_bytes_in_increasing_position(case, k: int) -> None:  # type: ignore[no-untyped-def]
+    """SPEC.md 8.6 by its words: context c = rowclass[i div r] * K + colclass[i mod r], and the
+    group of c holds the top byte of every symbol with context c in increasing i (the encoder
+    permutes blocks instead; this is the definition, computed position by position)."""
+    from bbformat.bytecursor import ByteCursor
+    from bbformat.codec import entropy
+    from bbformat.zstdframe import PLANES_LEVEL, compressor
+
+    sym, w, runs = case
+    top = (sym >> (w - 8)).astype(np.uint8)
+    pos = 0
+    for n, r in runs:
+        seg = top[pos : pos + n]
+        pos += n
+        maps, groups = entropy._segment_top(seg, r, k, compressor(PLANES_LEVEL))
+        rows = -(-n // r)
+        row_cls, col_cls = np.frombuffer(maps[:rows], np.uint8), np.frombuffer(maps[rows:], np.uint8)
+        ctx = [int(row_cls[i // r]) * k + int(col_cls[i % r]) for i in range(n)]
+        cur = ByteCursor(groups, "groups")
+        for c in range(k * k):
+            want = bytes(int(seg[i]) for i in range(n) if ctx[i] == c)
+            assert entropy.take_group(cur, len(want), f"context {c}").tobytes() == want
+        assert cur.left == 0
+
+
 def _weights_like(rows: int, cols: int, seed: int) -> np.ndarray:
     """float16 bits of a matrix with per-row and per-column scales (where contexts pay)."""
     rng = np.random.default_rng(seed)

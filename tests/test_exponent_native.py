@@ -1,6 +1,7 @@
-"""The compiled decoder of payload codec 3 (bbformat/codec/_exponent_native.c) against the
-numpy decoder, the reference: the same symbols on every input, and on damaged input the
-same outcome (the same symbols, or a FormatError with the same code). The conformance suite
+"""The compiled coder of payload codec 3 (bbformat/codec/_exponent_native.c) against the numpy
+code, the reference: the decoder gives the same symbols on every input, and on damaged input
+the same outcome (the same symbols, or a FormatError with the same code); the encoder writes
+the same bytes. The conformance suite
 (tests/test_conformance.py) runs every vector through the default, compiled path; here the
 codec-3 vectors also go through numpy, so both stay conforming."""
 from __future__ import annotations
@@ -87,9 +88,9 @@ def test_native_equals_numpy_and_the_input(dtype: str, runs: list[tuple[int, int
     exponent.STEPS_PER_LANE = steps
     try:
         data = encode_exponent(sym, dtype, runs)
+        assert data is not None and data == encode_exponent(sym, dtype, runs, native=False)  # the compiled encoder too
     finally:
         exponent.JOINED_BITS_TRIED, exponent.STEPS_PER_LANE = orig, orig_steps
-    assert data is not None
     want = ("ok", sym.astype(decode_exponent(data, sym.size, dtype).dtype).tobytes())
     assert _three(data, sym.size, dtype) == [want] * 3
 
@@ -191,10 +192,13 @@ def _group(b: bytes) -> bytes:
     return exponent._varint(len(b)) + b"\x00" + b
 
 
-def _direct_payload(rng: np.random.Generator, dtype: str) -> tuple[bytes, bytes, bytes, int, np.ndarray]:
+Parts = tuple[int, int, int, list[tuple[int, int, int]], list[np.ndarray], rans.Tables]  # shift, bits, lanes, segs, maps, tables
+
+
+def _direct_payload(rng: np.random.Generator, dtype: str) -> tuple[bytes, bytes, bytes, int, np.ndarray, Parts]:
     """A codec-3 payload built here, not by the writer: any t, K = 1..16 with random class maps,
     segments up to 14,000 symbols (longer than the decoder's blocks, so class maps carry across
-    them), any lane count, random tables and rest fields. (head, stream, rest, P, symbols)."""
+    them), any lane count, random tables and rest fields. (head, stream, rest, P, symbols, parts)."""
     from bbformat.codec.varint import encode_varints
 
     t = int(rng.integers(0, exponent.max_joined(dtype) + 1))
@@ -232,7 +236,7 @@ def _direct_payload(rng: np.random.Generator, dtype: str) -> tuple[bytes, bytes,
     head += exponent._varint(lanes) + _group(b"".join(m.tobytes() for m in maps)) + exponent._varint(len(raw)) + _group(raw)
     code = tables.symbol[ent].astype(np.uint64)
     sym = ((rest >> np.uint64(shift)) << np.uint64(w - 1)) | (code << np.uint64(shift)) | (rest & np.uint64((1 << shift) - 1))
-    return head, stream, low + high, total, sym
+    return head, stream, low + high, total, sym, (shift, bits, lanes, segs, maps, tables)
 
 
 @needs_native
@@ -242,7 +246,7 @@ def test_arbitrary_payloads_and_their_damage(dtype: str, seed: int) -> None:
     """Payloads the writer would not make (many classes, odd lane counts, every t) decode to
     their symbols on all three paths; damaged streams and rest fields give one outcome."""
     rng = np.random.default_rng(seed)
-    head, stream, rest, total, sym = _direct_payload(rng, dtype)
+    head, stream, rest, total, sym, _ = _direct_payload(rng, dtype)
     want = ("ok", sym.astype(f"<u{exponent.DTYPE_BITS[dtype] // 8}").tobytes())
     assert _three(head + exponent._varint(len(stream)) + stream + rest, total, dtype) == [want] * 3
     for _ in range(4):
@@ -260,3 +264,67 @@ def test_arbitrary_payloads_and_their_damage(dtype: str, seed: int) -> None:
             s = bytearray(rng.integers(0, 256, len(s), dtype=np.uint8).tobytes())
         numpy_, simd, scalar = _three(head + exponent._varint(len(s)) + bytes(s) + bytes(r), total, dtype)
         assert simd == numpy_ and scalar == numpy_
+
+
+@needs_native
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(DTYPES), st.integers(0, 2**32 - 1))
+def test_the_compiled_encoder_writes_the_reference_stream_of_any_payload(dtype: str, seed: int) -> None:
+    """Payloads the writer would not make (up to 16 classes, odd lane counts, every t): the
+    compiled encoder's stream and rest fields are those rans.encode and pack_rest wrote."""
+    head, stream, rest, total, sym, (shift, bits, lanes, segs, maps, tables) = _direct_payload(np.random.default_rng(seed), dtype)
+    native_sym = sym.astype(f"u{exponent.DTYPE_BITS[dtype] // 8}")
+    assert bytes(exponent._encode_native(native_sym, shift, bits, lanes, segs, maps, tables)) == stream
+    w = exponent.DTYPE_BITS[dtype]
+    assert b"".join(bytes(p) for p in exponent._rest_native(native_sym, w, shift)) == rest
+    assert b"".join(exponent._rest_numpy(native_sym, w, shift)) == rest
+
+
+@needs_native
+@pytest.mark.parametrize("r", [1, 7, 40, 300])
+def test_histograms_and_column_means_agree_in_pieces(r: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy counts in pieces of whole rows (here 16 symbols, so rows longer than a piece too);
+    the compiled loop in one pass: the same counts and means."""
+    monkeypatch.setattr(exponent, "REST_PIECE", 16)
+    sym = _symbols("bfloat16", 5_003, 9)
+    cls = np.random.default_rng(r).integers(0, 4, r).astype(np.uint8)
+    for shift, bits in ((7, 8), (5, 10), (4, 11)):
+        for c, k in ((None, 1), (cls, 4)):
+            want = exponent._histogram(sym, shift, bits, r, c, k, native=False)
+            assert want.sum() == sym.size
+            assert np.array_equal(exponent._histogram(sym, shift, bits, r, c, k, native=True), want)
+        assert np.array_equal(exponent._column_means(sym, shift, bits, r, True), exponent._column_means(sym, shift, bits, r, False))
+
+
+@needs_native
+def test_the_encoders_wrong_arguments_are_a_value_error_not_a_crash() -> None:
+    native = exponent._exponent_native
+    assert native is not None
+    sym = np.array([0x3C00, 0x3C01], np.uint16)
+    tab = rans.Tables.of([(np.array([0x3C00 >> 10]), np.array([rans.M]))])
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    good = dict(sym=sym, width=16, shift=10, bits=5, lanes=1, n=i64(2), r=i64(1), base=i64(0), has_map=np.zeros(1, np.uint8),
+                maps=np.zeros(0, np.uint8), entry_of=tab.entry_of(32).astype(np.int32), freq=tab.freq, start=tab.start,
+                out=np.zeros(8, np.uint8))
+    assert native.encode(*good.values()) == 4  # two symbols of probability 1: the state stays 2^16, no word
+    for key, bad in [("width", 8), ("bits", 0), ("shift", 12), ("lanes", 0), ("n", i64(3)), ("base", i64(1)),
+                     ("has_map", np.ones(1, np.uint8)), ("entry_of", np.zeros(31, np.int32)), ("freq", np.zeros(1, np.uint32)),
+                     ("start", np.zeros(2, np.uint32)), ("out", np.zeros(7, np.uint8)), ("entry_of", np.full(32, 1, np.int32))]:
+        with pytest.raises(ValueError, match="inconsistent arguments"):
+            native.encode(*dict(good, **{key: bad}).values())
+    with pytest.raises(ValueError, match="no entry"):  # 0x3C01 >> 10 is the same code; 0x4000 >> 10 is not in the table
+        native.encode(*dict(good, sym=np.array([0x3C00, 0x4000], np.uint16)).values())
+    counts = np.zeros((1, 32), np.uint64)
+    native.histogram(sym, 16, 10, 5, 1, b"", counts)
+    assert counts[0, 0x3C00 >> 10] == 2
+    for args in [(sym, 16, 10, 5, 0, b"", counts), (sym, 16, 10, 5, 2, b"\x01\x00", counts), (sym, 16, 12, 5, 1, b"", counts),
+                 (sym, 16, 10, 5, 1, b"", np.zeros(31, np.uint64))]:
+        with pytest.raises(ValueError, match="inconsistent arguments"):
+            native.histogram(*args)
+    with pytest.raises(ValueError, match="inconsistent arguments"):
+        native.column_sums(sym, 16, 10, 5, 2, np.zeros(1, np.uint64))
+    with pytest.raises(ValueError, match="inconsistent arguments"):
+        native.pack_rest(sym, 16, 10, np.zeros(2, np.uint8), np.zeros(1, np.uint8))  # R = 11: 1 byte and 3 bits a symbol
+    low, high = np.zeros(2, np.uint8), np.zeros(3, np.uint8)
+    native.pack_rest(sym, 16, 10, low, high)
+    assert low.tobytes() + high.tobytes() == b"".join(exponent._rest_numpy(sym, 16, 10))

@@ -31,9 +31,9 @@
 #define ALWAYS_INLINE inline
 #endif
 
-/* The argument list of decode(); exponent.py uses this module only if it says the same (an
+/* The functions and argument lists below; exponent.py uses this module only if it says the same (an
  * extension built from another version of this file falls back to numpy, never crashes). */
-#define ABI 3
+#define ABI 4
 
 enum { OK = 0, ERR_STREAM_SHORT = 1, ERR_WORDS_LEFT = 2, ERR_LANE_END = 3 };
 
@@ -485,9 +485,242 @@ done:
     return result;
 }
 
+
+/* ----------------------------------------------------------------------------- encoder
+ * The writer's side (exponent.encode_exponent, whose numpy code is the reference: the same
+ * bytes on every input, tests/test_exponent_native.py). Integer arithmetic only. */
+
+/* A u16 or u32 symbol, native (little-endian) order. */
+static ALWAYS_INLINE uint32_t sym_at(const uint8_t *s, size_t i, unsigned width)
+{
+    if (width == 16)
+        return ((const uint16_t *)s)[i];
+    return ((const uint32_t *)s)[i];
+}
+
+static int symbols_arg(Py_buffer *sym, unsigned width, size_t *n)
+{
+    if ((width != 16 && width != 32) || (size_t)sym->len % (width / 8))
+        return -1;
+    *n = (size_t)sym->len / (width / 8);
+    return 0;
+}
+
+/* histogram(sym, width, shift, bits, r, classes, counts): adds to counts (u64, K * 2^bits) the
+ * codes (sym >> shift) mod 2^bits of the symbols, symbol p in class classes[p mod r] (bytes < K;
+ * empty: every symbol in class 0). */
+static PyObject *histogram(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer sym, cls, counts;
+    unsigned width, shift, bits;
+    Py_ssize_t r;
+    if (!PyArg_ParseTuple(args, "y*IIIny*w*", &sym, &width, &shift, &bits, &r, &cls, &counts))
+        return NULL;
+    size_t n = 0, ncls = 1;
+    const uint8_t *map = cls.len ? cls.buf : NULL;
+    for (Py_ssize_t k = 0; k < cls.len; ++k)
+        if ((size_t)((const uint8_t *)cls.buf)[k] + 1 > ncls)
+            ncls = (size_t)((const uint8_t *)cls.buf)[k] + 1;
+    int bad = symbols_arg(&sym, width, &n) || bits < 1 || bits > 16 || shift + bits > width || r < 1 ||
+              (map != NULL && cls.len != r) || (size_t)counts.len < (ncls << bits) * sizeof(uint64_t);
+    if (!bad) {
+        Py_BEGIN_ALLOW_THREADS
+        uint64_t *c = counts.buf;
+        const uint32_t mask = (1u << bits) - 1;
+        size_t col = 0;
+        for (size_t i = 0; i < n; ++i) {
+            const size_t k = map ? map[col] : 0;
+            ++c[(k << bits) + ((sym_at(sym.buf, i, width) >> shift) & mask)];
+            if (++col == (size_t)r)
+                col = 0;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&sym); PyBuffer_Release(&cls); PyBuffer_Release(&counts);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "_exponent_native.histogram: inconsistent arguments");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* column_sums(sym, width, shift, bits, r, sums): sums (u64, r) of the codes of each column p mod r. */
+static PyObject *column_sums(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer sym, sums;
+    unsigned width, shift, bits;
+    Py_ssize_t r;
+    if (!PyArg_ParseTuple(args, "y*IIInw*", &sym, &width, &shift, &bits, &r, &sums))
+        return NULL;
+    size_t n = 0;
+    int bad = symbols_arg(&sym, width, &n) || bits < 1 || bits > 16 || shift + bits > width || r < 1 ||
+              (size_t)sums.len != (size_t)r * sizeof(uint64_t);
+    if (!bad) {
+        Py_BEGIN_ALLOW_THREADS
+        uint64_t *out = sums.buf;
+        const uint32_t mask = (1u << bits) - 1;
+        memset(out, 0, (size_t)sums.len);
+        for (size_t i = 0, col = 0; i < n; ++i) {
+            out[col] += (sym_at(sym.buf, i, width) >> shift) & mask;
+            if (++col == (size_t)r)
+                col = 0;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&sym); PyBuffer_Release(&sums);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "_exponent_native.column_sums: inconsistent arguments");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* pack_rest(sym, width, shift, low, high): the rest fields (SPEC.md 8.7: the sign above the
+ * shift low mantissa bits, R = 1 + shift bits) as stored: low gets R div 8 bytes a symbol,
+ * high (zeroed by the caller) R mod 8 bits a symbol, 8 symbols to a group of R mod 8 bytes. */
+static PyObject *pack_rest(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer sym, low, high;
+    unsigned width, shift;
+    if (!PyArg_ParseTuple(args, "y*IIw*w*", &sym, &width, &shift, &low, &high))
+        return NULL;
+    size_t n = 0;
+    const unsigned R = 1 + shift, b0 = R / 8, b1 = R % 8;
+    int bad = symbols_arg(&sym, width, &n) || R >= width || (size_t)low.len != n * b0 || (size_t)high.len != (n + 7) / 8 * b1;
+    if (!bad) {
+        Py_BEGIN_ALLOW_THREADS
+        uint8_t *lo = low.buf, *hi = high.buf;
+        const uint32_t smask = (1u << shift) - 1;
+        uint64_t acc = 0;
+        for (size_t i = 0; i < n; ++i) {
+            const uint32_t s = sym_at(sym.buf, i, width);
+            const uint32_t rest = ((s >> (width - 1)) << shift) | (s & smask);
+            for (unsigned b = 0; b < b0; ++b)
+                lo[i * b0 + b] = (uint8_t)(rest >> (8 * b));
+            if (b1) {
+                acc |= (uint64_t)(rest >> (8 * b0)) << (b1 * (i % 8));
+                if (i % 8 == 7 || i + 1 == n) {
+                    for (unsigned b = 0; b < b1; ++b)
+                        hi[i / 8 * b1 + b] = (uint8_t)(acc >> (8 * b));
+                    acc = 0;
+                }
+            }
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&sym); PyBuffer_Release(&low); PyBuffer_Release(&high);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "_exponent_native.pack_rest: inconsistent arguments");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* encode(sym, width, shift, bits, lanes, seg_n, seg_r, seg_base, has_map, maps, entry_of, freq,
+ *        start, out) -> the stream's length: the rANS stream (SPEC.md 8.7) of the codes
+ * (sym >> shift) mod 2^bits, written to the front of out (4 * lanes + 2 * symbols bytes).
+ * Segments as decode() takes them; entry_of (i32, tables * 2^bits): the entry of each table's
+ * code (-1: none, a ValueError); freq and start (u32) per entry. Symbols are pushed last to
+ * first, symbol i through lane i mod lanes, exactly as rans.encode. */
+static PyObject *encode(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer sym, seg_n, seg_r, seg_base, has_map, maps, entry_of, freq, start, out;
+    unsigned width, shift, bits, lanes;
+    if (!PyArg_ParseTuple(args, "y*IIIIy*y*y*y*y*y*y*y*w*", &sym, &width, &shift, &bits, &lanes, &seg_n, &seg_r,
+                          &seg_base, &has_map, &maps, &entry_of, &freq, &start, &out))
+        return NULL;
+    size_t n = 0, nseg = (size_t)seg_n.len / 8, total = 0, mtotal = 0, nent = (size_t)freq.len / 4, ntab = 0;
+    const int64_t *sn = seg_n.buf, *sr = seg_r.buf, *sb = seg_base.buf;
+    const uint8_t *hm = has_map.buf;
+    int bad = symbols_arg(&sym, width, &n) || bits < 1 || bits > 16 || shift + bits > width || lanes < 1 ||
+              (size_t)seg_r.len != nseg * 8 || (size_t)seg_base.len != nseg * 8 || (size_t)has_map.len != nseg ||
+              (size_t)start.len != nent * 4 || (size_t)entry_of.len % ((size_t)4 << bits) ||
+              (size_t)out.len != 4 * (size_t)lanes + 2 * n;
+    if (!bad) {
+        ntab = (size_t)entry_of.len / ((size_t)4 << bits);
+        const int32_t *eo = entry_of.buf;
+        const uint32_t *fr = freq.buf;
+        for (size_t k = 0; k < ntab << bits && !bad; ++k)
+            bad = eo[k] >= (int64_t)nent;
+        for (size_t e = 0; e < nent && !bad; ++e)
+            bad = fr[e] < 1 || fr[e] > (1u << SLOT_BITS);
+        for (size_t j = 0; j < nseg && !bad; ++j) {
+            bad = sn[j] < 1 || sr[j] < 1 || sb[j] < 0 || (size_t)sb[j] >= ntab; /* each class's table: checked per symbol */
+            total += (size_t)sn[j];
+            mtotal += hm[j] ? (size_t)sr[j] : 0;
+        }
+        bad = bad || total != n || mtotal != (size_t)maps.len;
+        for (Py_ssize_t k = 0; k < maps.len && !bad; ++k)
+            bad = ((const uint8_t *)maps.buf)[k] >= MAX_CLASSES;
+    }
+    PyObject *result = NULL;
+    uint32_t *states = bad ? NULL : PyMem_Malloc((size_t)lanes * sizeof(uint32_t));
+    if (bad)
+        PyErr_SetString(PyExc_ValueError, "_exponent_native.encode: inconsistent arguments");
+    else if (states == NULL)
+        PyErr_NoMemory();
+    else {
+        int missing = 0;
+        size_t words = 0;
+        Py_BEGIN_ALLOW_THREADS
+        const int32_t *eo = entry_of.buf;
+        const uint32_t *fr = freq.buf, *st = start.buf, mask = (1u << bits) - 1;
+        const uint8_t *mp = (const uint8_t *)maps.buf + maps.len;
+        uint8_t *o = out.buf, *wp = o + out.len; /* words are written backwards from the end */
+        for (uint32_t k = 0; k < lanes; ++k)
+            states[k] = RANS_LOW;
+        size_t i = n, lane = (n - 1) % lanes;
+        for (size_t j = nseg; j-- > 0 && !missing;) {
+            const size_t nj = (size_t)sn[j], r = (size_t)sr[j];
+            const uint8_t *map = NULL;
+            if (hm[j])
+                map = (mp -= r);
+            const size_t base = (size_t)sb[j];
+            for (size_t p = nj, col = (nj - 1) % r; p-- > 0; col = col ? col - 1 : r - 1) {
+                const size_t t = base + (map ? map[col] : 0);
+                const int32_t e = t < ntab ? eo[(t << bits) + ((sym_at(sym.buf, --i, width) >> shift) & mask)] : -1;
+                if (e < 0) {
+                    missing = 1;
+                    break;
+                }
+                uint64_t x = states[lane];
+                const uint32_t f = fr[e];
+                if (x >= (uint64_t)f << (32 - SLOT_BITS)) {
+                    *--wp = (uint8_t)(x >> 8);
+                    *--wp = (uint8_t)x;
+                    x >>= 16;
+                }
+                states[lane] = (uint32_t)(((x / f) << SLOT_BITS) + x % f + st[e]);
+                lane = lane ? lane - 1 : lanes - 1;
+            }
+        }
+        if (!missing) {
+            words = (size_t)(o + out.len - wp) / 2;
+            memmove(o + 4 * (size_t)lanes, wp, 2 * words);
+            for (uint32_t k = 0; k < lanes; ++k)
+                for (unsigned b = 0; b < 4; ++b)
+                    o[4 * (size_t)k + b] = (uint8_t)(states[k] >> (8 * b));
+        }
+        Py_END_ALLOW_THREADS
+        if (missing)
+            PyErr_SetString(PyExc_ValueError, "_exponent_native.encode: a code has no entry in its table");
+        else
+            result = PyLong_FromSize_t(4 * (size_t)lanes + 2 * words);
+    }
+    PyMem_Free(states);
+    PyBuffer_Release(&sym); PyBuffer_Release(&seg_n); PyBuffer_Release(&seg_r); PyBuffer_Release(&seg_base);
+    PyBuffer_Release(&has_map); PyBuffer_Release(&maps); PyBuffer_Release(&entry_of); PyBuffer_Release(&freq);
+    PyBuffer_Release(&start); PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS, "Decode a codec-3 rANS stream and rest fields into symbols (see exponent.py); simd=0 "
                                      "keeps to the scalar steps (the same symbols; for tests)."},
+    {"encode", encode, METH_VARARGS, "The rANS stream of a payload's codes (see exponent.py)."},
+    {"histogram", histogram, METH_VARARGS, "Add the codes' counts per column class (see exponent.py)."},
+    {"column_sums", column_sums, METH_VARARGS, "The codes' sums per column (see exponent.py)."},
+    {"pack_rest", pack_rest, METH_VARARGS, "The rest fields as stored (see exponent.py)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -67,13 +67,6 @@ def rank_classes(score: np.ndarray, k: int) -> np.ndarray:
     return cls
 
 
-def _contexts(n: int, r: int, k: int, row_cls: np.ndarray, col_cls: np.ndarray) -> np.ndarray:
-    """rowclass * k + colclass of every symbol (uint8: k <= 16, so at most 255)."""
-    rows = -(-n // r)
-    grid = row_cls[:rows, None].astype(np.uint8) * np.uint8(k) + col_cls[None, :r].astype(np.uint8)
-    return grid.reshape(-1)[:n]
-
-
 def _segment_top(top: np.ndarray, r: int, k: int, z: Compressor) -> tuple[bytes, bytes]:
     """(class-map bytes, groups) of one segment's top plane with k classes per axis."""
     n = top.size
@@ -89,12 +82,25 @@ def _segment_top(top: np.ndarray, r: int, k: int, z: Compressor) -> tuple[bytes,
     per_col = np.full(r, float(full)) + (np.arange(r) < tail)
     row_cls = rank_classes(grid.sum(1, dtype=np.float64) / per_row, k)
     col_cls = rank_classes(grid.sum(0, dtype=np.float64) / np.maximum(per_col, 1.0), k)
-    ctx = _contexts(n, r, k, row_cls, col_cls)
-    order = np.argsort(ctx, kind="stable")
-    bounds = np.concatenate(([0], np.cumsum(np.bincount(ctx, minlength=k * k))))
-    grouped = top[order]
-    groups = b"".join(encode_group(grouped[bounds[c] : bounds[c + 1]].tobytes(), z, SMALL_GROUP) for c in range(k * k))
-    return row_cls.tobytes() + col_cls.tobytes(), groups
+    # Context a*k+b holds its symbols in position order: the full rows of class a (in order)
+    # against the columns of class b, then the tail row's class-b columns if its class is a.
+    # So the full rows are permuted once, rows then columns, and each context is a block.
+    rho, pi = np.argsort(row_cls[:full], kind="stable"), np.argsort(col_cls, kind="stable")
+    block = top[: full * r].reshape(full, r)[rho][:, pi]
+    r0 = np.concatenate(([0], np.cumsum(np.bincount(row_cls[:full], minlength=k))))
+    c0 = np.concatenate(([0], np.cumsum(np.bincount(col_cls, minlength=k))))
+    tail_order = np.argsort(col_cls[:tail], kind="stable")
+    tail_sorted = top[full * r :][tail_order]
+    t0 = np.concatenate(([0], np.cumsum(np.bincount(col_cls[:tail], minlength=k))))
+    tail_cls = int(row_cls[full]) if tail else -1
+    parts = []
+    for a in range(k):
+        for b in range(k):
+            part = block[r0[a] : r0[a + 1], c0[b] : c0[b + 1]].tobytes()
+            if a == tail_cls:
+                part += tail_sorted[t0[b] : t0[b + 1]].tobytes()
+            parts.append(encode_group(part, z, SMALL_GROUP))
+    return row_cls.tobytes() + col_cls.tobytes(), b"".join(parts)
 
 
 def encode_planes(symbols: np.ndarray, symbol_bits: int, runs: list[tuple[int, int]]) -> bytes:

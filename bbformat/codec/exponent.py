@@ -27,14 +27,14 @@ from .dtypes import uint_dtype
 from .entropy import MIN_CONTEXT_SEGMENT, SMALL_GROUP, rank_classes, read_segment_records, take_group
 from .varint import decode_varints, encode_group, encode_varints
 
-NATIVE_ABI = 3  # the compiled decoder's argument list that _decode_native passes
-try:  # the compiled decoder (built with the package where a C compiler is found; optional)
+NATIVE_ABI = 4  # the compiled module's functions and argument lists that this file passes
+try:  # the compiled coder (built with the package where a C compiler is found; optional)
     from . import _exponent_native
 except ImportError:  # pragma: no cover - the numpy decoder below is used instead
     _exponent_native = None  # type: ignore[assignment]
 if _exponent_native is not None and (getattr(_exponent_native, "ABI", None) != NATIVE_ABI or sys.byteorder != "little"):
     _exponent_native = None  # type: ignore[assignment]  # a stale build, or a big-endian host: numpy
-NATIVE_DECODER = _exponent_native is not None
+NATIVE_DECODER = _exponent_native is not None  # and encoder: the same module
 
 JOINED_BITS_TRIED = (0, 1, 2, 3)  # top mantissa bits the encoder tries joining to the exponent
 EXPONENT_CLASSES = 4  # column classes the encoder tries for a segment (else 1)
@@ -71,39 +71,63 @@ def _cost(counts: np.ndarray) -> float:
     return _ideal_bits(counts) + 8 * TABLE_ENTRY_BYTES * int(np.count_nonzero(counts))
 
 
-def _segment_classes(code: np.ndarray, r: int, alphabet: int) -> tuple[int, np.ndarray, list[np.ndarray]]:
+def _histogram(sym: np.ndarray, shift: int, bits: int, r: int, cls: np.ndarray | None, k: int, native: bool) -> np.ndarray:
+    """Counts (k x 2^bits, int64) of the codes (sym >> shift) mod 2^bits, symbol p in class
+    cls[p mod r] (None: all in class 0)."""
+    counts = np.zeros((k, 1 << bits), np.uint64)
+    if native and _exponent_native is not None:
+        _exponent_native.histogram(sym, 8 * sym.itemsize, shift, bits, r, b"" if cls is None else cls.tobytes(), counts)
+        return counts.astype(np.int64)
+    step = max(r, REST_PIECE // r * r)  # whole rows a piece, so each starts at column 0
+    for lo in range(0, sym.size, step):
+        code = (sym[lo : lo + step] >> shift) & ((1 << bits) - 1)
+        if cls is None:
+            counts[0] += np.bincount(code, minlength=1 << bits).astype(np.uint64)
+            continue
+        ctx = np.tile(cls, -(-code.size // r))[: code.size].astype(np.int64)
+        counts += np.bincount(ctx * (1 << bits) + code, minlength=k << bits).reshape(k, -1).astype(np.uint64)
+    return counts.astype(np.int64)
+
+
+def _column_means(sym: np.ndarray, shift: int, bits: int, r: int, native: bool) -> np.ndarray:
+    """The mean code (float64) of each column p mod r of a segment."""
+    rows, tail = divmod(sym.size, r)
+    if native and _exponent_native is not None:
+        sums = np.zeros(r, np.uint64)
+        _exponent_native.column_sums(sym, 8 * sym.itemsize, shift, bits, r, sums)
+    else:
+        code = (sym >> shift) & ((1 << bits) - 1)
+        sums = code[: rows * r].reshape(rows, r).sum(0, dtype=np.uint64)
+        sums[:tail] += code[rows * r :].astype(np.uint64)
+    return sums.astype(np.float64) / (rows + (np.arange(r) < tail))
+
+
+def _segment_classes(sym: np.ndarray, shift: int, bits: int, r: int, native: bool) -> tuple[int, np.ndarray, list[np.ndarray]]:
     """(K, column classes, symbol counts per class) of one segment: K = EXPONENT_CLASSES where
     that is estimated smaller than one table."""
-    one = np.bincount(code, minlength=alphabet)
-    n = code.size
-    if n < MIN_CONTEXT_SEGMENT or r < EXPONENT_CLASSES:
+    one = _histogram(sym, shift, bits, r, None, 1, native)[0]
+    if sym.size < MIN_CONTEXT_SEGMENT or r < EXPONENT_CLASSES:
         return 1, np.zeros(0, np.uint8), [one]
-    rows, tail = divmod(n, r)
-    score = code[: rows * r].reshape(rows, r).sum(0, dtype=np.float64) + np.pad(code[rows * r :].astype(np.float64), (0, r - tail))
-    cls = rank_classes(score / (rows + (np.arange(r) < tail)), EXPONENT_CLASSES)
-    ctx = np.tile(cls, rows + 1)[:n]
-    counts = [np.bincount(code[ctx == c], minlength=alphabet) for c in range(EXPONENT_CLASSES)]
+    cls = rank_classes(_column_means(sym, shift, bits, r, native), EXPONENT_CLASSES)
+    counts = list(_histogram(sym, shift, bits, r, cls, EXPONENT_CLASSES, native))
     if sum(_cost(c) for c in counts) + 8 * r < _cost(one):
         return EXPONENT_CLASSES, cls, counts
     return 1, np.zeros(0, np.uint8), [one]
 
 
-def _choose_joined(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]]) -> int:
-    """The joined mantissa bits of smallest estimated size (one table per segment)."""
-    best = None
-    for t in JOINED_BITS_TRIED:
-        if t > max_joined(dtype):
-            continue
-        w, shift, bits = split_fields(dtype, t)
-        code = (sym >> shift) & ((1 << bits) - 1)
-        size, pos = float(sym.size) * (w - bits), 0
-        for n, _ in runs:
-            size += _cost(np.bincount(code[pos : pos + n], minlength=1 << bits))
-            pos += n
-        if best is None or size < best[0]:
-            best = (size, t)
-    assert best is not None
-    return best[1]
+def _choose_joined(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]], native: bool) -> int:
+    """The joined mantissa bits of smallest estimated size (one table per segment). Each
+    segment is counted once, at the most bits tried; fewer bits' counts are sums of those."""
+    tried = [t for t in JOINED_BITS_TRIED if t <= max_joined(dtype)]
+    w, shift, bits = split_fields(dtype, max(tried))
+    size = {t: float(sym.size) * (w - split_fields(dtype, t)[2]) for t in tried}
+    pos = 0
+    for n, r in runs:
+        fine = _histogram(sym[pos : pos + n], shift, bits, r, None, 1, native)[0]
+        for t in tried:
+            size[t] += _cost(fine.reshape(-1, 1 << (max(tried) - t)).sum(1))
+        pos += n
+    return min(tried, key=lambda t: (size[t], t))
 
 
 def _table_bytes(counts: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
@@ -180,19 +204,19 @@ def pack_rest(rest: np.ndarray, bits: int) -> tuple[bytes, bytes]:
     return low, high
 
 
-def encode_exponent(symbols: np.ndarray, dtype: str, runs: list[tuple[int, int]]) -> bytes | None:
+def encode_exponent(symbols: np.ndarray, dtype: str, runs: list[tuple[int, int]], native: bool = True) -> bytes | None:
     """Codec 3 bytes of a payload of `dtype` symbols whose segments are `runs` (n, row length);
-    None if it would need more than MAX_EXPONENT_TABLES tables."""
-    sym = np.asarray(symbols).astype(uint_dtype(DTYPE_BITS[dtype]), copy=False)  # native width: P * W/8 bytes
-    t = _choose_joined(sym, dtype, runs)
+    None if it would need more than MAX_EXPONENT_TABLES tables. Through the compiled coder where
+    it is built and `native`, else numpy (the same bytes)."""
+    native = native and _exponent_native is not None
+    sym = np.ascontiguousarray(np.asarray(symbols).astype(uint_dtype(DTYPE_BITS[dtype]), copy=False))  # native width
+    t = _choose_joined(sym, dtype, runs, native)
     w, shift, bits = split_fields(dtype, t)
-    alphabet = 1 << bits
-    code = (sym >> shift) & (alphabet - 1)
     head = [bytes([t]), _varint(len(runs))]
     segs, maps, tables, stored_tables = [], [], [], []
     pos = 0
     for n, r in runs:
-        k, cls, counts = _segment_classes(code[pos : pos + n], r, alphabet)
+        k, cls, counts = _segment_classes(sym[pos : pos + n], shift, bits, r, native)
         head.append(_varint(n) + _varint(r) + bytes([k]))
         segs.append((n, r, k))
         if k > 1:
@@ -205,19 +229,54 @@ def encode_exponent(symbols: np.ndarray, dtype: str, runs: list[tuple[int, int]]
     if len(tables) > MAX_EXPONENT_TABLES:
         return None  # the caller stores the payload another way
     lanes = lanes_for(sym.size)
-    layout = _Layout(segs, maps)
-    tab = rans.Tables.of(tables)
-    entry_of = tab.entry_of(alphabet)
-    stream = rans.encode(lambda lo, hi: entry_of[layout.table_ids(lo, hi).astype(np.int64) * alphabet + code[lo:hi]],
-                         sym.size, lanes, tab)
-    del code
-    rest_bits = w - bits
-    pieces = [pack_rest(rest_fields(sym[i : i + REST_PIECE], w, shift), rest_bits) for i in range(0, sym.size, REST_PIECE)]
+    stream = (_encode_native if native else _encode_numpy)(sym, shift, bits, lanes, segs, maps, rans.Tables.of(tables))
+    rest = (_rest_native if native else _rest_numpy)(sym, w, shift)
     z = compressor(PLANES_LEVEL)
     table_raw = b"".join(stored_tables)
-    return b"".join(head) + _varint(lanes) + encode_group(b"".join(m.tobytes() for m in maps), z, SMALL_GROUP) \
-        + _varint(len(table_raw)) + encode_group(table_raw, z, SMALL_GROUP) + _varint(len(stream)) + stream \
-        + b"".join(b"".join(part) for part in zip(*pieces))
+    return b"".join([*head, _varint(lanes), encode_group(b"".join(m.tobytes() for m in maps), z, SMALL_GROUP),
+                     _varint(len(table_raw)), encode_group(table_raw, z, SMALL_GROUP), _varint(len(stream)), stream, *rest])
+
+
+def _encode_numpy(sym: np.ndarray, shift: int, bits: int, lanes: int, segs: list[tuple[int, int, int]],
+                  maps: list[np.ndarray], tab: rans.Tables) -> bytes:
+    """The rANS stream of the payload's codes, in numpy (the reference)."""
+    alphabet = 1 << bits
+    layout = _Layout(segs, maps)
+    entry_of = tab.entry_of(alphabet)
+
+    def entries(lo: int, hi: int) -> np.ndarray:
+        code = (sym[lo:hi] >> shift) & (alphabet - 1)
+        return entry_of[layout.table_ids(lo, hi).astype(np.int64) * alphabet + code]
+
+    return rans.encode(entries, sym.size, lanes, tab)
+
+
+def _encode_native(sym: np.ndarray, shift: int, bits: int, lanes: int, segs: list[tuple[int, int, int]],
+                   maps: list[np.ndarray], tab: rans.Tables) -> memoryview:
+    """_encode_numpy's stream through the compiled coder."""
+    assert _exponent_native is not None
+    out = np.empty(4 * lanes + 2 * sym.size, np.uint8)
+    size = _exponent_native.encode(
+        sym, 8 * sym.itemsize, shift, bits, lanes, np.array([n for n, _, _ in segs], np.int64),
+        np.array([r for _, r, _ in segs], np.int64), first_tables(segs), np.array([k > 1 for _, _, k in segs], np.uint8),
+        np.concatenate([np.zeros(0, np.uint8), *maps]), tab.entry_of(1 << bits).astype(np.int32), tab.freq, tab.start, out)
+    return out[:size].data
+
+
+def _rest_numpy(sym: np.ndarray, w: int, shift: int) -> list[bytes]:
+    """The rest fields as stored (low bytes, then high groups), REST_PIECE symbols at a time."""
+    pieces = [pack_rest(rest_fields(sym[i : i + REST_PIECE], w, shift), 1 + shift)
+              for i in range(0, sym.size, REST_PIECE)]
+    return [b"".join(part) for part in zip(*pieces)]
+
+
+def _rest_native(sym: np.ndarray, w: int, shift: int) -> list[memoryview]:
+    """_rest_numpy through the compiled coder."""
+    assert _exponent_native is not None
+    b0, b1 = divmod(1 + shift, 8)
+    low, high = np.empty(sym.size * b0, np.uint8), np.zeros(-(-sym.size // 8) * b1, np.uint8)
+    _exponent_native.pack_rest(sym, w, shift, low, high)
+    return [low.data, high.data]
 
 
 # ----------------------------------------------------------------------------- decoder

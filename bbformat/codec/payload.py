@@ -19,27 +19,26 @@ def code_payload(program: BlockProgram, data: bytes, mode: str, flags: int = int
     check_entropy_mode(mode)
     if mode == "exponent" and not flags & RequiredFlag.EXPONENT:
         raise InputError("entropy mode 'exponent' needs format 1.3 or later")
-    cands = [(len(data), Codec.RAW, data)]
     if not data or mode == "none":
         return Codec.RAW, data
+    best: tuple[int, bytes] = (Codec.RAW, data)  # only the best so far is kept: candidates come in increasing codec number
+
+    def offer(codec: int, coded: bytes | None) -> None:
+        """auto: keep the smallest (a tie keeps the lower codec); else the codec asked for, unless it grows the payload."""
+        nonlocal best
+        if coded is not None and len(coded) < (len(best[1]) if mode == "auto" else len(data)):
+            best = (codec, coded)
+
     w = program.symbol_bits
     sym = np.frombuffer(data, dtype=np.dtype(uint_dtype(w)).newbyteorder("<"))
     if mode in ("zstd", "auto"):
-        comp = compress(data, PAYLOAD_LEVEL)
-        cands.append((len(comp), Codec.ZSTD, comp))
+        offer(Codec.ZSTD, compress(data, PAYLOAD_LEVEL))
     runs = payload_segments(program)
     if mode in ("planes", "auto") and flags & RequiredFlag.PLANES:
-        planes = encode_planes(sym, w, runs)
-        cands.append((len(planes), Codec.PLANES, planes))
+        offer(Codec.PLANES, encode_planes(sym, w, runs))
     if mode in ("exponent", "auto") and flags & RequiredFlag.EXPONENT:
-        coded = encode_exponent(sym, program.symbol_dtype, runs)
-        if coded is not None:
-            cands.append((len(coded), Codec.EXPONENT, coded))
-    if mode != "auto":  # the asked-for codec unless it would grow the payload
-        best = cands[-1] if cands[-1][0] < len(data) else cands[0]
-    else:
-        best = min(cands, key=lambda c: (c[0], c[1]))
-    return best[1], best[2]
+        offer(Codec.EXPONENT, encode_exponent(sym, program.symbol_dtype, runs))
+    return best
 
 
 def decode_payload(codec: int, stored: Buffer, program: BlockProgram) -> np.ndarray:
