@@ -340,9 +340,10 @@ def test_bench_entropy_writes_its_table(tmp_path: Path) -> None:
     report = tmp_path / "B.md"
     report.write_text("# B\n")
     r = _tool(str(TOOLS / "bench_entropy.py"), "--f16", str(tmp_path / "float16"), "--f32", str(tmp_path / "float32"), "--quick",
-              "--report", str(report), "--json", str(tmp_path / "b.json"))
+              "--repeats", "2", "--report", str(report), "--json", str(tmp_path / "b.json"))
     assert r.returncode == 0, r.stderr
     text = report.read_text()
+    assert "is the best of 2 passes" in text
     assert text.count("| `--scheme none` (entropy auto, format 1.3) |") == 3 and "bits per weight" in text
     res = json.loads((tmp_path / "b.json").read_text())
     for inp in res:
@@ -350,3 +351,4 @@ def test_bench_entropy_writes_its_table(tmp_path: Path) -> None:
         assert set(rows) >= {"none13", "sym_raw", "sym13", "zstd", "ideal"} and rows["none13"]["codecs"]
         assert 0 < rows["ideal"]["bytes"] < inp["plain_bytes"] and all(x["bytes"] > 0 for x in rows.values() if x["bytes"] is not None)
     assert text.count("**met**") + text.count("**missed**") >= 6
+    assert all(inp["decode_repeats"] == 2 for inp in res)
