@@ -21,6 +21,7 @@ from . import __version__
 from .codec.exponent import NATIVE_DECODER
 from .api import DeviceNote, InexactWarning, pack, unpack, verify
 from .errors import BBFormatError, DigestError, InputError, output_error, output_exists
+from .fsutil import remove_entry
 from .summary import bound_words, format_summary, inspect
 
 EXIT_USAGE = ExitStatus.USAGE
@@ -198,7 +199,9 @@ DEMO_OUTPUTS = ("model", "model.bb", "unpacked")  # what `demo --keep DIR` leave
 def _demo_dir(root: Path, force: bool) -> Path:
     """`demo --keep DIR`: DIR, created (with its parents) if absent. Refused before anything is
     written: DIR, or its nearest existing ancestor, not a directory (E_INPUT); any of
-    DEMO_OUTPUTS already in DIR, unless --force (E_EXISTS); DIR not creatable (E_OUTPUT)."""
+    DEMO_OUTPUTS already in DIR, unless --force (E_EXISTS); DIR not creatable (E_OUTPUT).
+    With --force, the DEMO_OUTPUTS already in DIR are removed first (whole, so that a model of
+    another --arch leaves no files beside the new one's); nothing else in DIR is touched."""
     for p in (root, *root.parents):
         if os.path.lexists(p):
             if not p.is_dir():
@@ -212,6 +215,11 @@ def _demo_dir(root: Path, force: bool) -> Path:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise output_error(exc, root) from None
+    for p in (root / n for n in DEMO_OUTPUTS if force and os.path.lexists(root / n)):
+        try:
+            remove_entry(p)
+        except OSError as exc:
+            raise output_error(exc, p) from None
     return root
 
 

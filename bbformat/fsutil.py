@@ -207,6 +207,14 @@ def write_synced(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+def remove_entry(path: Path) -> None:
+    """Remove a file, a symlink (not what it points to) or a directory tree; OSError if it fails."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
 def _remove(path: Path) -> None:
     """Remove a temp file or staging directory; best effort (it may be gone already)."""
     if path.is_dir() and not path.is_symlink():

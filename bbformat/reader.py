@@ -162,9 +162,10 @@ def decode_parsed(chunk: ParsedChunk, allow_inexact: bool = False, la: Linalg = 
         got = content_crc(chunk.program, tensors)
         exact = got == chunk.content_crc
         if not exact and not allow_inexact:
+            margin = _margin(corrector)
             raise DigestError(f"chunk {chunk.index} ({chunk.program.name!r}) decoded to other values than the encoder's: "
                               f"content CRC32C {got:08x}, recorded {chunk.content_crc:08x} (this reader's floating point "
-                              "differs beyond the file's band)")
+                              "differs beyond the file's band" + ("" if margin is None else f"; its band margin here {margin:.6g}") + ")")
     return DecodedBlock(chunk.index, chunk.program.name, tensors, exact, fell_back, _margin(corrector))
 
 

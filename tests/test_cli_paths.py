@@ -226,6 +226,26 @@ def test_demo_keep_twice_needs_force(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["demo", "--keep", str(keep), "--layers", "1", "--quiet", "--force"]) == 0
 
 
+def test_demo_force_with_another_arch_replaces_the_old_model_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A kept llama demo, then --force --arch opt: the old model's files go (before, the two
+    weight files side by side made pack refuse the directory as ambiguous); others stay."""
+    keep = tmp_path / "d"
+    assert main(["demo", "--keep", str(keep), "--arch", "llama", "--layers", "1", "--quiet"]) == 0
+    (keep / "notes.txt").write_text("mine")
+    link_target = tmp_path / "elsewhere"
+    link_target.mkdir()
+    (link_target / "keep.txt").write_text("x")
+    capsys.readouterr()
+    assert main(["demo", "--keep", str(keep), "--arch", "opt", "--layers", "1", "--quiet", "--force"]) == 0
+    names = {p.name for p in (keep / "model").iterdir()} | {p.name for p in (keep / "unpacked").iterdir()}
+    assert any("opt" in n for n in names) and not any("llama" in n for n in names)
+    assert (keep / "notes.txt").read_text() == "mine"
+    (keep / "unpacked").rename(tmp_path / "old_unpacked")
+    (keep / "unpacked").symlink_to(link_target, target_is_directory=True)  # a link is removed, not followed
+    assert main(["demo", "--keep", str(keep), "--arch", "opt", "--layers", "1", "--quiet", "--force"]) == 0
+    assert (link_target / "keep.txt").read_text() == "x" and not (keep / "unpacked").is_symlink()
+
+
 # ---------------------------------------------------------------- the API: overwrite=
 
 

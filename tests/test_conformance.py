@@ -351,3 +351,32 @@ def test_both_readers_report_the_same_band_margins() -> None:
             assert py == float("inf"), (v["id"], py)
             continue
         assert abs(py - c) < 1, (v["id"], py, c)
+
+
+def test_both_readers_name_their_margin_when_a_digest_fails(tmp_path: Path) -> None:
+    """A 1.4 file whose chunk 0 records another content_crc (every other CRC resealed): both
+    readers stop with E_DIGEST and say how close their arithmetic came (SPEC.md 9 item 7), the
+    Python reader when it computes margins (verify does), the C reader always."""
+    from bbformat.container.rebuild import join, reseal_chunk, split
+    from bbformat.errors import DigestError
+
+    data = (Path(__file__).resolve().parent / "fixtures" / "sample_v1_4_bands.bb").read_bytes()
+    parts = split(data)
+    c = bytearray(parts.chunks[0])  # the chunk with the rotated site
+    c[4:8] = (int.from_bytes(c[4:8], "little") ^ 1).to_bytes(4, "little")
+    parts.chunks[0] = reseal_chunk(bytes(c))
+    bad = tmp_path / "bad.bb"
+    bad.write_bytes(join(parts))
+    with bbformat.Reader(bad, margins=True) as r:
+        with pytest.raises(DigestError, match=r"chunk 0 .*its band margin here [0-9.]+(e[-+]\d+)?\)$"):
+            r.decode_block(0)
+    with bbformat.Reader(bad) as r:  # no margins asked for: the message as before
+        with pytest.raises(DigestError, match=r"differs beyond the file's band\)$"):
+            r.decode_block(0)
+    _need_c_reader()
+    binary, log = runner.build_c()
+    assert binary is not None, log
+    p = subprocess.run([str(binary), str(bad)], capture_output=True, text=True)
+    out = json.loads(p.stdout)  # the C reader reports its outcome as JSON on stdout
+    assert p.returncode != 0 and "E_DIGEST" in p.stdout and "chunk 0" in p.stdout, out
+    assert re.search(r"smallest band margin so far [0-9.]+(e[-+]\d+)? \(below 1", p.stdout), out

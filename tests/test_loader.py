@@ -154,3 +154,40 @@ def test_generate_emits_no_cache_deprecation_warning(tmp_path: Path, arch: str) 
            and ("past_key_value" in str(w.message) or "cache" in str(w.message))]
     assert not bad, bad
     assert out.shape == (1, 13) and torch.equal(full[0, 7:-1].argmax(-1), out[0, 8:])
+
+
+@pytest.mark.parametrize("arch", ["llama", "opt"])
+def test_hidden_states_are_each_layers_input_then_the_final_norm(tmp_path: Path, arch: str) -> None:
+    """output_hidden_states (argument or config) as transformers' causal LMs give it: layers + 1
+    tensors, the first the embeddings' output, each next one what a layer made of the one
+    before (recomputed here layer by layer), the last the final norm's output that the head
+    reads; output_attentions=True is refused, not silently ignored."""
+    from bbformat.checkpoint import write_checkpoint
+    from bbformat.loader import load_model
+    from bbformat.testing import make_tiny_checkpoint
+
+    ck = make_tiny_checkpoint(arch, seed=3, layers=2)
+    write_checkpoint(ck, tmp_path / "m")
+    model = load_model(tmp_path / "m", torch.float32)
+    ids = _ids(int(ck.hf_config["vocab_size"]))
+    dec = model.decoder
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True, use_cache=False)
+        hs = out.hidden_states
+        assert len(hs) == len(dec.layers) + 1 and model(ids, use_cache=False).hidden_states is None
+        x = dec.embed_tokens(ids)
+        if arch == "opt":
+            x = x + dec.embed_positions(torch.arange(ids.shape[1])[None].expand(ids.shape[0], -1) + 2)
+        assert torch.equal(hs[0], x)
+        pos = torch.arange(ids.shape[1])[None].expand(ids.shape[0], -1)
+        from bbformat.adapters.hf_modeling import _mask
+
+        mask = _mask(None, 0, ids.shape[1], ids.shape[0], ids.device, model.config.sliced_window)
+        for i, layer in enumerate(dec.layers[:-1]):
+            assert torch.allclose(hs[i + 1], layer(hs[i], pos, mask, None), atol=1e-6)
+        final = getattr(dec, dec.final_norm_name)(dec.layers[-1](hs[-2], pos, mask, None))
+        assert torch.allclose(hs[-1], final, atol=1e-6) and torch.allclose(out.logits, model.lm_head(hs[-1]), atol=1e-6)
+        model.config.output_hidden_states = True
+        assert len(model(ids, use_cache=False).hidden_states) == len(dec.layers) + 1
+        with pytest.raises(ValueError, match="output_attentions"):
+            model(ids, output_attentions=True)

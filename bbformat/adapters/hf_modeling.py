@@ -99,7 +99,10 @@ class Widths:
 
 
 class RMSN(nn.Module):
-    """Parameter-free RMS norm over the sliced width, the mean taken over the full hidden size."""
+    """Parameter-free RMS norm over the sliced width, the mean taken over the full hidden size.
+    Half precision is computed in float32 and cast back: TC's RMSN does so for float16 (its
+    only half dtype: run_slicegpt.py offers fp16 and fp32), and bfloat16 follows the same rule,
+    as transformers' LlamaRMSNorm does for every dtype."""
 
     def __init__(self, mean_dim: int, eps: float) -> None:
         super().__init__()
@@ -383,7 +386,15 @@ class SlicedForCausalLM(SlicedPreTrainedModel, GenerationMixin):  # type: ignore
     def forward(self, input_ids: Optional[torch.Tensor] = None, attention_mask: Optional[torch.Tensor] = None,
                 position_ids: Optional[torch.Tensor] = None, past_key_values: Any = None, inputs_embeds: Optional[torch.Tensor] = None,
                 labels: Optional[torch.Tensor] = None, use_cache: Optional[bool] = None, return_dict: Optional[bool] = None,
-                **kwargs: Any) -> Any:
+                output_hidden_states: Optional[bool] = None, output_attentions: Optional[bool] = None, **kwargs: Any) -> Any:
+        """transformers' causal-LM forward. hidden_states (output_hidden_states) are each layer's
+        input and then the final norm's output, as transformers' Llama gives them, but in the
+        sliced, rotated residual basis (width d, not the original hidden size). Attention
+        weights are not available (the attention runs fused): output_attentions=True is refused."""
+        if output_attentions if output_attentions is not None else getattr(self.config, "output_attentions", False):
+            raise ValueError("output_attentions is not supported by bbformat's sliced models (the attention runs fused)")
+        if output_hidden_states is None:
+            output_hidden_states = bool(getattr(self.config, "output_hidden_states", False))
         dec = self.decoder
         cache = past_key_values if past_key_values is not None else kwargs.get("cache")
         if use_cache is None:
@@ -400,13 +411,18 @@ class SlicedForCausalLM(SlicedPreTrainedModel, GenerationMixin):  # type: ignore
         if self.config.sliced_arch == "opt":
             x = x + dec.embed_positions(position_ids + 2).to(x.dtype)
         mask = _mask(attention_mask, past, t, b, x.device, self.config.sliced_window)
+        hidden: list[torch.Tensor] = []
         for layer in dec.layers:
+            if output_hidden_states:
+                hidden.append(x)
             x = layer(x, position_ids, mask, cache)
-        logits = self.lm_head(getattr(dec, dec.final_norm_name)(x))
+        x = getattr(dec, dec.final_norm_name)(x)
+        logits = self.lm_head(x)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
-        out = CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE: cache if use_cache else None})
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=(*hidden, x) if output_hidden_states else None,
+                                     **{CACHE: cache if use_cache else None})
         return out if return_dict is not False else out.to_tuple()
 
     def prepare_inputs_for_generation(self, input_ids: torch.Tensor, past_key_values: Any = None,
