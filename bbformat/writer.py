@@ -22,7 +22,9 @@ from .codec.payload import code_payload
 from .constants import RequiredFlag, SectionKind, minor_for, required_flags_for
 from .container.digest import content_crc
 from .container.program import BlockProgram
+from .codec.section_kinds import BAND
 from .codec.sections import Section
+from .container.section_rules import band_widths
 from .container.chunks import BuiltChunk, build_chunk_parts
 from .container.framing import IndexEntry, build_footer, build_index, check_format_version, check_header, seal_header
 from .errors import BBFormatError, InputError, output_error, output_exists
@@ -175,6 +177,15 @@ class Writer:
         if banded != ({i for i, s in enumerate(program.sites) if not s.plain} if self.bands else set()):
             raise InputError("a 1.4 file with sites stores a band section for every non-PLAIN site (the encoder's bands=True)"
                              if self.bands else "band sections need format 1.4 (RequiredFlag.BANDS)")
+        for sec in sections:  # what a reader would refuse (SPEC.md 8.8), refused here before anything is written
+            if sec.kind == SectionKind.BAND:
+                if len(sec.data) != BAND.decoded_limit(program, sec.site):
+                    raise InputError(f"site {sec.site}'s band section holds {len(sec.data)} bytes, "
+                                     f"not {BAND.decoded_limit(program, sec.site)}")
+                try:
+                    band_widths(sec.data)
+                except BBFormatError as exc:
+                    raise InputError(f"site {sec.site}: {exc}") from None
         if not coded:
             sections = self.code_sections(program, sections)
         self._waiting.append(build_chunk_parts(self._added, program, sections, content_crc or 0))

@@ -166,6 +166,24 @@ def test_the_writer_refuses_chunks_whose_band_sections_do_not_match_its_format()
             w.add_encoded(enc)
 
 
+@pytest.mark.parametrize("widths, why", [(np.array([1e-3, 1e-3], "<f8").tobytes(), "wrong size"), (None, "finite and > 0")])
+def test_the_writer_refuses_band_widths_a_reader_would_refuse(widths: bytes | None, why: str) -> None:
+    """SPEC.md 8.8's rules on a band section's content, enforced by the writer too: one float64
+    width (8 bytes) for a symmetric site, finite and > 0 (here a section of two, then a NaN)."""
+    from dataclasses import replace
+
+    enc = _one_site_chunk(bands=True)
+    band = next(s for s in enc.sections if s.kind == SectionKind.BAND)
+    data = widths if widths is not None else np.array([np.nan], "<f8").tobytes()
+    if why == "wrong size":
+        assert len(band.data) != len(data)
+    bad = replace(enc, sections=[replace(s, data=data) if s is band else s for s in enc.sections])
+    w = Writer(io.BytesIO(), "symmetric", 1, {}, format_version="1.4")
+    with pytest.raises(InputError, match="band section holds" if why == "wrong size" else why):
+        w.add_encoded(bad)
+    Writer(io.BytesIO(), "symmetric", 1, {}, format_version="1.4").add_encoded(enc)  # the encoder's own: accepted
+
+
 def _one_site_chunk(bands: bool):  # type: ignore[no-untyped-def]
     data = sample_container(format_version="1.2")
     with Reader(io.BytesIO(data)) as r:
