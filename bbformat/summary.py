@@ -45,11 +45,13 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
             w = p.symbol_bits
             plain = sum(t.numel * bits_of(t.dtype) // 8 for t in p.tensors)
             bound = sum(s.dim * (s.dim - 1) // 2 * w for s in p.sites)
-            sign_bits = corrections = corr_bytes = 0
+            sign_bits = corrections = corr_bytes = band_bytes = 0
             per_site = {k: {"corrections": 0, "correction_bytes": 0} for k in range(len(p.sites))}
             for sec in ch.sections:
                 if sec["kind"] == SectionKind.PAYLOAD:  # not side information
                     continue
+                if sec["kind"] == SectionKind.BAND:
+                    band_bytes += sec["stored_length"]
                 tally = SECTION_KINDS[sec["kind"]].tally(SiteContext(p, sec["site"]), ch.side[(sec["kind"], sec["site"])])
                 sign_bits += tally.sign_bits
                 if tally.corrections is not None:
@@ -82,6 +84,7 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
                     "sign_bits": sign_bits,
                     "corrections": corrections,
                     "correction_bytes": corr_bytes,
+                    "band_bytes": band_bytes,
                     "sections": [
                         {"kind": SECTION_KIND_NAMES[s["kind"]], "codec": CODEC_NAMES[s["codec"]],
                          "site": s["site"] if s["kind"] != SectionKind.PAYLOAD else None,
@@ -129,6 +132,7 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
             "sign_bits": sum(b["sign_bits"] for b in blocks),
             "corrections": sum(b["corrections"] for b in blocks),
             "correction_bytes": sum(b["correction_bytes"] for b in blocks),
+            "band_bytes": sum(b["band_bytes"] for b in blocks),
             "all_crc_ok": all(b["crc"] == "ok" for b in blocks),
         },
     }
@@ -173,6 +177,7 @@ def format_summary(info: dict[str, Any]) -> str:
         f"bits per weight     {t['bits_per_weight']:>14.3f}    (weights only, {t['values']:,} values; plain {t['plain_bits_per_weight']:g}; "
         f"whole file {t['file_bits_per_weight']:.3f})",
         f"bits saved          {t['saved_bits']:>14,} b  = {t['saved_pct_of_plain']:.3f}% of plain, {bound_words(info)}",
-        f"rotations {t['rotations']} ({t['rotations_stored_plainly']} plain)  sign bits {t['sign_bits']}  corrections {t['corrections']:,} ({t['correction_bytes']:,} B)  CRC {'all ok' if t['all_crc_ok'] else 'MISMATCH'}",
+        f"rotations {t['rotations']} ({t['rotations_stored_plainly']} plain)  sign bits {t['sign_bits']}  corrections {t['corrections']:,} ({t['correction_bytes']:,} B)"
+        + (f"  band widths {t['band_bytes']:,} B" if t.get("band_bytes") else "") + f"  CRC {'all ok' if t['all_crc_ok'] else 'MISMATCH'}",
     ]
     return "\n".join(lines)

@@ -184,6 +184,23 @@ def test_the_writer_refuses_band_widths_a_reader_would_refuse(widths: bytes | No
     Writer(io.BytesIO(), "symmetric", 1, {}, format_version="1.4").add_encoded(enc)  # the encoder's own: accepted
 
 
+def test_inspect_counts_the_band_sections(packed: dict[tuple[str, str], Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """inspect's band_bytes (per block and in all) are the stored bytes of the band sections it
+    lists, 8 per rotated symmetric site; the summary line names them."""
+    from bbformat.cli import main
+    from bbformat.summary import inspect
+
+    path = packed[("symmetric", "float16")]
+    info = inspect(path)
+    for b in info["blocks"]:
+        listed = sum(s["stored_bytes"] for s in b["sections"] if s["kind"] == "band")
+        rotated = sum(not x["stored_plainly"] for x in b["rotations"])
+        assert b["band_bytes"] == listed == 8 * rotated
+    assert info["totals"]["band_bytes"] == sum(b["band_bytes"] for b in info["blocks"]) > 0
+    assert main(["inspect", str(path)]) == 0
+    assert f"band widths {info['totals']['band_bytes']:,} B" in capsys.readouterr().out
+
+
 def _one_site_chunk(bands: bool):  # type: ignore[no-untyped-def]
     data = sample_container(format_version="1.2")
     with Reader(io.BytesIO(data)) as r:
