@@ -102,10 +102,9 @@ def _column_means(sym: np.ndarray, shift: int, bits: int, r: int, native: bool) 
     return sums.astype(np.float64) / (rows + (np.arange(r) < tail))
 
 
-def _segment_classes(sym: np.ndarray, shift: int, bits: int, r: int, native: bool) -> tuple[int, np.ndarray, list[np.ndarray]]:
-    """(K, column classes, symbol counts per class) of one segment: K = EXPONENT_CLASSES where
-    that is estimated smaller than one table."""
-    one = _histogram(sym, shift, bits, r, None, 1, native)[0]
+def _segment_classes(sym: np.ndarray, shift: int, bits: int, r: int, one: np.ndarray, native: bool) -> tuple[int, np.ndarray, list[np.ndarray]]:
+    """(K, column classes, symbol counts per class) of one segment whose codes' counts are
+    `one`: K = EXPONENT_CLASSES where that is estimated smaller than one table."""
     if sym.size < MIN_CONTEXT_SEGMENT or r < EXPONENT_CLASSES:
         return 1, np.zeros(0, np.uint8), [one]
     cls = rank_classes(_column_means(sym, shift, bits, r, native), EXPONENT_CLASSES)
@@ -115,19 +114,21 @@ def _segment_classes(sym: np.ndarray, shift: int, bits: int, r: int, native: boo
     return 1, np.zeros(0, np.uint8), [one]
 
 
-def _choose_joined(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]], native: bool) -> int:
-    """The joined mantissa bits of smallest estimated size (one table per segment). Each
-    segment is counted once, at the most bits tried; fewer bits' counts are sums of those."""
+def _choose_joined(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]], native: bool) -> tuple[int, list[np.ndarray]]:
+    """(the joined mantissa bits of smallest estimated size (one table per segment), each
+    segment's code counts with those bits). Each segment is counted once, at the most bits
+    tried; fewer bits' counts are sums of those."""
     tried = [t for t in JOINED_BITS_TRIED if t <= max_joined(dtype)]
     w, shift, bits = split_fields(dtype, max(tried))
     size = {t: float(sym.size) * (w - split_fields(dtype, t)[2]) for t in tried}
-    pos = 0
+    fine, pos = [], 0
     for n, r in runs:
-        fine = _histogram(sym[pos : pos + n], shift, bits, r, None, 1, native)[0]
+        fine.append(_histogram(sym[pos : pos + n], shift, bits, r, None, 1, native)[0])
         for t in tried:
-            size[t] += _cost(fine.reshape(-1, 1 << (max(tried) - t)).sum(1))
+            size[t] += _cost(fine[-1].reshape(-1, 1 << (max(tried) - t)).sum(1))
         pos += n
-    return min(tried, key=lambda t: (size[t], t))
+    best = min(tried, key=lambda t: (size[t], t))
+    return best, [f.reshape(-1, 1 << (max(tried) - best)).sum(1) for f in fine]
 
 
 def _table_bytes(counts: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
@@ -210,13 +211,13 @@ def encode_exponent(symbols: np.ndarray, dtype: str, runs: list[tuple[int, int]]
     it is built and `native`, else numpy (the same bytes)."""
     native = native and _exponent_native is not None
     sym = np.ascontiguousarray(np.asarray(symbols).astype(uint_dtype(DTYPE_BITS[dtype]), copy=False))  # native width
-    t = _choose_joined(sym, dtype, runs, native)
+    t, seg_counts = _choose_joined(sym, dtype, runs, native)
     w, shift, bits = split_fields(dtype, t)
     head = [bytes([t]), _varint(len(runs))]
     segs, maps, tables, stored_tables = [], [], [], []
     pos = 0
-    for n, r in runs:
-        k, cls, counts = _segment_classes(sym[pos : pos + n], shift, bits, r, native)
+    for (n, r), one in zip(runs, seg_counts):
+        k, cls, counts = _segment_classes(sym[pos : pos + n], shift, bits, r, one, native)
         head.append(_varint(n) + _varint(r) + bytes([k]))
         segs.append((n, r, k))
         if k > 1:
