@@ -207,23 +207,18 @@ def write_synced(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def remove_entry(path: Path) -> None:
-    """Remove a file, a symlink (not what it points to) or a directory tree; OSError if it fails."""
+def remove_entry(path: Path, best_effort: bool = False) -> None:
+    """Remove a file, a symlink (not what it points to) or a directory tree: OSError if it
+    fails, or with best_effort as much as can be removed and no error (a temp file or staging
+    directory that may be gone already)."""
     if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
-
-
-def _remove(path: Path) -> None:
-    """Remove a temp file or staging directory; best effort (it may be gone already)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(path, ignore_errors=best_effort)
         return
     try:
         path.unlink()
     except OSError:
-        pass
+        if not best_effort:
+            raise
 
 
 class AtomicOutput:
@@ -322,7 +317,7 @@ class AtomicOutput:
                 self.file.close()  # flushes what is buffered: may fail again on a full disk
             except OSError:
                 pass
-        _remove(self.temp)
+        remove_entry(self.temp, best_effort=True)
 
     def __enter__(self) -> "AtomicOutput":
         return self

@@ -28,6 +28,17 @@ atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, True)
 DAMAGE = ("flip", "set", "cut", "insert")
 
 
+def with_content_crc(data: bytes, chunk: int, value: int) -> bytes:
+    """The container with one chunk's content_crc replaced; every CRC resealed."""
+    from bbformat.container.rebuild import join, reseal_chunk, split
+
+    parts = split(data)
+    c = bytearray(parts.chunks[chunk])
+    c[4:8] = value.to_bytes(4, "little")
+    parts.chunks[chunk] = reseal_chunk(bytes(c))
+    return join(parts)
+
+
 def damage(data: bytearray, rng: np.random.Generator, how: str, start: int = 0) -> bytearray:
     """data damaged in place at a random position >= start: one bit flipped, one byte set,
     cut there, or 1 to 8 random bytes inserted (`how`, one of DAMAGE)."""

@@ -357,16 +357,14 @@ def test_both_readers_name_their_margin_when_a_digest_fails(tmp_path: Path) -> N
     """A 1.4 file whose chunk 0 records another content_crc (every other CRC resealed): both
     readers stop with E_DIGEST and say how close their arithmetic came (SPEC.md 9 item 7), the
     Python reader when it computes margins (verify does), the C reader always."""
-    from bbformat.container.rebuild import join, reseal_chunk, split
+    from bbformat.container.rebuild import split
     from bbformat.errors import DigestError
+    from conftest import with_content_crc
 
     data = (Path(__file__).resolve().parent / "fixtures" / "sample_v1_4_bands.bb").read_bytes()
-    parts = split(data)
-    c = bytearray(parts.chunks[0])  # the chunk with the rotated site
-    c[4:8] = (int.from_bytes(c[4:8], "little") ^ 1).to_bytes(4, "little")
-    parts.chunks[0] = reseal_chunk(bytes(c))
+    recorded = int.from_bytes(split(data).chunks[0][4:8], "little")  # chunk 0: the one with the rotated site
     bad = tmp_path / "bad.bb"
-    bad.write_bytes(join(parts))
+    bad.write_bytes(with_content_crc(data, 0, recorded ^ 1))
     with bbformat.Reader(bad, margins=True) as r:
         with pytest.raises(DigestError, match=r"chunk 0 .*its band margin here [0-9.]+(e[-+]\d+)?\)$"):
             r.decode_block(0)

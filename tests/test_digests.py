@@ -24,12 +24,12 @@ from bbformat.codec.layout import ChunkLayout, SiteSpec
 from bbformat.codec.linalg import NumpyLinalg
 from bbformat.container.program import AxisRef
 from bbformat.container import records as R
-from bbformat.container.rebuild import join, reseal_chunk, split
+from bbformat.container.rebuild import split
 from bbformat.errors import DigestError
 from bbformat.loader import load_model
 from bbformat.reader import Reader, iter_stream
 from bbformat.testing import make_tiny_checkpoint
-from conftest import sample_container
+from conftest import sample_container, with_content_crc
 
 HERE = Path(__file__).parent
 DTYPES = ("float16", "bfloat16", "float32")
@@ -52,19 +52,10 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def _with_digest(data: bytes, chunk: int, value: int) -> bytes:
-    """The container with one chunk's content_crc replaced; every CRC resealed."""
-    parts = split(data)
-    c = bytearray(parts.chunks[chunk])
-    c[4:8] = value.to_bytes(4, "little")
-    parts.chunks[chunk] = reseal_chunk(bytes(c))
-    return join(parts)
-
-
 def _damaged(src: Path, dst: Path, chunk: int = 1) -> Path:
     data = src.read_bytes()
     old = int.from_bytes(split(data).chunks[chunk][4:8], "little")
-    dst.write_bytes(_with_digest(data, chunk, old ^ 1))
+    dst.write_bytes(with_content_crc(data, chunk, old ^ 1))
     return dst
 
 
