@@ -85,6 +85,7 @@ def pack(
     format_version: str = FORMAT_VERSION,
     device: str | Linalg | None = None,
     overwrite: bool = False,
+    threads: int | None = None,
 ) -> PackReport:
     """Encode a SliceGPT checkpoint directory (TransformerCompression layout) into `dst`.
 
@@ -109,7 +110,10 @@ def pack(
     `scheme` "none" takes no bits back: no rotation, the entropy stage alone, so unpack gives
     back the input's bits exactly (a 1.2 file).
 
-    `format_version` "1.4" (the default) is 1.3 plus a band section per rotated site (the
+    `format_version` "1.5" (the default) is 1.4 with each payload of more than 2^21 symbols
+    cut into parts that a reader decodes on several cores (payload codec 4, SPEC.md 8.9; 1.4
+    readers refuse it; `--entropy none` stores payloads raw and is written as 1.4). "1.4" is
+    1.3 plus a band section per rotated site (the
     band widths, from which verify measures a reader's margin, SPEC.md 8.8 and 9; 1.3
     readers refuse it; scheme "none" has no sites and is written as 1.3 or 1.2). "1.3" is
     1.2 with payload codec 3 allowed; a file whose payloads do not use it is written as 1.2. "1.2" records each chunk's digest of its decoded values,
@@ -125,6 +129,9 @@ def pack(
     Every reader still decodes the file bit-exactly within the band, and checks it by the
     digests (format 1.2). A missing or failing device is DeviceError (E_DEVICE) before or
     instead of writing anything.
+
+    `threads`: how many threads code the parts of one payload (None: every CPU this process
+    may use); the bytes do not depend on it.
 
     The output is deterministic for a given software and thread
     environment (the moments are rounded to 10 bits, which makes a differing BLAS or
@@ -148,13 +155,13 @@ def pack(
     # are read when it is encoded and released after (memory: a few blocks, not the model).
     with read_checkpoint(Path(src)) as ckpt:
         return _pack_checkpoint(ckpt, dst, scheme, tolerance, verify, progress, calibration, calibration_samples,
-                                calibration_seqlen, entropy, format_version, la, overwrite)
+                                calibration_seqlen, entropy, format_version, la, overwrite, threads)
 
 
 def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str, tolerance: float | None, verify: bool,
                      progress: Progress | None, calibration: str | os.PathLike[str] | torch.Tensor | None,
                      calibration_samples: int, calibration_seqlen: int, entropy: str, format_version: str = FORMAT_VERSION,
-                     la: Linalg = REFERENCE, overwrite: bool = False) -> PackReport:
+                     la: Linalg = REFERENCE, overwrite: bool = False, threads: int | None = None) -> PackReport:
     from .adapters import plan
 
     layout = plan(ckpt, "symmetric" if scheme == "none" else scheme)
@@ -202,7 +209,7 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
     # as it is written: the encoder holds one block, the worker at most PACK_QUEUE more.
     coding = "symmetric" if scheme == "none" else scheme  # no sites: no mode to choose
     with Writer(dst, scheme, len(layout.chunks), metadata, entropy=entropy, background_header=True,
-                format_version=format_version, overwrite=overwrite) as w, BoundedWorker() as worker, la.threads():
+                format_version=format_version, overwrite=overwrite, threads=threads) as w, BoundedWorker() as worker, la.threads():
         chain = EncodeChain(layout, get, coding, tolerance, moments, band=w.mixed_corrections, progress=progress, la=la,
                             bands=w.bands)
         for _chunk, enc in encode_chunks(chain):
@@ -217,7 +224,7 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
         worker.drain()
         report.metadata_bytes = w.metadata_bytes
         # --verify decodes the finished temp file; only a verified file replaces dst
-        report.container_bytes = w.close(check=(lambda tmp: verify_container(tmp, digests, la)) if verify else None)
+        report.container_bytes = w.close(check=(lambda tmp: verify_container(tmp, digests, la, threads)) if verify else None)
     return report
 
 
@@ -244,10 +251,11 @@ def _check_paths(src: Path, dst: Path, overwrite: bool = False) -> None:
     check_output_file(dst, overwrite)
 
 
-def verify_container(path: str | os.PathLike[str], digests: list[dict[str, str]], device: str | Linalg | None = None) -> None:
+def verify_container(path: str | os.PathLike[str], digests: list[dict[str, str]], device: str | Linalg | None = None,
+                     threads: int | None = None) -> None:
     """pack --verify: decode the written file (on `device`, with the reader's fallback) and
     compare every tensor's SHA-256 with the encoder's intent."""
-    with Reader(path, device=device, share_payload=True) as r:
+    with Reader(path, device=device, share_payload=True, threads=threads) as r:
         if len(r) != len(digests):
             raise VerifyError("chunk count differs from what was encoded")
         for block in r.iter_blocks():
@@ -315,7 +323,7 @@ class VerifyReport:
 
 
 def verify(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None,
-           workers: int | None = None, progress: Progress | None = None, device: str | Linalg | None = None,
+           workers: int | None = None, progress: Progress | None = None, device: str | Linalg | None = None, threads: int | None = None,
            margins: bool = True) -> VerifyReport:
     """Decode every block (CRC32C, every MUST-reject check and, in a 1.2 file, each chunk's
     content digest) and drop it: memory about `workers` + 1 blocks. Raises the first error met,
@@ -323,9 +331,10 @@ def verify(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = 
     On a `device` other than the reference, the report lists the chunks that missed their
     digests there and were decoded again with the reference (`fallback`). In a 1.4 file the
     report has this reader's smallest band margin (`margin`, SPEC.md 9) unless margins=False
-    (measuring it costs about 50 ns per regenerated value on one core)."""
+    (measuring it costs about 50 ns per regenerated value on one core). `threads`: how many
+    threads decode the parts of one block's payload (format 1.5; None: every CPU)."""
     with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=True, device=device,
-                margins=margins, share_payload=True) as r:
+                margins=margins, share_payload=True, threads=threads) as r:
         n = len(r)
         rep = VerifyReport(str(path), f"{r.header.major}.{r.header.minor}", n, 0, 0, 0, digests=r.has_digests,
                            bands=bool(r.header.required_flags & RequiredFlag.BANDS),
@@ -347,10 +356,11 @@ def verify(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = 
 
 
 def open_container(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None,
-                   allow_inexact: bool = False, device: str | Linalg | None = None) -> Reader:
+                   allow_inexact: bool = False, device: str | Linalg | None = None, threads: int | None = None) -> Reader:
     """A streaming reader: `iter_blocks()` decodes one block at a time, its linear algebra on
-    `device` (Reader)."""
-    return Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device)
+    `device` and a payload's parts on `threads` threads (Reader)."""
+    return Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device,
+                  threads=threads)
 
 
 class InexactWarning(UserWarning):
@@ -398,12 +408,13 @@ class InexactBlocks:
 
 
 def read_tensors(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None,
-                 allow_inexact: bool = False, device: str | Linalg | None = None) -> dict[str, torch.Tensor]:
+                 allow_inexact: bool = False, device: str | Linalg | None = None, threads: int | None = None) -> dict[str, torch.Tensor]:
     """Decode a whole container into an ordered dict of torch tensors. A chunk that misses its
     digest raises DigestError, unless allow_inexact (then an InexactWarning names it).
     `device`: where the linear algebra runs (Reader), and where the tensors are put: its torch
     device ("cuda:0" for "cuda"), the CPU for "cpu"."""
-    with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device) as r:
+    with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device,
+                threads=threads) as r:
         inexact = InexactBlocks(path)
         inexact.note(r)
         out = _decode_to_torch(r, None, inexact, torch_device_of(r.linalg))
@@ -440,6 +451,7 @@ def unpack(
     device: str | Linalg | None = None,
     overwrite: bool = False,
     max_shard_size: int | None = None,
+    threads: int | None = None,
 ) -> Path:
     """Write the TransformerCompression layout back: <stem>.pt (or .safetensors) and the JSON
     files; or, with fmt="hf", a Hugging Face directory that transformers'
@@ -465,7 +477,8 @@ def unpack(
     names the chunks.
 
     `device`: where the linear algebra runs (Reader); chunks it misses are decoded again with
-    the reference, and a DeviceNote says how many."""
+    the reference, and a DeviceNote says how many. `threads`: how many threads decode the parts
+    of one block's payload (format 1.5; None: every CPU this process may use)."""
     from .checkpoint import check_side_files, publish_checkpoint
 
     if fmt not in ("pt", "safetensors", "hf"):
@@ -474,7 +487,7 @@ def unpack(
         raise InputError("max_shard_size applies to fmt='hf' only")
     inexact = InexactBlocks(src)
     with Reader(src, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device,
-                share_payload=True) as r:
+                share_payload=True, threads=threads) as r:
         inexact.note(r)
         entries = r.tensor_entries()
         keys = r.metadata.get("keys") or list(entries)

@@ -87,7 +87,7 @@ def _progress(quiet: bool, verb: str) -> Callable[[int, int, str], None] | None:
 def _cmd_pack(a: argparse.Namespace) -> int:
     rep = pack(a.src, a.out, scheme=a.scheme, tolerance=a.tolerance, verify=a.verify, progress=_progress(a.quiet, "pack"),
                calibration=a.calibration, calibration_samples=a.calibration_samples, calibration_seqlen=a.calibration_seqlen,
-               entropy=a.entropy, format_version=a.format_version, device=a.device, overwrite=a.force)
+               entropy=a.entropy, format_version=a.format_version, device=a.device, overwrite=a.force, threads=a.threads)
     info = inspect(a.out)
     if a.json:
         print(json.dumps({**info["totals"], "larger_than_plain": info["totals"]["container_bytes"] >= info["totals"]["plain_bytes"]},
@@ -133,7 +133,7 @@ def _cmd_unpack(a: argparse.Namespace) -> int:
         warnings.simplefilter("always", DeviceNote)
         out = unpack(a.src, a.dst, fmt=a.format, progress=_progress(a.quiet, "unpack"), max_block_bytes=a.max_memory,
                      max_site_dim=a.max_site_dim, workers=a.workers, allow_inexact=a.allow_inexact, device=a.device,
-                     overwrite=a.force, max_shard_size=_shard_size(a))
+                     overwrite=a.force, max_shard_size=_shard_size(a), threads=a.threads)
     for w in caught:
         if issubclass(w.category, InexactWarning):
             sys.stderr.write(f"bbformat: warning: {w.message}\n")
@@ -146,7 +146,7 @@ def _cmd_unpack(a: argparse.Namespace) -> int:
 
 def _cmd_verify(a: argparse.Namespace) -> int:
     rep = verify(a.src, max_block_bytes=a.max_memory, max_site_dim=a.max_site_dim, workers=a.workers,
-                 progress=_progress(a.quiet or a.json, "verify"), device=a.device, margins=not a.no_margin)
+                 progress=_progress(a.quiet or a.json, "verify"), device=a.device, margins=not a.no_margin, threads=a.threads)
     if a.json:
         print(json.dumps(rep.as_dict(), indent=2))
     else:
@@ -323,6 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "or torch:DEV for torch on another device (torch:cpu runs the GPU code path on the CPU). "
                              "A decode elsewhere is checked chunk by chunk against the file's digests, and a chunk that "
                              "misses is decoded again with the reference (README, Devices)")
+    for sp in (pk, up, vf):
+        sp.add_argument("--threads", type=_int_at_least(1, "--threads"), default=None, metavar="N",
+                        help="threads that code or decode the parts of one block's payload (format 1.5, SPEC.md 8.9; "
+                             "default: every CPU); the bytes and the decoded values do not depend on it")
     for sp in (up, vf, ins):
         sp.add_argument("--max-memory", type=_size, default="auto", metavar="SIZE",
                         help="refuse a block whose declared working set (SPEC.md 11.5) exceeds SIZE, e.g. 2G "

@@ -16,11 +16,12 @@ from enum import IntEnum
 
 FORMAT_MAJOR = 1
 """Header and footer `major` (SPEC.md 4, 10.2); any other value is E_VERSION."""
-FORMAT_MINOR = 4
+FORMAT_MINOR = 5
 """The newest minor this code knows; a writer writes the lowest its file needs (minor_for)."""
-FORMAT_VERSIONS = ("1.4", "1.3", "1.2", "1.1")
+FORMAT_VERSIONS = ("1.5", "1.4", "1.3", "1.2", "1.1")
 """What a writer can be asked to write (`pack --format-version`), the default first. The file
-gets the lowest minor its features need: "1.4" writes minor 4 when it has sites (their band
+gets the lowest minor its features need: "1.5" writes minor 5 unless its payloads are stored
+raw (`--entropy none`), else as "1.4"; "1.4" writes minor 4 when it has sites (their band
 sections), else as "1.3"; "1.3" writes minor 2 unless payloads may use codec 3; "1.1" writes
 minor 0 unless the payloads may use codec 2."""
 
@@ -110,10 +111,12 @@ MAX_EXPONENT_TABLES = 1024
 """Tables (segments x classes) of a codec-3 payload (SPEC.md 8.7, E_LIMIT_COUNT)."""
 MAX_EXPONENT_LANES = 1 << 16
 """rANS lanes of a codec-3 payload, Q (SPEC.md 8.7)."""
+MAX_PAYLOAD_PARTS = 1 << 16
+"""Parts of a codec-4 payload (SPEC.md 8.9, 11.1; E_LIMIT_COUNT)."""
 MAX_EXPONENT_CODE_BITS = 12
 """Bits of a codec-3 code: the exponent field and the joined mantissa bits (SPEC.md 8.7)."""
 RANS_PRECISION_BITS = 14
-"""Every codec-3 table's frequencies sum to 2^16 (SPEC.md 8.7)."""
+"""Every codec-3 table's frequencies sum to 2^14 (SPEC.md 8.7)."""
 RANS_LOW = 1 << 16
 """A codec-3 lane's state lies in [2^16, 2^32); it starts and ends at 2^16 (SPEC.md 8.7)."""
 
@@ -128,10 +131,11 @@ class RequiredFlag(IntEnum):
     MIXED_CORRECTIONS = 0x4  # 1.2: x_residuals and x_patches may share a symmetric-mode site (SPEC.md 8.4)
     EXPONENT = 0x8  # 1.3: payload sections may use codec 3 (SPEC.md 8.7)
     BANDS = 0x10  # 1.4: every non-PLAIN site stores its band widths, a band section (SPEC.md 8.8); needs DIGESTS
+    PARTS = 0x20  # 1.5: payload sections may use codec 4, independent parts (SPEC.md 8.9)
 
 
 REQUIRED_FLAGS_KNOWN = int(RequiredFlag.PLANES | RequiredFlag.DIGESTS | RequiredFlag.MIXED_CORRECTIONS | RequiredFlag.EXPONENT
-                           | RequiredFlag.BANDS)
+                           | RequiredFlag.BANDS | RequiredFlag.PARTS)
 """Every required flag this code understands (SPEC.md 4, 11.2 item 4)."""
 OPTIONAL_FLAGS_KNOWN = 0x0
 """None are defined; readers ignore optional_flags (SPEC.md 4)."""
@@ -164,6 +168,7 @@ class Codec(IntEnum):
     ZSTD = 1  # exactly one zstd frame declaring its content size
     PLANES = 2  # 1.1, payload only, in a file with RequiredFlag.PLANES (SPEC.md 8.6)
     EXPONENT = 3  # 1.3, payload only, in a file with RequiredFlag.EXPONENT (SPEC.md 8.7)
+    PARTS = 4  # 1.5, payload only, in a file with RequiredFlag.PARTS (SPEC.md 8.9)
 
 
 CODEC_NAMES: dict[int, str] = {int(c): c.name.lower() for c in Codec}
@@ -235,27 +240,45 @@ PLANES_ENTROPY_MODES = ("planes", "auto")
 """The entropy modes whose payloads may use codec 2: a file written so sets RequiredFlag.PLANES."""
 EXPONENT_ENTROPY_MODES = ("exponent", "auto")
 """The entropy modes whose payloads may use codec 3 in a 1.3 file (RequiredFlag.EXPONENT)."""
+PARTS_ENTROPY_MODES = ("zstd", "planes", "exponent", "auto")
+"""The entropy modes whose payloads may use codec 4 in a 1.5 file (RequiredFlag.PARTS): every
+mode that codes payloads at all."""
+PART_SYMBOLS = 1 << 21
+"""The reference writer cuts a payload of more symbols than this into parts of about this many
+(SPEC.md 8.9, informative), at most WRITER_PARTS. Each part costs its tables and about half a
+millisecond of Python before its compiled decoding (a few milliseconds for 2 Mi symbols), so
+parts are not made smaller: on SmolLM2's bfloat16 payloads, parts of 2 Mi store no more than
+one part (1 Mi: 0.01% more), and a 3.5 Mi-symbol layer splits into two, one per core of a
+2-core machine."""
+WRITER_PARTS = 64
+"""The most parts the reference writer cuts a payload into: enough for the cores of one
+machine, and few enough that the codec-3 parts keep their column classes within the 1,024
+tables of one payload (a Llama-2-7B layer: 64 parts of about 3.2 Mi symbols)."""
 
 
 def required_flags_for(format_version: str, entropy: str, sites: bool = True) -> int:
-    """The required flags of a file written as `format_version` ("1.4", "1.3", "1.2" or "1.1")
+    """The required flags of a file written as `format_version` ("1.5", "1.4", "1.3", "1.2" or "1.1")
     with payloads stored by `entropy` (SPEC.md 4): 1.2 and later record digests and may mix
     corrections; planes and auto may use codec 2; from 1.3, exponent and auto may use codec 3;
     in 1.4, a file that may have sites (`sites`: a scheme other than none) stores their bands."""
     flags = int(RequiredFlag.PLANES) if entropy in PLANES_ENTROPY_MODES else 0
-    if format_version in ("1.2", "1.3", "1.4"):
+    if format_version in ("1.2", "1.3", "1.4", "1.5"):
         flags |= RequiredFlag.DIGESTS | RequiredFlag.MIXED_CORRECTIONS
-    if format_version in ("1.3", "1.4") and entropy in EXPONENT_ENTROPY_MODES:
+    if format_version in ("1.3", "1.4", "1.5") and entropy in EXPONENT_ENTROPY_MODES:
         flags |= RequiredFlag.EXPONENT
-    if format_version == "1.4" and sites:
+    if format_version in ("1.4", "1.5") and sites:
         flags |= RequiredFlag.BANDS
+    if format_version == "1.5" and entropy in PARTS_ENTROPY_MODES:
+        flags |= RequiredFlag.PARTS
     return flags
 
 
 def minor_for(required_flags: int) -> int:
     """The lowest minor version whose features a file with these flags uses (SPEC.md 4,
-    Versions): 4 with BANDS, 3 with EXPONENT, 2 with DIGESTS or MIXED_CORRECTIONS, else 1 with
+    Versions): 5 with PARTS, 4 with BANDS, 3 with EXPONENT, 2 with DIGESTS or MIXED_CORRECTIONS, else 1 with
     PLANES, else 0."""
+    if required_flags & RequiredFlag.PARTS:
+        return 5
     if required_flags & RequiredFlag.BANDS:
         return 4
     if required_flags & RequiredFlag.EXPONENT:
@@ -266,7 +289,7 @@ def minor_for(required_flags: int) -> int:
 
 
 def written_version(format_version: str, entropy: str, sites: bool = True) -> str:
-    """The version ("1.4" ... "1.0") of a file written as `format_version` with `entropy` (and
+    """The version ("1.5" ... "1.0") of a file written as `format_version` with `entropy` (and
     sites, unless `sites` is False: scheme none)."""
     return f"{FORMAT_MAJOR}.{minor_for(required_flags_for(format_version, entropy, sites))}"
 

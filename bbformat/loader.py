@@ -51,7 +51,7 @@ def fill_model(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], ex
 
 def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *, max_block_bytes: int | str | None = "auto",
                max_site_dim: int | None = None, workers: int | None = None, allow_inexact: bool = False,
-               device: str | Linalg | None = None) -> nn.Module:
+               device: str | Linalg | None = None, threads: int | None = None) -> nn.Module:
     """A runnable torch model from a .bb container or a sliced checkpoint directory.
 
     dtype: the model's parameter dtype; None (the default) takes the checkpoint's own (the
@@ -67,6 +67,9 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
     made on that device, and each decoded block is copied into it as it arrives, so host
     memory holds a few blocks, never the model. Chunks the device misses are decoded again
     with the reference (a DeviceNote says how many); a missing device is DeviceError.
+
+    threads: how many threads decode the parts of one block's payload (format 1.5; None: every
+    CPU this process may use), beside the `workers` decoding blocks ahead.
     """
     require_transformers("load_model")  # before anything is read or decoded
     p = Path(path)
@@ -75,7 +78,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
     if p.is_file() and p.suffix == ".bb":
         inexact = InexactBlocks(p)
         with Reader(p, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=la,
-                    share_payload=True, writable_chunks=True) as r:
+                    share_payload=True, writable_chunks=True, threads=threads) as r:
             inexact.note(r)
             files = {k: base64.b64decode(v) for k, v in r.metadata.get("files", {}).items()}
             stem = r.metadata.get("stem", "model")

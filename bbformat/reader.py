@@ -9,11 +9,15 @@ import os
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator
 
+import numpy as np
+
 from .codec.dtypes import RawTensor
-from .codec.payload import decode_payload
+from .codec.payload import decode_payload, on_pool, part_threads
+from .zstdframe import Buffer
 from .codec.decoder import decode_program
 from .container.program import BlockProgram, TensorEntry
 from .codec.linalg import REFERENCE, Linalg, device_backend
@@ -51,6 +55,49 @@ from .errors import DigestError, FormatError, InputError, IntegrityError
 AUTO = "auto"
 # Threads the model-level functions (unpack, verify, read_tensors, load_model) decode with.
 DECODE_WORKERS = max(1, min(4, os.cpu_count() or 1))
+
+
+class PartDecoder:
+    """The payload decoder a reader gives parse_chunk: codec-4 parts on a pool of `threads`
+    threads, made when a payload first has parts (none for threads=1). The decoded symbols do
+    not depend on `threads`.
+
+    With the default threads (None: every CPU), blocks that `workers` threads decode side by
+    side (Reader.iter_blocks) share the CPUs: each block's parts go to the pool only while
+    there are at least two CPUs per worker, else they are decoded in turn, since the workers
+    keep the CPUs busy already and more threads would only contend for the GIL (measured:
+    BENCHMARKS.md 15)."""
+
+    def __init__(self, threads: int | None) -> None:
+        self.threads = part_threads(threads)
+        self._auto = threads is None
+        self._workers = 1
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def shared_by(self, workers: int) -> Iterator[None]:
+        """While `workers` threads decode blocks side by side."""
+        before, self._workers = self._workers, workers
+        try:
+            yield
+        finally:
+            self._workers = before
+
+    def __call__(self, codec: int, stored: Buffer, program: BlockProgram, flags: int) -> np.ndarray:
+        if self.threads == 1 or (self._auto and self.threads < 2 * self._workers):
+            return decode_payload(codec, stored, program, flags)
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bbformat-part")
+            pool = self._pool
+        return decode_payload(codec, stored, program, flags, on_pool(pool))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown(cancel_futures=True)
+                self._pool = None
 
 
 def decode_workers(workers: int | None) -> int:
@@ -206,13 +253,18 @@ class Reader:
     read from, live as long as any of its tensors. For callers that use each block and drop it
     (verify, unpack, load_model). Views of a payload stored raw are read-only, unless
     writable_chunks: each chunk is then read into a writable mapping of its own (for callers
-    that hand the tensors to torch without a copy: load_model)."""
+    that hand the tensors to torch without a copy: load_model).
+
+    threads: how many threads decode the parts of one payload (format 1.5, SPEC.md 8.9), beside
+    iter_blocks' workers; None (the default) is every CPU this process may use, shared with the
+    workers (PartDecoder); 1 decodes them in turn. The decoded bits do not depend on it."""
 
     def __init__(
         self, source: str | os.PathLike[str] | BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,
         allow_inexact: bool = False, device: str | Linalg | None = None, fallback: bool = True, margins: bool = False,
-        share_payload: bool = False, writable_chunks: bool = False,
+        share_payload: bool = False, writable_chunks: bool = False, threads: int | None = None,
     ) -> None:
+        self._parts = PartDecoder(threads)
         self._budget = resolve_budget(max_block_bytes)
         self._share = share_payload
         self._writable = writable_chunks
@@ -322,7 +374,7 @@ class Reader:
         e = self._entry(i)
         data = self._read_into(e.offset, e.length) if self._writable else self._read_at(e.offset, e.length)
         return parse_chunk(data, expected_index=i, expected_crc=e.crc, max_block_bytes=self._budget,
-                           max_site_dim=self._max_dim, required_flags=self.header.required_flags, decode_payload=decode_payload)
+                           max_site_dim=self._max_dim, required_flags=self.header.required_flags, decode_payload=self._parts)
 
     def read_program(self, i: int) -> BlockProgram:
         """Chunk i's program (its tensors, sites and ops) from its descriptor alone, without
@@ -377,7 +429,8 @@ class Reader:
             return
         # BLAS held at the decoder's count around the whole pool, so that the workers' own
         # limits never restore a larger count while another worker is decoding.
-        with self.linalg.threads(), ThreadPoolExecutor(workers, thread_name_prefix="bbformat-decode") as pool:
+        with self.linalg.threads(), self._parts.shared_by(workers), \
+                ThreadPoolExecutor(workers, thread_name_prefix="bbformat-decode") as pool:
             ahead: deque[Future[DecodedBlock]] = deque()
             todo = iter(idx)
             for i in todo:
@@ -392,6 +445,7 @@ class Reader:
                 yield claim_names(seen, block)
 
     def close(self) -> None:
+        self._parts.close()
         if self._own:
             self._f.close()
 
@@ -422,8 +476,10 @@ class StreamReader:
     the last one checks the index and footer against what was read. Iterate once."""
 
     def __init__(self, f: BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,
-                 allow_inexact: bool = False, device: str | Linalg | None = None, fallback: bool = True) -> None:
+                 allow_inexact: bool = False, device: str | Linalg | None = None, fallback: bool = True,
+                 threads: int | None = None) -> None:
         asked = device_backend(device)
+        self._parts = PartDecoder(threads)
         self._f = f
         self._fallback = fallback
         self._budget = resolve_budget(max_block_bytes)
@@ -442,6 +498,12 @@ class StreamReader:
         return self._blocks()
 
     def _blocks(self) -> Iterator[DecodedBlock]:
+        try:
+            yield from self._chunks()
+        finally:
+            self._parts.close()
+
+    def _chunks(self) -> Iterator[DecodedBlock]:
         f, header = self._f, self.header
         pos = self._header_length
         entries: list[IndexEntry] = []
@@ -455,7 +517,7 @@ class StreamReader:
                 raise FormatError("chunk length too small", "E_BOUNDS")
             data = _read_exact(f, length - CHUNK_FIXED_SIZE, "chunk", prefix=head)
             chunk = parse_chunk(data, expected_index=i, max_block_bytes=self._budget, max_site_dim=self._max_dim,
-                                required_flags=header.required_flags, decode_payload=decode_payload)
+                                required_flags=header.required_flags, decode_payload=self._parts)
             entries.append(IndexEntry(pos, length, chunk.crc))
             pos += length
             del data  # a coded payload is decoded by now; a raw one is still held by the chunk
@@ -478,8 +540,9 @@ class StreamReader:
 
 
 def iter_stream(f: BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,
-                allow_inexact: bool = False, device: str | Linalg | None = None) -> StreamReader:
+                allow_inexact: bool = False, device: str | Linalg | None = None, threads: int | None = None) -> StreamReader:
     """A StreamReader on `f`: `.header` at once, then `for block in ...` in order.
-    max_block_bytes, allow_inexact and device as for Reader: each chunk's digest is checked
-    before its block is yielded."""
-    return StreamReader(f, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device)
+    max_block_bytes, allow_inexact, device and threads as for Reader: each chunk's digest is
+    checked before its block is yielded."""
+    return StreamReader(f, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device,
+                        threads=threads)

@@ -7,11 +7,12 @@ import binascii
 import os
 from typing import Any
 
-from .container.program import bits_of
-from .codec.payload import decode_payload
+from .container.program import BlockProgram, bits_of
+from .codec.parts import read_parts
+from .codec.payload import decode_payload, part_codecs
 from .codec.section_kinds import SECTION_KINDS, SiteContext
 from .compat import legacy_reader_problems
-from .constants import CODEC_NAMES, CRC_SIZE, SECTION_KIND_NAMES, RequiredFlag, SectionKind
+from .constants import CODEC_NAMES, CRC_SIZE, SECTION_KIND_NAMES, Codec, RequiredFlag, SectionKind
 from .container.chunks import parse_chunk
 from .container.crc import crc32c
 from .reader import Reader, resolve_budget
@@ -81,6 +82,7 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
                     "chunk_bytes": e.length,
                     "payload_bytes": payload["stored_length"],
                     "payload_codec": CODEC_NAMES[payload["codec"]],
+                    "payload_parts": _part_codecs(raw, payload, p, r.header.required_flags),
                     "sign_bits": sign_bits,
                     "corrections": corrections,
                     "correction_bytes": corr_bytes,
@@ -136,6 +138,18 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
             "all_crc_ok": all(b["crc"] == "ok" for b in blocks),
         },
     }
+
+
+def _part_codecs(raw: bytes, payload: dict[str, Any], program: BlockProgram, flags: int) -> dict[str, int] | None:
+    """A codec-4 payload's parts by codec name, e.g. {"exponent": 7} (SPEC.md 8.9); None for
+    any other payload."""
+    if payload["codec"] != Codec.PARTS:
+        return None
+    stored = memoryview(raw)[payload["offset"] : payload["offset"] + payload["stored_length"]]
+    out: dict[str, int] = {}
+    for part in read_parts(stored, program.payload_symbols(), program.symbol_bits // 8, part_codecs(flags)):
+        out[CODEC_NAMES[part.codec]] = out.get(CODEC_NAMES[part.codec], 0) + 1
+    return out
 
 
 def bound_words(info: dict[str, Any]) -> str:

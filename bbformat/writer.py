@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 from .codec.entropy import check_entropy_mode
-from .codec.payload import code_payload
-from .constants import RequiredFlag, SectionKind, minor_for, required_flags_for
+from .codec.payload import Runner, code_payload, in_turn, on_pool, part_threads
+from .constants import PART_SYMBOLS, RequiredFlag, SectionKind, minor_for, required_flags_for
 from .container.digest import content_crc
 from .container.program import BlockProgram
 from .codec.section_kinds import BAND
@@ -44,7 +44,7 @@ class WriterStateError(BBFormatError):
 class Writer:
     def __init__(self, dest: str | os.PathLike[str] | BinaryIO, scheme: str, chunk_count: int, metadata: dict[str, Any],
                  entropy: str = "none", background_header: bool = False, format_version: str = "1.3", *,
-                 overwrite: bool = False) -> None:
+                 overwrite: bool = False, threads: int | None = None, part_symbols: int = PART_SYMBOLS) -> None:
         """entropy: how add_chunk stores each payload (SPEC.md 8.6, 8.7): "none" raw, "zstd" one
         zstd frame, "planes" codec 2, "exponent" codec 3 (format 1.3), "auto" the smallest of
         those the format version allows, per chunk. "planes" and "auto" set the required flag
@@ -60,12 +60,22 @@ class Writer:
 
         overwrite: a path destination that exists is refused (OutputExistsError, E_EXISTS)
         unless True, here and again, atomically, when close() publishes the file
-        (fsutil.rename_no_replace): a file that appears meanwhile is never replaced."""
+        (fsutil.rename_no_replace): a file that appears meanwhile is never replaced.
+
+        threads: how many threads code the parts of one large payload (format 1.5, SPEC.md 8.9);
+        None is every CPU this process may use. The bytes do not depend on it. part_symbols: a
+        payload of more symbols is cut into parts of about this many (at most WRITER_PARTS;
+        SPEC.md 8.9's informative rule; smaller for tests and conformance vectors)."""
         check_entropy_mode(entropy)
         check_format_version(format_version, entropy)
         self._entropy = entropy
         self._flags = required_flags_for(format_version, entropy, sites=scheme != "none")
         fields = check_header(scheme, chunk_count, metadata, self._flags)  # refuses bad input before a temp file exists
+        self._threads = part_threads(threads)
+        if isinstance(part_symbols, bool) or not isinstance(part_symbols, int) or part_symbols < 1:
+            raise InputError(f"part_symbols must be a whole number of at least 1, not {part_symbols!r}")
+        self._part_symbols = part_symbols
+        self._part_pool: ThreadPoolExecutor | None = None  # made when a payload first has parts to code
         self._header_pool: ThreadPoolExecutor | None = None
         self._header: Future[bytes] | None = None  # a background header not yet written
         self._path: Path | None = None
@@ -103,6 +113,11 @@ class Writer:
     def _write_header(self, header: bytes) -> None:
         self._write(header)
         self._header_bytes = len(header)
+
+    def _stop_part_pool(self) -> None:
+        if self._part_pool is not None:
+            self._part_pool.shutdown(cancel_futures=True)
+            self._part_pool = None
 
     def _stop_header_pool(self) -> None:
         if self._header_pool is not None:
@@ -215,7 +230,12 @@ class Writer:
         self._waiting.clear()
 
     def _code(self, program: BlockProgram, section: Section) -> Section:
-        codec, stored = code_payload(program, section.data, self._entropy, self._flags)
+        run: Runner = in_turn
+        if self._threads > 1 and self._flags & RequiredFlag.PARTS:
+            if self._part_pool is None:
+                self._part_pool = ThreadPoolExecutor(self._threads, thread_name_prefix="bbformat-part")
+            run = on_pool(self._part_pool)
+        codec, stored = code_payload(program, section.data, self._entropy, self._flags, run, self._part_symbols)
         return Section(section.kind, section.site, section.data, codec, stored)
 
     def close(self, check: "Callable[[Path], None] | None" = None) -> int:
@@ -229,6 +249,7 @@ class Writer:
         if self._added != self._expected:
             raise WriterStateError(f"{self._added} chunks written, {self._expected} declared")
         self._flush()
+        self._stop_part_pool()
         index = build_index(self._entries)
         footer = build_footer(self._pos, index, minor_for(self._flags))
         self._write(index + footer)
@@ -253,6 +274,7 @@ class Writer:
             return
         self._state = "aborted"
         self._stop_header_pool()
+        self._stop_part_pool()
         self._waiting.clear()
         if self._atomic is not None:
             self._atomic.discard()

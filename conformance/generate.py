@@ -78,7 +78,7 @@ from bbformat.reader import Reader, iter_stream  # noqa: E402
 import impl_python  # noqa: E402
 import run as runner  # noqa: E402
 
-SPEC_VERSION = "1.4"  # of the manifest; each vector records the version that introduced it
+SPEC_VERSION = "1.5"  # of the manifest; each vector records the version that introduced it
 U64 = (1 << 64) - 1
 ZSTD = zstandard.ZstdCompressor(level=19, write_content_size=True, write_checksum=False)
 
@@ -506,10 +506,10 @@ CODES = {
     "E_MAGIC": ("a magic number is wrong: the file's leading magic (or a file shorter than 8 bytes), a chunk's, the index's (or an index shorter than 8 bytes); the footer's when reading forward", "§4, §5, §10.1, §10.3", 1),
     "E_TRUNCATED": ("the file ends early: shorter than 84 bytes, no footer magic at the end of a seekable file (random access), a read past the end, a stream ending early", "§10.2, §10.3", 2),
     "E_VERSION": ("major version not 1 (header or footer), or header and footer versions differ", "§4, §10.2", 3),
-    "E_REQUIRED_FLAG": ("a required_flags bit is set that the reader does not know (1.1 defines bit 0, PLANES; 1.2 bits 1, DIGESTS, and 2, MIXED_CORRECTIONS; 1.3 bit 3, EXPONENT; 1.4 bit 4, BANDS; a 1.1 reader rejects a 1.2 file with either), or BANDS without DIGESTS", "§4", 4),
+    "E_REQUIRED_FLAG": ("a required_flags bit is set that the reader does not know (1.1 defines bit 0, PLANES; 1.2 bits 1, DIGESTS, and 2, MIXED_CORRECTIONS; 1.3 bit 3, EXPONENT; 1.4 bit 4, BANDS; 1.5 bit 5, PARTS; a 1.1 reader rejects a 1.2 file with either), or BANDS without DIGESTS", "§4", 4),
     "E_RESERVED": ("a reserved field or bit is not zero, including chunk offset 4 in a file without DIGESTS, site flag bits 2-7 and sign bitmap padding", "§1, §4, §5, §5.1, §5.3, §8.3, §10", 5),
     "E_SCHEME": ("header scheme byte not 1 (paper), 2 (symmetric) or 3 (none: no sites, since 1.2; a 1.1 reader rejects 3)", "§4", 6),
-    "E_CODEC": ("metadata, section, residual-group or planes-group codec not 0 (raw) or 1 (zstd); section codec 2 (planes) except on the payload of a file with PLANES; a band section not raw (1.4)", "§4, §5.3, §8.2, §8.4, §8.6", 7),
+    "E_CODEC": ("metadata, section, residual-group or planes-group codec not 0 (raw) or 1 (zstd); section codec 2 (planes) except on the payload of a file with PLANES; a band section not raw (1.4); codec 4 (parts) except on the payload of a file with PARTS, or a part's codec not allowed (1.5)", "§4, §5.3, §8.2, §8.4, §8.6, §8.9", 7),
     "E_ZSTD": ("a zstd field that is not exactly one valid zstd frame (unparseable header, damaged data, several or skippable frames, bytes after the frame)", "§4.1, §8.2, §8.4", 8),
     "E_METADATA": ("metadata not UTF-8, not JSON, or not a JSON object", "§4.1", 9),
     "E_CRC_HEADER": ("header_crc mismatch", "§3, §4", 10),
@@ -526,10 +526,10 @@ CODES = {
     "E_SECTION_KIND": ("unknown section kind (6, band, in a file without BANDS), payload naming a site, a section naming a non-existent site, a kind not allowed for its site", "§5.3, §8.1", 21),
     "E_SECTION_DUPLICATE": ("two sections of one (kind, site), x_residuals and x_patches on one site in a file without MIXED_CORRECTIONS, two payloads", "§8.1", 22),
     "E_SECTION_MISSING": ("no payload section, a non-plain PAPER site without signs, or (1.4, BANDS) a non-plain site without a band section", "§8.1", 23),
-    "E_SECTION_SIZE": ("a section's stored/declared/decoded sizes disagree (raw stored != decoded, zstd content size absent or != decoded_length, signs != ceil(D/8), band not 8 or 24 bytes), decompressed metadata size != declared, a planes group not of its size", "§4.1, §8.2, §8.6", 24),
-    "E_SECTION_CONTENT": ("malformed correction content: varints (unterminated, > 10 bytes, >= 2^64, wrong number, left-over bytes), residual groups running past or left over, ordinal out of range, patch count/values/gaps/positions; a malformed planes payload (segments, classes, groups); a band width not finite or not > 0 (1.4)", "§8.4, §8.5, §8.6, §8.8", 25),
+    "E_SECTION_SIZE": ("a section's stored/declared/decoded sizes disagree (raw stored != decoded, zstd content size absent or != decoded_length, signs != ceil(D/8), band not 8 or 24 bytes), decompressed metadata size != declared, a planes group not of its size, a raw or zstd part not of p_k·W/8 bytes (1.5)", "§4.1, §8.2, §8.6, §8.9", 24),
+    "E_SECTION_CONTENT": ("malformed correction content: varints (unterminated, > 10 bytes, >= 2^64, wrong number, left-over bytes), residual groups running past or left over, ordinal out of range, patch count/values/gaps/positions; a malformed planes payload (segments, classes, groups); a band width not finite or not > 0 (1.4); a malformed parts payload (part count, records, cover, bytes) (1.5)", "§8.4, §8.5, §8.6, §8.8, §8.9", 25),
     "E_SYMBOL_COUNT": ("payload decoded_length != P*W/8, a pop underflows, symbols left on the stack", "§6.3, §7.1", 26),
-    "E_LIMIT_COUNT": ("more chunks, tensors, sites or sections than allowed, a descriptor longer than 16 MiB, more than 65,536 planes segments", "§4, §5, §5.1, §8.6, §11.1", 27),
+    "E_LIMIT_COUNT": ("more chunks, tensors, sites or sections than allowed, a descriptor longer than 16 MiB, more than 65,536 planes segments, more than 65,536 parts or 1,024 tables in the codec-3 parts of one payload (1.5)", "§4, §5, §5.1, §8.6, §8.9, §11.1", 27),
     "E_LIMIT_METADATA": ("metadata over 64 MiB, stored or (zstd) declared", "§4, §4.1, §11.1", 27),
     "E_LIMIT_NDIM": ("a tensor with more than 8 dimensions", "§5.1, §11.1", 27),
     "E_LIMIT_TENSOR": ("a tensor with more than 2^40 elements (product of dims, computed without overflow)", "§5.1, §11.1", 27),
@@ -850,9 +850,10 @@ def nonplain(enc) -> bool:  # type: ignore[no-untyped-def]
 
 
 def site_chunk(seed: int, scheme: str, tol: float, dtype: str = "float16", D: int = 16, rows: int = 20, src_rows: int = 12,
-               force: bool = False, follower: bool = True, name: str = "block0"):  # type: ignore[no-untyped-def]
+               force: bool = False, follower: bool = True, name: str = "block0", bands: bool = False):  # type: ignore[no-untyped-def]
     """One chunk: src (pushed first; the site's bits come from its last n(D) values), the anchor
-    (D, rows) on axis 0 with a well-separated Gram spectrum, and a follower (3, D) on axis 1."""
+    (D, rows) on axis 0 with a well-separated Gram spectrum, and a follower (3, D) on axis 1.
+    bands: the 1.4 encoder's (band sections), else the 1.1 encoder's."""
     rng = np.random.default_rng(seed)
     ts = {"src": t(rng, (src_rows, D), dtype), "anchor": RawTensor.from_f64(separated(rng, rows, D).T, dtype)}
     fol: tuple = ()
@@ -860,8 +861,7 @@ def site_chunk(seed: int, scheme: str, tol: float, dtype: str = "float16", D: in
         ts["follower"] = t(rng, (3, D), dtype)
         fol = (AxisRef("follower", 1),)
     lay = ChunkLayout(name, tuple(ts), (SiteSpec("site0", D, AxisRef("anchor", 0), fol),))
-    enc = encode(lay, ts, scheme, tol, force)
-    return enc
+    return encode(lay, ts, scheme, tol, force, band=bands, bands=bands)
 
 
 def f32_chunk(seed: int, name: str = "block1") -> Chk:
@@ -2951,9 +2951,207 @@ def add_v14(S: Suite) -> None:  # noqa: C901 - one list of vectors
     assert [c.kind for c in x.chunks[0].secs] != [c.kind for c in pap.chunks[0].secs]
     S.valid("v_bands_sections_reordered", x.build(), "§8.1, §8.8", "v_bands_paper_f32 with its site's sections in the reverse of "
             "the writer's order (band after the patches): valid, the same tensors", since=V)
-    for bit in (5,):
-        S.invalid(f"x_required_flag_bit{bit}", mod(sym, hdr={"required_flags": V14_FLAGS | 1 << bit, "minor": 4}).build(), "§4",
-                  f"v_bands_sym_f32 with required_flags bit {bit} set too (unknown in 1.4)", "E_REQUIRED_FLAG", 4, since=V)
+    # bit 5 is PARTS since 1.5: x_required_flag_bit5 (this file with bit 5 set) became v_parts_flag_minor4, and
+    # add_v15 holds the unknown-bit vector now
+    S.valid("v_parts_flag_minor4", mod(sym, hdr={"required_flags": V14_FLAGS | 1 << 5, "minor": 4}).build(), "§4",
+            "v_bands_sym_f32 with required_flags bit 5 (PARTS) set too and minor 4: rejected by 1.4 readers (it was "
+            "x_required_flag_bit5), accepted since 1.5 (a minor alone never changes meaning)", since="1.5")
+
+
+PARTS_FLAG = int(RequiredFlag.PARTS)
+V15_ALL = PLANES_FLAG | EXPONENT_FLAG | PARTS_FLAG
+
+
+def parts_bytes(parts: list[tuple[int, int, bytes]], count: int | None = None) -> bytes:
+    """Codec-4 bytes from SPEC.md 8.9 (independently of bbformat/codec/parts.py): the part
+    count, the records (codec u8, symbols, stored length), then the parts' bytes."""
+    head = varint(len(parts) if count is None else count)
+    head += b"".join(bytes([c]) + varint(n) + varint(len(b)) for c, n, b in parts)
+    return head + b"".join(b for _, _, b in parts)
+
+
+def with_parts(bb: BB, chunk: int, stored: bytes, flags: int = V15_ALL, minor: int = 5, kind: int = SectionKind.PAYLOAD) -> BB:
+    x = bb.copy()
+    x.hdr.update(required_flags=flags, minor=minor)
+    sec = x.chunks[chunk].sec(kind)
+    sec.stored, sec.codec = stored, 4
+    return x
+
+
+def written15(encs: list, scheme: str, tol: float, part_symbols: int) -> bytes:  # type: ignore[type-arg]
+    """The reference Writer's 1.5 file (--entropy auto) of encoded chunks, payloads of more than
+    `part_symbols` symbols cut into parts."""
+    buf = io.BytesIO()
+    meta = {"format": "bbformat", "format_version": "1.5", "scheme": scheme, "tolerance": tol}
+    w = bbformat.Writer(buf, scheme, len(encs), meta, entropy="auto", format_version="1.5", part_symbols=part_symbols, threads=1)
+    for e in encs:
+        w.add_encoded(e)
+    w.close()
+    return buf.getvalue()
+
+
+def add_v15(S: Suite) -> None:  # noqa: C901 - one list of vectors
+    V = "1.5"
+    bs = base_sym()
+    c0, c1 = bs.chunks[0], bs.chunks[1]
+    sym, _ = payload_symbols(c0)
+    d0 = symbol_dtype(c0)
+    s32, _ = payload_symbols(c1)
+    d1 = symbol_dtype(c1)
+    P = sym.size
+    assert P > 300 and s32.size == 12
+    want = decoded_tensors(bs.build())
+
+    def raw(lo: int, hi: int, s: np.ndarray = sym) -> tuple[int, int, bytes]:
+        return (0, hi - lo, s[lo:hi].tobytes())
+
+    def zst(lo: int, hi: int, s: np.ndarray = sym) -> tuple[int, int, bytes]:
+        return (1, hi - lo, ZSTD.compress(s[lo:hi].tobytes()))
+
+    def pla(lo: int, hi: int, segs: list[tuple] | None = None) -> tuple[int, int, bytes]:
+        return (2, hi - lo, planes_bytes(sym[lo:hi], 16, segs or [seg(hi - lo, hi - lo, 1, 0)]))
+
+    def exo(lo: int, hi: int, t: int, segs: list[tuple] | None = None, lanes: int = 3, s: np.ndarray = sym, d: int = d0) -> tuple[int, int, bytes]:
+        return (3, hi - lo, exp_bytes(s[lo:hi], d, t, segs or [eseg(hi - lo, hi - lo, 1, 0)], lanes))
+
+    def valid(vid: str, bb: BB, what: str, section: str = "§8.9") -> None:
+        data = bb.build()
+        assert decoded_tensors(data) == want, vid
+        S.valid(vid, data, section, what, since=V)
+
+    a, b, c = 100, 220, 300
+    four = [raw(0, a), zst(a, b), pla(b, c, [seg(40, 8, 4, 51), seg(c - b - 40, 5, 1, 0)]), exo(c, P, 2, [eseg(P - c, 7, 4, 52)], 5)]
+    valid("v_parts_four_codecs", with_parts(bs, 0, parts_bytes(four)),
+          f"the float16 payload (P = {P}) as 4 parts: raw ({a} symbols), zstd, codec 2 (two segments, K = 4 and 1), codec 3 "
+          "(t = 2, K = 4, 5 lanes); PLANES, EXPONENT and PARTS set")
+    valid("v_parts_raw_and_zstd_only", with_parts(bs, 0, parts_bytes([zst(0, 1), raw(1, 200), zst(200, P)]), flags=PARTS_FLAG),
+          "PARTS alone (no PLANES, no EXPONENT): a zstd part of one symbol, a raw part, a zstd part")
+    valid("v_parts_exponent_mid_row", with_parts(bs, 0, parts_bytes([exo(0, 163, 1, [eseg(163, 16, 4, 53)], 4),
+                                                                      exo(163, P, 3, [eseg(P - 163, 16, 2, 54)], 7)])),
+          "two codec-3 parts cut inside a row (163 = 10·16 + 3: a cut need not fall on a row), different t, K and lanes")
+    ones = [raw(i, i + 1) for i in range(5)] + [exo(5, P, 0)]
+    valid("v_parts_one_symbol_parts", with_parts(bs, 0, parts_bytes(ones)), "five raw parts of one symbol each, then one codec-3 part")
+    f32 = [(3, 4, exp_bytes(s32[:4], d1, 3, [eseg(4, 2, 2, 55)], 2)), (2, 4, planes_bytes(s32[4:8], 32, [seg(4, 4, 1, 0)])),
+           (0, 4, s32[8:].tobytes())]
+    valid("v_parts_float32", with_parts(bs, 1, parts_bytes(f32)), "the float32 chunk's 12 symbols as codec 3 (t = 3), codec 2 and raw parts")
+    both = with_parts(bs, 0, parts_bytes(four))
+    both.chunks[1].sec(SectionKind.PAYLOAD).stored = parts_bytes(f32)
+    both.chunks[1].sec(SectionKind.PAYLOAD).codec = 4
+    valid("v_parts_both_chunks", both, "codec 4 in both chunks of a file")
+    S.valid("v_parts_flag_unused", mod(bs, hdr={"required_flags": PARTS_FLAG, "minor": 5}).build(), "§4",
+            "required_flags bit 5 (PARTS) set, minor 5, no codec-4 payload: rejected by 1.4 readers, accepted since 1.5", since=V)
+
+    encs = [find_site("a rotated bfloat16 site", lambda seed: site_chunk(seed, "symmetric", 0.0, "bfloat16", D=16, rows=40,
+                                                                          src_rows=30, bands=True), lambda e: True, range(131, 200))]
+    data = written15(encs, "symmetric", 0.0, 200)
+    with Reader(io.BytesIO(data)) as r:
+        codecs = [r.read_chunk(i).sections[0]["codec"] for i in range(len(r))]
+        assert r.header.minor == 5 and codecs == [4], codecs
+    assert decoded_tensors(data) == decoded_tensors(written14(encs, "symmetric", 0.0))
+    S.valid("v_parts_writer", data, "§8.9, §12",
+            "the reference writer (format 1.5, --entropy auto, payloads cut every 200 symbols) of a bfloat16 chunk with a "
+            "rotated symmetric site: its payload is codec 4; the same tensors as its 1.4 file", since=V)
+
+    def inv(vid: str, data: bytes, what: str, code: str = "E_SECTION_CONTENT", rule: int = 25, section: str = "§8.9") -> None:
+        S.invalid(vid, data, section, what, code, rule, since=V)
+
+    good = parts_bytes(four)
+
+    def px(stored: bytes, flags: int = V15_ALL) -> bytes:
+        return with_parts(bs, 0, stored, flags=flags).build()
+
+    inv("x_parts_without_flag", px(good, PLANES_FLAG | EXPONENT_FLAG), "codec 4 payload with PLANES and EXPONENT but not PARTS",
+        "E_CODEC", 7)
+    x = with_parts(bs, 0, good)
+    x.chunks[0].sec(SectionKind.X_RESIDUALS).codec = 4
+    inv("x_parts_on_residuals", x.build(), "codec 4 on an x_residuals section", "E_CODEC", 7)
+    for n in (0, 1):
+        inv(f"x_parts_count_{n}", px(parts_bytes([raw(0, P)], count=n) if n else varint(0)), f"part_count {n} (at least 2)")
+    inv("x_parts_count_over_p", px(varint(P + 1)), f"part_count P + 1 = {P + 1}")
+    inv("x_parts_count_65537", px(varint(65537)), "part_count 65,537 (over the limit, checked first)", "E_LIMIT_COUNT", 27)
+    for code in (4, 5):
+        inv(f"x_parts_part_codec_{code}", px(parts_bytes([(code, 100, sym[:100].tobytes()), raw(100, P)])),
+            f"a part of codec {code}" + (" (parts inside parts)" if code == 4 else ""), "E_CODEC", 7)
+    inv("x_parts_part_planes_without_flag", px(parts_bytes([pla(0, 100), raw(100, P)]), EXPONENT_FLAG | PARTS_FLAG),
+        "a codec-2 part in a file without PLANES", "E_CODEC", 7)
+    inv("x_parts_part_exponent_without_flag", px(parts_bytes([exo(0, 100, 0), raw(100, P)]), PLANES_FLAG | PARTS_FLAG),
+        "a codec-3 part in a file without EXPONENT", "E_CODEC", 7)
+    inv("x_parts_symbols_0", px(parts_bytes([(0, 0, b""), raw(0, P)])), "a part of 0 symbols")
+    inv("x_parts_symbols_over", px(varint(2) + b"\x00" + varint(P + 1) + varint(2 * P + 2)), "a first part of P + 1 symbols")
+    inv("x_parts_cover", px(parts_bytes([raw(0, 100), raw(100, P - 1)])), "parts holding P - 1 symbols")
+    rec = parts_bytes([raw(0, 100), raw(100, P)])
+    inv("x_parts_length_over", px(rec[:-1]), "the last part's bytes one short of its stored length (past the section)")
+    inv("x_parts_trailing", px(rec + b"\x00"), "a byte after the last part")
+    inv("x_parts_records_cut", px(varint(2) + b"\x00" + varint(100)), "the section ends inside the first record")
+    inv("x_parts_raw_length", px(varint(2) + b"\x00" + varint(100) + varint(199) + b"\x00" + varint(P - 100) + varint(2 * (P - 100))
+                                 + sym[:100].tobytes()[:199] + sym[100:].tobytes()),
+        "a raw part of 100 symbols storing 199 bytes", "E_SECTION_SIZE", 24)
+    inv("x_parts_zstd_size", px(parts_bytes([(1, 100, ZSTD.compress(sym[:99].tobytes())), raw(100, P)])),
+        "a zstd part of 100 symbols whose frame declares 198 bytes", "E_SECTION_SIZE", 24)
+    inv("x_parts_zstd_two_frames", px(parts_bytes([(1, 100, ZSTD.compress(sym[:100].tobytes()) + ZSTD.compress(b"")), raw(100, P)])),
+        "a zstd part holding its frame and then an empty second frame", "E_ZSTD", 8)
+    bad_exp = bytearray(exo(0, 100, 0)[2])
+    q_at = 1 + len(varint(1) + varint(100) + varint(100)) + 1
+    assert bad_exp[q_at] == 3
+    bad_exp[q_at] = 0
+    inv("x_parts_exponent_lanes_0", px(parts_bytes([(3, 100, bytes(bad_exp)), raw(100, P)])), "a codec-3 part with Q = 0 lanes")
+    bad_planes = pla(0, 96, [seg(96, 8, 4, 56)])[2]
+    maps_at = len(varint(1) + varint(96) + varint(8) + b"\x04") + 2  # the class-map group: L, codec, then the row classes
+    bad_planes = bad_planes[:maps_at] + b"\x04" + bad_planes[maps_at + 1 :]
+    inv("x_parts_planes_class", px(parts_bytes([(2, 96, bad_planes), raw(96, P)])), "a codec-2 part with a row class 4 where K = 4")
+    heavy = bytes([0]) + varint(33) + b"".join(varint(1) + varint(1) + b"\x10" for _ in range(32)) + varint(1) + varint(1) + b"\x10"
+    tables2 = [(3, 33, heavy), (3, 33, heavy), raw(66, P)]
+    inv("x_parts_tables_1056", px(parts_bytes(tables2)),
+        "two codec-3 parts declaring 33·16 = 528 tables each (each within 1,024 alone; 1,056 together)", "E_LIMIT_COUNT", 27)
+    inv("x_parts_tables_before_parts", px(parts_bytes([(1, 30, ZSTD.compress(b"\x00" * 10)), (3, 33, heavy), (3, 33, heavy), raw(96, P)])),
+        "a zstd part 0 whose frame declares the wrong size, then codec-3 parts over 1,024 tables: the tables are counted before "
+        "any part is decoded", "E_LIMIT_COUNT", 27)
+    size_bad = (1, 100, ZSTD.compress(sym[100:110].tobytes()))
+    exp_bad = (3, 100, exo(200, 300, 1)[2] + b"\x00")
+    inv("x_parts_first_failure_content", px(parts_bytes([raw(0, 100), exp_bad, size_bad, raw(300, P)])),
+        "part 1 breaks §8.7 (a byte after its rest fields), part 2 §8.2 (a zstd size): the lowest-numbered failure is reported")
+    exp_bad = (3, 100, exo(100, 200, 1)[2] + b"\x00")
+    size_bad = (1, 100, ZSTD.compress(sym[200:210].tobytes()))
+    inv("x_parts_first_failure_size", px(parts_bytes([raw(0, 100), size_bad, exp_bad, raw(300, P)])),
+        "part 1 breaks §8.2 (a zstd size), part 2 §8.7: the lowest-numbered failure is reported", "E_SECTION_SIZE", 24)
+    # the outside implementer's questions on §8.9 (tools/bbread-c/SPEC_NOTES.md, Version 1.5), settled in the text and here
+    recs = [bytes([c]) + varint(n) + varint(len(b)) for c, n, b in four]
+    recs[1] = bytes([four[1][0]]) + varint(four[1][1]) + varint(1000)  # within the bytes after it, not within those left
+    recs[2] = bytes([9]) + recs[2][1:]
+    claimed = varint(4) + b"".join(recs) + b"".join(b for _, _, b in four)
+    assert len(claimed) - len(varint(4) + b"".join(recs[:2])) > 1000 > len(claimed) - len(varint(4) + b"".join(recs[:2])) - 200
+    inv("x_parts_length_claimed", px(claimed), "part 1's stored length 1,000 fits the bytes after its record but not those left "
+        "once part 0's are taken; record 2's codec 9 is never read: the bound counts the earlier parts' bytes")
+    inv("x_parts_length_bound_before_raw_size", px(varint(2) + b"\x00" + varint(100) + varint(100_000)),
+        "a raw part whose stored length is both past the section and not p_k·W/8: the bound is checked first")
+    inv("x_parts_codec_before_symbols", px(varint(2) + bytes([9]) + varint(0) + varint(0)),
+        "a first record with codec 9 and 0 symbols: the codec is checked first", "E_CODEC", 7)
+    inv("x_parts_empty", px(b""), "an empty codec-4 section (no part count)")
+    no_size = zstandard.ZstdCompressor(write_content_size=False).compress(sym[:100].tobytes())
+    inv("x_parts_zstd_no_size", px(parts_bytes([(1, 100, no_size), raw(100, P)])), "a zstd part whose frame declares no content size",
+        "E_SECTION_SIZE", 24)
+    zbad = (1, 100, ZSTD.compress(sym[:90].tobytes()))
+    inv("x_parts_lanes_not_leading", px(parts_bytes([zbad, raw(100, 300), (3, 100, bytes(bad_exp)), raw(400, P)])),
+        "part 0 a zstd part of the wrong size, part 2 a codec-3 part with Q = 0: lanes are not a leading field, so part 0's "
+        "failure is the one reported", "E_SECTION_SIZE", 24)
+    short_cover = bytes([0]) + varint(33) + b"".join(varint(1) + varint(1) + b"\x10" for _ in range(33))  # 33 of 34 symbols
+    inv("x_parts_cover_before_count", px(parts_bytes([(3, 33, heavy), (3, 34, short_cover), raw(67, P)])),
+        "a second codec-3 part whose 33 segments (K = 16, 1,056 tables in all) cover 33 of its 34 symbols: the cover, a leading "
+        "field, fails before the count is taken")
+    late_bad = bytes([0]) + varint(33) + b"".join(varint(1) + varint(1) + b"\x10" for _ in range(32)) + varint(1) + varint(0) + b"\x10"
+    inv("x_parts_count_after_part", px(parts_bytes([(3, 33, heavy), (3, 33, late_bad), raw(66, P)])),
+        "the running count passes 1,024 at segment 31 of the second codec-3 part, whose segment 32 has row length 0: the "
+        "count is taken after the part's leading fields")
+    t_bad = bytes([255]) + exo(100, 200, 0)[2][1:]
+    inv("x_parts_leading_before_decode", px(parts_bytes([zbad, (3, 100, t_bad), raw(200, P)])),
+        "part 0 a zstd part of the wrong size, part 1 a codec-3 part with t = 255: part 1's leading field is checked before "
+        "any part is decoded")
+    planes0 = varint(0)
+    inv("x_parts_planes_no_leading", px(parts_bytes([zbad, (2, 100, planes0), raw(200, P)])),
+        "part 0 a zstd part of the wrong size, part 1 a codec-2 part with segment count 0: codec 2 has no leading fields, so "
+        "part 0's failure is reported", "E_SECTION_SIZE", 24)
+    S.invalid("x_required_flag_bit6", mod(bs, hdr={"required_flags": V15_ALL | 1 << 6, "minor": 5}).build(), "§4",
+              "required_flags PLANES, EXPONENT, PARTS and bit 6 (unknown in 1.5)", "E_REQUIRED_FLAG", 4, since=V)
 
 
 def add_all(S: Suite) -> None:
@@ -2965,6 +3163,7 @@ def add_all(S: Suite) -> None:
     add_phi(S)
     add_exponent(S)
     add_v14(S)
+    add_v15(S)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,7 +55,7 @@ def damage(data: bytearray, rng: np.random.Generator, how: str, start: int = 0) 
 
 
 def sample_container(scheme: str = "symmetric", tolerance: float = 0.0, seed: int = 7, dim: int = 24, entropy: str = "none",
-                     format_version: str = "1.1") -> bytes:
+                     format_version: str = "1.1", part_symbols: int | None = None) -> bytes:
     """Two chunks: a float16 chunk with one rotation site, and a float32 chunk without.
     format_version "1.1" (the default here: the container-rule tests edit its bytes, and the
     golden fixtures pin them) is the 1.1 encoder's file; "1.2" adds the band and digests."""
@@ -70,9 +70,9 @@ def sample_container(scheme: str = "symmetric", tolerance: float = 0.0, seed: in
     l1 = ChunkLayout("block1", ("bias",), ())
     buf = io.BytesIO()
     w = Writer(buf, scheme, 2, {"format": "bbformat", "scheme": scheme, "tolerance": tolerance}, entropy=entropy,
-               format_version=format_version)
+               format_version=format_version, **({} if part_symbols is None else {"part_symbols": part_symbols}))
     for lay, ts in ((l0, t0), (l1, t1)):
-        enc = encode_chunk(lay, ts, {}, scheme, tolerance, band=format_version != "1.1", bands=format_version == "1.4")
+        enc = encode_chunk(lay, ts, {}, scheme, tolerance, band=format_version != "1.1", bands=format_version in ("1.4", "1.5"))
         w.add_encoded(enc)
     w.close()
     return buf.getvalue()

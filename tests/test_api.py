@@ -140,7 +140,7 @@ def test_verify_failure_keeps_the_previous_container(tmp_path: Path, monkeypatch
     api.pack(src, dst, scheme="paper", tolerance=0.005)
     before = dst.read_bytes()
 
-    def fail(path: object, digests: object, device: object = None) -> None:
+    def fail(path: object, digests: object, device: object = None, threads: object = None) -> None:
         assert Path(str(path)) != dst  # the temp file is checked, not the destination
         raise VerifyError("simulated mismatch")
 

@@ -148,8 +148,9 @@ def test_format_1_3_and_scheme_none_write_no_band(tmp_path: Path) -> None:
     ck = make_tiny_checkpoint("llama", seed=6, layers=1, hidden=32, heads=4, kv_heads=2, vocab=48, max_positions=16)
     write_checkpoint(ck, tmp_path / "m")
     pack(tmp_path / "m", tmp_path / "v13.bb", format_version="1.3")
-    pack(tmp_path / "m", tmp_path / "none.bb", scheme="none")
-    for name, minor in (("v13.bb", 2), ("none.bb", 3)):  # scheme none: entropy auto, codec 3 allowed
+    pack(tmp_path / "m", tmp_path / "none.bb", scheme="none", format_version="1.4")
+    pack(tmp_path / "m", tmp_path / "none15.bb", scheme="none")
+    for name, minor in (("v13.bb", 2), ("none.bb", 3), ("none15.bb", 5)):  # scheme none: entropy auto, codec 3 (and 4) allowed
         with Reader(tmp_path / name) as r:
             assert r.header.minor == minor and not r.header.required_flags & RequiredFlag.BANDS
         assert not _widths(tmp_path / name)

@@ -42,11 +42,15 @@ def test_every_error_code_has_its_exit_status() -> None:
 def test_version_rule() -> None:
     """SPEC.md 4, Versions: the flags a writer sets and the minor they give."""
     assert [C.written_version(v, e) for v in C.FORMAT_VERSIONS for e in C.ENTROPY_MODES] == \
-        ["1.4"] * 5 + ["1.2", "1.2", "1.2", "1.3", "1.3"] + ["1.2"] * 5 + ["1.0", "1.0", "1.1", "1.0", "1.1"]
+        ["1.4"] + ["1.5"] * 4 + ["1.4"] * 5 + ["1.2", "1.2", "1.2", "1.3", "1.3"] + ["1.2"] * 5 + ["1.0", "1.0", "1.1", "1.0", "1.1"]
+    assert [C.written_version("1.5", e, sites=False) for e in C.ENTROPY_MODES] == ["1.2", "1.5", "1.5", "1.5", "1.5"]
     assert [C.written_version("1.4", e, sites=False) for e in C.ENTROPY_MODES] == ["1.2", "1.2", "1.2", "1.3", "1.3"]
-    assert C.required_flags_for("1.4", "auto") == C.REQUIRED_FLAGS_KNOWN
-    assert C.required_flags_for("1.3", "auto") == C.REQUIRED_FLAGS_KNOWN & ~C.RequiredFlag.BANDS
-    assert C.required_flags_for("1.2", "auto") == C.REQUIRED_FLAGS_KNOWN & ~C.RequiredFlag.EXPONENT & ~C.RequiredFlag.BANDS
+    assert C.required_flags_for("1.5", "auto") == C.REQUIRED_FLAGS_KNOWN
+    assert C.required_flags_for("1.5", "none") == C.RequiredFlag.DIGESTS | C.RequiredFlag.MIXED_CORRECTIONS | C.RequiredFlag.BANDS
+    assert C.required_flags_for("1.4", "auto") == C.REQUIRED_FLAGS_KNOWN & ~C.RequiredFlag.PARTS
+    assert C.required_flags_for("1.3", "auto") == C.REQUIRED_FLAGS_KNOWN & ~C.RequiredFlag.BANDS & ~C.RequiredFlag.PARTS
+    assert C.required_flags_for("1.2", "auto") == C.REQUIRED_FLAGS_KNOWN & ~C.RequiredFlag.EXPONENT & ~C.RequiredFlag.BANDS \
+        & ~C.RequiredFlag.PARTS
     assert C.required_flags_for("1.2", "none") == C.RequiredFlag.DIGESTS | C.RequiredFlag.MIXED_CORRECTIONS
     assert C.required_flags_for("1.1", "auto") == C.RequiredFlag.PLANES
     assert C.minor_for(C.REQUIRED_FLAGS_KNOWN) == C.FORMAT_MINOR

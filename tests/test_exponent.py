@@ -365,7 +365,7 @@ def test_exponent_field_constants() -> None:
 
 
 def test_pack_exponent_end_to_end(tmp_path: Path) -> None:
-    """pack --entropy exponent and auto: 1.4 files (1.3 with --format-version 1.3) that verify and
+    """pack --entropy exponent and auto: 1.5 files (1.3 with --format-version 1.3) that verify and
     unpack to the same files as --entropy none; `--format-version 1.2 --entropy auto` never uses
     codec 3 (a 1.2 file)."""
     from bbformat.checkpoint import write_checkpoint
@@ -383,7 +383,8 @@ def test_pack_exponent_end_to_end(tmp_path: Path) -> None:
         for name, args in runs.items():
             assert main(["pack", str(m), str(tmp_path / f"{dtype}{name}.bb"), "--verify", "--quiet", *args]) == 0
         info = {k: inspect(tmp_path / f"{dtype}{k}.bb") for k in runs}
-        assert info["e"]["version"] == info["a"]["version"] == "1.4" and info["a13"]["version"] == "1.3"
+        assert info["e"]["version"] == info["a"]["version"] == "1.5" and info["a13"]["version"] == "1.3"
+        assert info["n"]["version"] == "1.4"  # --entropy none: raw payloads, no parts
         assert info["a12"]["version"] == "1.2"
         assert "exponent" in {b["payload_codec"] for b in info["a"]["blocks"]}
         assert "exponent" in {b["payload_codec"] for b in info["a13"]["blocks"]}
@@ -392,8 +393,8 @@ def test_pack_exponent_end_to_end(tmp_path: Path) -> None:
         for name in runs:
             assert main(["verify", str(tmp_path / f"{dtype}{name}.bb")]) == 0
             assert main(["unpack", str(tmp_path / f"{dtype}{name}.bb"), str(tmp_path / f"u{dtype}{name}"), "--quiet"]) == 0
-        # the same files within a format version (1.4 counts its band sections as side information,
-        # so which sites pay for themselves may differ from 1.3's)
+        # the same files within a format version (1.4 and 1.5 count their band sections as side
+        # information, so which sites pay for themselves may differ from 1.3's)
         for group in (("n", "e", "a"), ("n13", "a13", "a12")):
             for name in group:
                 for f in (tmp_path / f"u{dtype}{group[0]}").iterdir():

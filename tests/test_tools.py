@@ -344,11 +344,27 @@ def test_bench_entropy_writes_its_table(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     text = report.read_text()
     assert "is the best of 2 passes" in text
-    assert text.count("| `--scheme none` (entropy auto, format 1.3) |") == 3 and "bits per weight" in text
+    assert text.count("| `--scheme none` (entropy auto, format 1.5) |") == 3 and "bits per weight" in text
     res = json.loads((tmp_path / "b.json").read_text())
     for inp in res:
         rows = {x["key"]: x for x in inp["rows"]}
-        assert set(rows) >= {"none13", "sym_raw", "sym13", "zstd", "ideal"} and rows["none13"]["codecs"]
+        assert set(rows) >= {"none", "sym_raw", "sym", "zstd", "ideal"} and rows["none"]["codecs"]
+        assert all(rows[k]["entropy_decode_s"] > 0 and rows[k]["entropy_decode_parts_s"] > 0 for k in ("none", "sym"))
         assert 0 < rows["ideal"]["bytes"] < inp["plain_bytes"] and all(x["bytes"] > 0 for x in rows.values() if x["bytes"] is not None)
     assert text.count("**met**") + text.count("**missed**") >= 6
     assert all(inp["decode_repeats"] == 2 for inp in res)
+
+
+def test_bench_parts_writes_its_table(tmp_path: Path) -> None:
+    """tools/bench_parts.py on a tiny model: both formats packed, verified and timed in each
+    decode mode, the section written into a report."""
+    report = tmp_path / "B.md"
+    report.write_text("# B\n")
+    r = _tool(str(TOOLS / "bench_parts.py"), "--preset", "tiny-llama", "--layers", "1", "--repeats", "1", "--no-zipnn",
+              "--work", str(tmp_path / "w"), "--report", str(report), "--json", str(tmp_path / "p.json"))
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "p.json").read_text())
+    rows = {x["key"]: x for x in res["rows"]}
+    assert set(rows) == {"1.4", "1.5"} and all(rows[k]["decode_parts_s"] > 0 and rows[k]["bytes"] > 0 for k in rows)
+    text = report.read_text()
+    assert "## 17. Parts (format 1.5)" in text and "| format 1.5: payloads over 2^21 symbols cut into parts |" in text

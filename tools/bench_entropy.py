@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Format 1.3's entropy stage on every dtype (issue 24), in one run: sizes, bits per weight,
-pack and decode times of bbformat's packs next to ZipNN, the ideal order-0 exponent coder
-and byte-grouped zstd, on the same weights, with every goal marked met or missed.
+"""The entropy stage on every dtype (issue 24; formats 1.3 to 1.5), in one run: sizes, bits
+per weight, pack and decode times of bbformat's packs next to ZipNN, the ideal order-0
+exponent coder and byte-grouped zstd, on the same weights, with every goal marked met or
+missed.
 
     python tools/bench_entropy.py --f16 SLICE_F16 --f32 SLICE_F32 [--work DIR] [--report BENCHMARKS.md]
 
@@ -38,15 +39,18 @@ from machine import cpu_and_memory, python_and_numpy  # noqa: E402
 
 DECODER = ("the compiled decoder (bbformat/codec/_exponent_native.c, built by pip install)" if NATIVE_DECODER
            else "the numpy decoder (the compiled one is not built here)")
-SECTION = "## 15. Format 1.3: the entropy stage on every dtype (tools/bench_entropy.py)"
+SECTION = "## 15. The entropy stage on every dtype (tools/bench_entropy.py)"
 PACKS = (  # (key, row, pack arguments)
-    ("none13", "`--scheme none` (entropy auto, format 1.3)", dict(scheme="none", entropy="auto")),
+    ("none", "`--scheme none` (entropy auto, format 1.5)", dict(scheme="none", entropy="auto")),
+    ("none14", "`--scheme none --format-version 1.4` (one part per payload: codec 3 as before)",
+     dict(scheme="none", entropy="auto", format_version="1.4")),
     ("none12", "`--scheme none --format-version 1.2` (entropy auto: the 1.2 codecs, before)", dict(scheme="none", entropy="auto", format_version="1.2")),
     ("sym_raw", "symmetric exact, `--entropy none` (bits-back alone)", dict(scheme="symmetric", entropy="none")),
-    ("sym13", "symmetric exact, `--entropy auto`", dict(scheme="symmetric", entropy="auto")),
+    ("sym", "symmetric exact, `--entropy auto` (format 1.5)", dict(scheme="symmetric", entropy="auto")),
     ("sym12", "symmetric exact, `--entropy auto --format-version 1.2` (before)", dict(scheme="symmetric", entropy="auto", format_version="1.2")),
-    ("tau13", "symmetric τ=1e-3, `--entropy auto`", dict(scheme="symmetric", entropy="auto", tolerance=1e-3)),
+    ("tau", "symmetric τ=1e-3, `--entropy auto`", dict(scheme="symmetric", entropy="auto", tolerance=1e-3)),
 )
+QUICK = ("none", "sym_raw", "sym")
 THREADS = os.cpu_count() or 1  # ZipNN's second row and bbformat's threaded entropy decode use every core
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -128,27 +132,36 @@ def reference_coders(bits: list[np.ndarray], dtype: str, repeats: int = 1) -> li
     return rows
 
 
-def entropy_decode_s(path: Path, threads: int = 1, repeats: int = 1) -> float:
+DECODE_MODES = {  # how entropy_decode_s spreads the work: (Reader threads, threads reading chunks)
+    "one": (1, 1),  # one thread: chunk after chunk, each payload's parts in turn
+    "parts": (THREADS, 1),  # chunk after chunk, each payload's parts (format 1.5) on THREADS threads
+    "blocks": (1, THREADS),  # THREADS chunks at a time, parts in turn: what verify and unpack do with as many workers as CPUs
+}
+
+
+def entropy_decode_s(path: Path, mode: str = "one", repeats: int = 1) -> float:
     """Seconds to read and entropy-decode every payload (Reader.read_chunk: no linear algebra),
-    the chunks spread over `threads` threads (the compiled decoder releases the GIL); the best
-    of `repeats` passes."""
+    spread as DECODE_MODES[mode] says (the compiled decoder releases the GIL); the best of
+    `repeats` passes."""
+    threads, readers = DECODE_MODES[mode]
+
     def one_pass() -> None:
-        if threads == 1:
+        if readers == 1:
             for i in range(len(r)):
                 r.read_chunk(i)
         else:
-            with ThreadPoolExecutor(threads) as pool:
+            with ThreadPoolExecutor(readers) as pool:
                 for _ in pool.map(r.read_chunk, range(len(r))):
                     pass
 
-    with bbformat.Reader(path) as r:
+    with bbformat.Reader(path, threads=threads) as r:
         return best_s(one_pass, repeats)
 
 
 def packs(src: Path, work: Path, quick: bool, repeats: int = 1) -> list[dict[str, Any]]:
     rows = []
     for key, row, kw in PACKS:
-        if quick and key not in ("none13", "sym_raw", "sym13"):
+        if quick and key not in QUICK:
             continue
         out = work / f"{key}.bb"
         t0 = time.perf_counter()
@@ -159,16 +172,27 @@ def packs(src: Path, work: Path, quick: bool, repeats: int = 1) -> list[dict[str
         decode_s = min(time.perf_counter() - t1, best_s(lambda: bbformat.verify(out), repeats - 1) if repeats > 1 else np.inf)
         tot = bbformat.inspect(out)["totals"]
         rows.append({"key": key, "row": row, "bytes": tot["weights_bytes"], "file_bytes": tot["container_bytes"], "pack_s": t1 - t0,
-                     "decode_s": decode_s, "entropy_decode_s": entropy_decode_s(out, 1, repeats),
-                     "entropy_decode_mt_s": entropy_decode_s(out, THREADS, repeats), "codecs": codecs(out)})
+                     "decode_s": decode_s, "entropy_decode_s": entropy_decode_s(out, "one", repeats),
+                     "entropy_decode_parts_s": entropy_decode_s(out, "parts", repeats),
+                     "entropy_decode_mt_s": entropy_decode_s(out, "blocks", repeats), "codecs": codecs(out)})
     return rows
 
 
 def codecs(path: Path) -> dict[str, int]:
+    """Payloads by codec, and a codec-4 payload's parts by codec under "part <codec>"."""
     out: dict[str, int] = {}
     for b in bbformat.inspect(path)["blocks"]:
         out[b["payload_codec"]] = out.get(b["payload_codec"], 0) + 1
+        for name, n in (b.get("payload_parts") or {}).items():
+            out[f"part {name}"] = out.get(f"part {name}", 0) + n
     return out
+
+
+def codecs_text(c: dict[str, int]) -> str:
+    """"exponent 25, parts 7 (exponent 20, planes 3)"."""
+    whole = ", ".join(f"{k} {v}" for k, v in sorted(c.items()) if not k.startswith("part "))
+    parts = ", ".join(f"{k[5:]} {v}" for k, v in sorted(c.items()) if k.startswith("part "))
+    return whole + (f" ({parts})" if parts else "")
 
 
 def measure(name: str, src: Path, work: Path, quick: bool, repeats: int = 1) -> dict[str, Any]:
@@ -185,24 +209,24 @@ def goals(res: dict[str, Any]) -> list[str]:
     pct = lambda k: 100.0 * by[k]["bytes"] / plain  # noqa: E731
     out = []
     refs = [k for k in ("zipnn1", "ideal") if k in by and by[k]["bytes"]]
-    if "none13" in by and refs:
+    if "none" in by and refs:
         bar = min(pct(k) for k in refs)
-        ok = pct("none13") <= bar
+        ok = pct("none") <= bar
         out.append(f"`--scheme none` ≤ min(ZipNN, ideal order-0) = {bar:.2f}%: {'**met**' if ok else '**missed**'} "
-                   f"({pct('none13'):.2f}%, {pct('none13') - bar:+.2f} points)")
-    if {"none13", "sym_raw", "sym13"} <= by.keys():
+                   f"({pct('none'):.2f}%, {pct('none') - bar:+.2f} points)")
+    if {"none", "sym_raw", "sym"} <= by.keys():
         saving = 100.0 * (plain - by["sym_raw"]["bytes"]) / plain
-        bar = pct("none13") - 0.9 * saving
-        ok = pct("sym13") <= bar
+        bar = pct("none") - 0.9 * saving
+        ok = pct("sym") <= bar
         out.append(f"savings add up: symmetric exact auto ≤ scheme none − 0.9 × bits-back saving ({saving:.2f} points) = {bar:.2f}%: "
-                   f"{'**met**' if ok else '**missed**'} ({pct('sym13'):.2f}%, {pct('sym13') - bar:+.2f} points)")
-    if res["dtype"] == "bfloat16" and "ideal" in by and "none13" in by:
+                   f"{'**met**' if ok else '**missed**'} ({pct('sym'):.2f}%, {pct('sym') - bar:+.2f} points)")
+    if res["dtype"] == "bfloat16" and "ideal" in by and "none" in by:
         bar = pct("ideal") - 1.0
         out.append(f"moonshot, ≥ 1 point below the order-0 ideal on bf16 (≤ {bar:.2f}%): "
-                   f"{'**met**' if pct('none13') <= bar else '**missed**'} ({pct('none13'):.2f}%)")
+                   f"{'**met**' if pct('none') <= bar else '**missed**'} ({pct('none'):.2f}%)")
     zs = [by[k] for k in by if k.startswith("zipnn") and by[k].get("decode_s")]
-    if "none13" in by and zs:
-        ours = plain / min(by["none13"]["entropy_decode_s"], by["none13"].get("entropy_decode_mt_s") or np.inf) / 1e6
+    if "none" in by and zs:
+        ours = plain / min(by["none"][k] or np.inf for k in ("entropy_decode_s", "entropy_decode_parts_s", "entropy_decode_mt_s")) / 1e6
         best = max(plain / z["decode_s"] / 1e6 for z in zs)
         out.append(f"entropy decode throughput ≥ ZipNN's decompression on the same cores: {'**met**' if ours >= best else '**missed**'} "
                    f"({ours:.0f} MB/s of plain weights against ZipNN's {best:.0f} MB/s, {best / ours:.1f}× slower)")
@@ -224,21 +248,24 @@ def section(results: list[dict[str, Any]], argv: list[str]) -> str:
              "decoded by `verify` and every digest verified. Bytes are the weights only: a container minus its metadata header "
              "(config and tokenizer files), so they compare with ZipNN and zstd, which compress the weights alone. Pack and decode "
              "are wall times in this process (decode = `verify`: entropy stage, linear algebra and digests; the entropy column "
-             "times reading and entropy-decoding every payload alone, on one thread and with the chunks spread over "
-             f"{THREADS} threads). {_repeats_text(results)}Payload codec 3 is decoded by {DECODER}.", ""]
+             "times reading and entropy-decoding every payload alone: on one thread; chunk after chunk with each payload's parts "
+             f"(format 1.5) on {THREADS} threads; and {THREADS} chunks at a time, parts in turn, as `verify` and `unpack` decode with "
+             f"{THREADS} workers). {_repeats_text(results)}Payload codec 3 is decoded by {DECODER}.", ""]
     for res in results:
         plain, values = res["plain_bytes"], res["values"]
         lines += [f"### {res['input']}: `{res['src']}` ({res['dtype']}, {values:,} weights, plain {plain:,} B)", "",
-                  f"| what | bytes | % of plain | bits per weight | pack s | decode s | entropy decode s, 1 / {THREADS} threads | payload codecs |",
+                  f"| what | bytes | % of plain | bits per weight | pack s | decode s | entropy decode s: 1 thread / parts on {THREADS} / "
+                  f"blocks on {THREADS} | payload codecs (parts) |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in res["rows"]:
             if r.get("bytes") is None:
                 lines.append(f"| {r['row']} | - | - | - | - | - | - | |")
                 continue
             f = lambda k: f"{r[k]:.3g}" if r.get(k) is not None else "-"  # noqa: E731
-            cod = ", ".join(f"{k} {v}" for k, v in sorted(r.get("codecs", {}).items()))
+            ent = " / ".join(f(k) for k in ("entropy_decode_s", "entropy_decode_parts_s", "entropy_decode_mt_s")) if r.get("entropy_decode_s") \
+                else "-"
             lines.append(f"| {r['row']} | {r['bytes']:,} | {100 * r['bytes'] / plain:.2f} | {8 * r['bytes'] / values:.3f} | {f('pack_s')} | "
-                         f"{f('decode_s')} | {f('entropy_decode_s')}{' / ' + f('entropy_decode_mt_s') if r.get('entropy_decode_mt_s') else ''} | {cod} |")
+                         f"{f('decode_s')} | {ent} | {codecs_text(r.get('codecs', {}))} |")
         lines += ["", *[f"- {g}" for g in goals(res)], ""]
     return "\n".join(lines)
 

@@ -217,15 +217,17 @@ def read_segments(data: Buffer, total: int) -> tuple[list[Segment], int]:
     return read_segment_records(cur, total), cur.pos
 
 
-def decode_planes(data: Buffer, total: int, symbol_bits: int) -> np.ndarray:
-    """The payload symbols (uint16/uint32, `total` of them) from codec-2 bytes."""
+def decode_planes(data: Buffer, total: int, symbol_bits: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The payload symbols (uint16/uint32, `total` of them) from codec-2 bytes; `out`: a
+    contiguous array of `total` such symbols to decode into (else a new one)."""
     segs, start = read_segments(data, total)
     cur = ByteCursor(data, "planes payload")
     cur.pos = start
     map_size = sum(-(-n // r) + r for n, r, k in segs if k > 1)
     maps = take_group(cur, map_size, "class maps")
     nb = symbol_bits // 8
-    out = np.empty(total, np.dtype(uint_dtype(symbol_bits)).newbyteorder("<"))
+    if out is None:
+        out = np.empty(total, np.dtype(uint_dtype(symbol_bits)).newbyteorder("<"))
     planes = out.view(np.uint8).reshape(total, nb)  # byte b of every symbol, written in place
     pos = mpos = 0
     for j, (n, r, k) in enumerate(segs):

@@ -205,10 +205,12 @@ def pack_rest(rest: np.ndarray, bits: int) -> tuple[bytes, bytes]:
     return low, high
 
 
-def encode_exponent(symbols: np.ndarray, dtype: str, runs: list[tuple[int, int]], native: bool = True) -> bytes | None:
+def encode_exponent(symbols: np.ndarray, dtype: str, runs: list[tuple[int, int]], native: bool = True,
+                    max_tables: int = MAX_EXPONENT_TABLES) -> bytes | None:
     """Codec 3 bytes of a payload of `dtype` symbols whose segments are `runs` (n, row length);
-    None if it would need more than MAX_EXPONENT_TABLES tables. Through the compiled coder where
-    it is built and `native`, else numpy (the same bytes)."""
+    None if it would need more than `max_tables` tables (SPEC.md 8.7: at most 1,024; fewer for
+    a part of a codec-4 payload whose earlier parts took some, 8.9). Through the compiled coder
+    where it is built and `native`, else numpy (the same bytes)."""
     native = native and _exponent_native is not None
     sym = np.ascontiguousarray(np.asarray(symbols).astype(uint_dtype(DTYPE_BITS[dtype]), copy=False))  # native width
     t, seg_counts = _choose_joined(sym, dtype, runs, native)
@@ -227,7 +229,7 @@ def encode_exponent(symbols: np.ndarray, dtype: str, runs: list[tuple[int, int]]
             stored_tables.append(raw)
             tables.append((s, f))
         pos += n
-    if len(tables) > MAX_EXPONENT_TABLES:
+    if len(tables) > min(max_tables, MAX_EXPONENT_TABLES):
         return None  # the caller stores the payload another way
     lanes = lanes_for(sym.size)
     stream = (_encode_native if native else _encode_numpy)(sym, shift, bits, lanes, segs, maps, rans.Tables.of(tables))
@@ -285,15 +287,64 @@ def _rest_native(sym: np.ndarray, w: int, shift: int) -> list[memoryview]:
 
 def read_tables(raw: np.ndarray, segs: list[tuple[int, int, int]], alphabet: int) -> rans.Tables:
     """The tables of every segment and class (SPEC.md 8.7 checks), in order. The group is
-    varints only, so they are decoded at once and then walked (every failure is
+    varints only, so they are decoded at once and checked at once; a group that fails is
+    walked table by table for the first failure and its name (every failure is
     E_SECTION_CONTENT, whichever is met first)."""
-    what = "exponent payload tables"
     b = np.asarray(raw, np.uint8)
     ends = np.flatnonzero(b < 0x80)
     if b.size and (ends.size == 0 or int(ends[-1]) != b.size - 1):
-        raise FormatError(f"{what}: the last varint runs past the end", "E_SECTION_CONTENT")
+        raise FormatError("exponent payload tables: the last varint runs past the end", "E_SECTION_CONTENT")
     v = decode_varints(b.tobytes(), ends.size)
-    out, pos = [], 0
+    tables = _tables_at_once(v, sum(k for _, _, k in segs), alphabet)
+    if tables is None:
+        _walk_tables(v, segs, alphabet)  # raises the first failure
+        raise AssertionError("tables refused at once but accepted one by one")
+    return tables
+
+
+def _tables_at_once(v: np.ndarray, count: int, alphabet: int) -> rans.Tables | None:
+    """`count` tables from their varints, every rule checked with array operations; None if
+    any rule fails (the caller then finds which)."""
+    heads, pos = [], 0
+    for _ in range(count):  # the entry counts, in turn: each says where the next table starts
+        if pos >= v.size:
+            return None
+        m = int(v[pos])
+        if not 1 <= m <= alphabet or pos + 1 + 2 * m > v.size:
+            return None
+        heads.append(pos)
+        pos += 1 + 2 * m
+    if pos != v.size:
+        return None
+    at = np.array(heads, np.int64)
+    sizes = v[at].astype(np.int64)
+    keep = np.ones(v.size, bool)
+    keep[at] = False
+    pairs = v[keep].astype(np.int64)
+    gaps, freq = pairs[0::2], pairs[1::2]
+    if (gaps >= alphabet).any() or (freq < 1).any() or (freq > rans.M).any():
+        return None
+    first = np.concatenate(([0], np.cumsum(sizes)))
+    step = np.cumsum(gaps + 1)
+    before = np.concatenate(([0], step[first[1:-1] - 1]))  # each table's codes count from a_-1 = -1
+    codes = step - np.repeat(before, sizes) - 1
+    totals = np.add.reduceat(freq, first[:-1])
+    if (codes[first[1:] - 1] >= alphabet).any() or (totals != rans.M).any():
+        return None
+    starts = np.cumsum(freq) - freq - np.repeat(_sums_before(totals), sizes)
+    return rans.Tables(codes.astype(np.uint32), freq.astype(np.uint32), starts.astype(np.uint32), first)
+
+
+def _sums_before(totals: np.ndarray) -> np.ndarray:
+    """The sum of the totals before each one (0 for the first)."""
+    return np.concatenate(([0], np.cumsum(totals)[:-1])).astype(np.int64)
+
+
+def _walk_tables(v: np.ndarray, segs: list[tuple[int, int, int]], alphabet: int) -> None:
+    """Walks the tables' varints one table at a time and raises the first failure, naming
+    its segment and class (read_tables' slow path)."""
+    what = "exponent payload tables"
+    pos = 0
     for j, (_, _, k) in enumerate(segs):
         for c in range(k):
             name = f"{what}: segment {j} class {c} table"
@@ -308,14 +359,11 @@ def read_tables(raw: np.ndarray, segs: list[tuple[int, int, int]], alphabet: int
             pos += 1 + 2 * m
             if (pairs[0::2] >= alphabet).any() or (pairs[1::2] < 1).any() or (pairs[1::2] > rans.M).any():
                 raise FormatError(f"{name} has a symbol gap or frequency out of range", "E_SECTION_CONTENT")
-            gaps, freq = pairs[0::2].astype(np.int64), pairs[1::2].astype(np.int64)
-            symbols = np.cumsum(gaps + 1) - 1
-            if int(symbols[-1]) >= alphabet or int(freq.sum()) != rans.M:
+            symbols = np.cumsum(pairs[0::2].astype(np.int64) + 1) - 1
+            if int(symbols[-1]) >= alphabet or int(pairs[1::2].astype(np.int64).sum()) != rans.M:
                 raise FormatError(f"{name}: symbols must be < {alphabet} and frequencies must sum to {rans.M}", "E_SECTION_CONTENT")
-            out.append((symbols, freq))
     if pos != v.size:
         raise FormatError(f"{what}: bytes after the last table", "E_SECTION_CONTENT")
-    return rans.Tables.of(out)
 
 
 def read_segments(cur: ByteCursor, total: int) -> list[tuple[int, int, int]]:
@@ -356,16 +404,31 @@ def rest_size(total: int, bits: int) -> int:
     return total * b0 + -(-total // 8) * b1
 
 
-def decode_exponent(data: Buffer, total: int, dtype: str, native: bool = True) -> np.ndarray:
-    """The payload symbols (W-bit little-endian unsigned) from codec-3 bytes: through the
-    compiled decoder where it is built and `native`, else numpy (the same symbols and errors)."""
-    cur = ByteCursor(data, "exponent payload")
+def read_head(cur: ByteCursor, total: int, dtype: str) -> tuple[int, list[tuple[int, int, int]]]:
+    """(joined t, segment records) of a codec-3 payload of `total` symbols: its leading fields,
+    with their checks (SPEC.md 8.7's first three rows; what 8.9 reads of each codec-3 part
+    before any part is decoded)."""
     t = cur.u8("joined mantissa bits")
     if t > max_joined(dtype):
         raise cur.fail(f"{t} joined mantissa bits; at most {max_joined(dtype)} for {dtype}")
+    return t, read_segments(cur, total)
+
+
+def table_count(data: Buffer, total: int, dtype: str) -> int:
+    """How many tables a codec-3 payload of `total` symbols declares (Σ K_j), from its
+    leading fields (read_head's checks)."""
+    _, segs = read_head(ByteCursor(data, "exponent payload"), total, dtype)
+    return sum(k for _, _, k in segs)
+
+
+def decode_exponent(data: Buffer, total: int, dtype: str, native: bool = True, out: np.ndarray | None = None) -> np.ndarray:
+    """The payload symbols (W-bit little-endian unsigned) from codec-3 bytes: through the
+    compiled decoder where it is built and `native`, else numpy (the same symbols and errors).
+    `out`: a contiguous array of `total` such symbols to decode into (else a new one)."""
+    cur = ByteCursor(data, "exponent payload")
+    t, segs = read_head(cur, total, dtype)
     w, shift, bits = split_fields(dtype, t)
     alphabet = 1 << bits
-    segs = read_segments(cur, total)
     lanes = cur.varint("lane count")
     if not 1 <= lanes <= min(total, MAX_EXPONENT_LANES):
         raise cur.fail(f"lane count {lanes} not in 1..{min(total, MAX_EXPONENT_LANES)}")
@@ -392,7 +455,7 @@ def decode_exponent(data: Buffer, total: int, dtype: str, native: bool = True) -
     if native and _exponent_native is not None:  # checks the rest's length first, as 8.7 allows
         if cur.left != need:
             raise cur.fail(f"{cur.left} bytes of rest fields; {need} expected")
-        return _decode_native(stream, lanes, segs, split, tables, cur.take(need, "rest fields"), w, shift)
+        return _decode_native(stream, lanes, segs, split, tables, cur.take(need, "rest fields"), w, shift, out)
     layout = _Layout(segs, split)
     entries = rans.decode(stream, total, lanes, tables, layout.table_ids)
     if cur.left != need:
@@ -404,16 +467,20 @@ def decode_exponent(data: Buffer, total: int, dtype: str, native: bool = True) -
     rest >>= np.uint32(shift)
     rest <<= np.uint32(w - 1)
     sym |= rest
-    return sym.astype(np.dtype(uint_dtype(w)).newbyteorder("<"))
+    if out is None:
+        return sym.astype(np.dtype(uint_dtype(w)).newbyteorder("<"))
+    out[:] = sym
+    return out
 
 
 def _decode_native(stream: memoryview, lanes: int, segs: list[tuple[int, int, int]], maps: list[np.ndarray],
-                   tables: rans.Tables, rest: memoryview, w: int, shift: int) -> np.ndarray:
+                   tables: rans.Tables, rest: memoryview, w: int, shift: int, out: np.ndarray | None) -> np.ndarray:
     """decode_exponent's stream and rest fields through the compiled decoder."""
     assert _exponent_native is not None
     rans.initial_states(stream, lanes)
     total = sum(n for n, _, _ in segs)
-    out = np.empty(total, np.dtype(uint_dtype(w)).newbyteorder("<"))
+    if out is None:
+        out = np.empty(total, np.dtype(uint_dtype(w)).newbyteorder("<"))
     err = _exponent_native.decode(
         stream, lanes, np.array([n for n, _, _ in segs], np.int64), np.array([r for _, r, _ in segs], np.int64),
         first_tables(segs), np.array([k > 1 for _, _, k in segs], np.uint8), np.concatenate([np.zeros(0, np.uint8), *maps]),

@@ -1,26 +1,102 @@
-"""The payload's codec, both ways (SPEC.md 8.2, 8.6, 8.7): the writer's choice among raw,
-zstd, planes (codec 2) and exponent (codec 3), and the reader's dispatch of a stored payload."""
+"""The payload's codec, both ways (SPEC.md 8.2, 8.6, 8.7, 8.9): the writer's choice among raw,
+zstd, planes (codec 2) and exponent (codec 3), cut into parts (codec 4) when the payload is
+large, and the reader's dispatch of a stored payload, its parts on a thread pool."""
 from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
+from functools import partial
+from typing import Protocol, TypeVar
 
 import numpy as np
 
-from ..constants import Codec, RequiredFlag
+from ..constants import MAX_EXPONENT_TABLES, PART_SYMBOLS, Codec, RequiredFlag
 from ..container.program import BlockProgram
-from ..errors import InputError
-from ..zstdframe import PAYLOAD_LEVEL, Buffer, compress
+from ..errors import InputError, LimitError
+from ..zstdframe import PAYLOAD_LEVEL, Buffer, compress, decompress
 from .dtypes import uint_dtype
 from .entropy import check_entropy_mode, decode_planes, encode_planes, payload_segments
-from .exponent import decode_exponent, encode_exponent
+from .exponent import decode_exponent, encode_exponent, table_count
+from .parts import Part, cut_runs, encode_parts, part_cuts, read_parts
+
+DEFAULT_FLAGS = int(RequiredFlag.PLANES | RequiredFlag.EXPONENT)
+T = TypeVar("T")
 
 
-def code_payload(program: BlockProgram, data: bytes, mode: str, flags: int = int(RequiredFlag.PLANES | RequiredFlag.EXPONENT)) -> tuple[int, bytes]:
+class Runner(Protocol):
+    """Runs independent jobs (on a pool or in turn) and returns their results in order."""
+
+    def __call__(self, jobs: Sequence[Callable[[], T]]) -> list[T]: ...
+
+
+def part_threads(threads: int | None) -> int:
+    """A reader's or writer's `threads` (how many code or decode one payload's parts, SPEC.md
+    8.9): None is every CPU this process may use; anything else a whole number of at least 1."""
+    if threads is None:
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # pragma: no cover - not Linux
+            return max(1, os.cpu_count() or 1)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise InputError(f"threads must be a whole number of at least 1, not {threads!r}")
+    return threads
+
+
+def in_turn(jobs: Sequence[Callable[[], T]]) -> list[T]:
+    """A Runner without threads."""
+    return [job() for job in jobs]
+
+
+def on_pool(pool: Executor) -> Runner:
+    """A Runner on `pool`. When jobs fail it raises the failure of the first one in order (the
+    lowest-numbered part, SPEC.md 8.9), after cancelling the jobs not started."""
+    def run(jobs: Sequence[Callable[[], T]]) -> list[T]:
+        futures: list[Future[T]] = [pool.submit(job) for job in jobs]
+        try:
+            return [f.result() for f in futures]
+        finally:
+            for f in futures:
+                f.cancel()
+    return run
+
+
+def code_payload(program: BlockProgram, data: bytes, mode: str, flags: int = DEFAULT_FLAGS, run: Runner = in_turn,
+                 part_symbols: int = PART_SYMBOLS) -> tuple[int, bytes]:
     """(codec, stored bytes) of a payload under an entropy mode, among the codecs the file's
-    required `flags` allow (`auto`: the smallest; ties go to the lower codec number)."""
+    required `flags` allow (`auto`: the smallest; ties go to the lower codec number). With
+    PARTS, a payload of more than `part_symbols` symbols is cut into parts (SPEC.md 8.9), each
+    coded on its own (through `run`: the parts may be coded at the same time)."""
     check_entropy_mode(mode)
     if mode == "exponent" and not flags & RequiredFlag.EXPONENT:
         raise InputError("entropy mode 'exponent' needs format 1.3 or later")
     if not data or mode == "none":
         return Codec.RAW, data
+    w = program.symbol_bits
+    sym = np.frombuffer(data, dtype=np.dtype(uint_dtype(w)).newbyteorder("<"))
+    runs = payload_segments(program)
+    cuts = part_cuts(runs, sym.size, part_symbols) if flags & RequiredFlag.PARTS else [0, sym.size]
+    if len(cuts) == 2:
+        return _code_symbols(sym, program.symbol_dtype, runs, mode, flags)
+    spans = list(zip(cuts[:-1], cuts[1:]))
+    coded = run([partial(_code_symbols, sym[lo:hi], program.symbol_dtype, cut_runs(runs, lo, hi), mode, flags) for lo, hi in spans])
+    parts: list[tuple[int, int, bytes]] = []
+    tables = 0
+    for (lo, hi), (codec, stored) in zip(spans, coded):
+        if codec == Codec.EXPONENT and tables + table_count(stored, hi - lo, program.symbol_dtype) > MAX_EXPONENT_TABLES:
+            codec, stored = _code_symbols(sym[lo:hi], program.symbol_dtype, cut_runs(runs, lo, hi), mode,
+                                          flags & ~RequiredFlag.EXPONENT)  # over the payload's table limit: another codec
+        if codec == Codec.EXPONENT:
+            tables += table_count(stored, hi - lo, program.symbol_dtype)
+        parts.append((codec, hi - lo, stored))
+    if all(codec == Codec.RAW for codec, _, _ in parts):
+        return Codec.RAW, data
+    return Codec.PARTS, encode_parts(parts)
+
+
+def _code_symbols(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]], mode: str, flags: int) -> tuple[int, bytes]:
+    """(codec, stored bytes) of symbols with segments `runs`, one codec for all of them."""
+    data = sym.tobytes()
     best: tuple[int, bytes] = (Codec.RAW, data)  # only the best so far is kept: candidates come in increasing codec number
 
     def offer(codec: int, coded: bytes | None) -> None:
@@ -29,20 +105,52 @@ def code_payload(program: BlockProgram, data: bytes, mode: str, flags: int = int
         if coded is not None and len(coded) < (len(best[1]) if mode == "auto" else len(data)):
             best = (codec, coded)
 
-    w = program.symbol_bits
-    sym = np.frombuffer(data, dtype=np.dtype(uint_dtype(w)).newbyteorder("<"))
     if mode in ("zstd", "auto"):
         offer(Codec.ZSTD, compress(data, PAYLOAD_LEVEL))
-    runs = payload_segments(program)
     if mode in ("planes", "auto") and flags & RequiredFlag.PLANES:
-        offer(Codec.PLANES, encode_planes(sym, w, runs))
+        offer(Codec.PLANES, encode_planes(sym, sym.dtype.itemsize * 8, runs))
     if mode in ("exponent", "auto") and flags & RequiredFlag.EXPONENT:
-        offer(Codec.EXPONENT, encode_exponent(sym, program.symbol_dtype, runs))
+        offer(Codec.EXPONENT, encode_exponent(sym, dtype, runs))
     return best
 
 
-def decode_payload(codec: int, stored: Buffer, program: BlockProgram) -> np.ndarray:
-    """The payload symbols of a codec-2 or codec-3 payload (the caller checked the flag)."""
+def part_codecs(flags: int) -> tuple[int, ...]:
+    """The codecs a part of a codec-4 payload may use in a file with these required flags."""
+    return (Codec.RAW, Codec.ZSTD) + ((Codec.PLANES,) if flags & RequiredFlag.PLANES else ()) \
+        + ((Codec.EXPONENT,) if flags & RequiredFlag.EXPONENT else ())
+
+
+def decode_payload(codec: int, stored: Buffer, program: BlockProgram, flags: int = DEFAULT_FLAGS | RequiredFlag.PARTS,
+                   run: Runner = in_turn) -> np.ndarray:
+    """The payload symbols of a codec-2, 3 or 4 payload (the caller checked that the file's
+    `flags` allow the codec). A codec-4 payload's parts are decoded through `run`."""
+    total = program.payload_symbols()
+    if codec != Codec.PARTS:
+        return _decode_into(codec, stored, program, total, None)
+    parts = read_parts(stored, total, program.symbol_bits // 8, part_codecs(flags))
+    tables = 0
+    for k, p in enumerate(parts):  # SPEC.md 8.9: the codec-3 parts' leading fields before any part is decoded
+        if p.codec == Codec.EXPONENT:
+            tables += table_count(p.stored, p.hi - p.lo, program.symbol_dtype)
+            if tables > MAX_EXPONENT_TABLES:
+                raise LimitError(f"parts payload: its codec-3 parts 0..{k} hold {tables} tables; at most {MAX_EXPONENT_TABLES}",
+                                 "E_LIMIT_COUNT")
+    out = np.empty(total, np.dtype(uint_dtype(program.symbol_bits)).newbyteorder("<"))
+    run([partial(_decode_into, p.codec, p.stored, program, p.hi - p.lo, out[p.lo : p.hi]) for p in parts])
+    return out
+
+
+def _decode_into(codec: int, stored: Buffer, program: BlockProgram, total: int, out: np.ndarray | None) -> np.ndarray:
+    """`total` symbols of one codec (into `out` where given): a payload, or a part of one."""
     if codec == Codec.EXPONENT:
-        return decode_exponent(stored, program.payload_symbols(), program.symbol_dtype)
-    return decode_planes(stored, program.payload_symbols(), program.symbol_bits)
+        return decode_exponent(stored, total, program.symbol_dtype, out=out)
+    if codec == Codec.PLANES:
+        return decode_planes(stored, total, program.symbol_bits, out=out)
+    size = total * program.symbol_bits // 8  # raw or zstd: only as a part (a whole payload of these is not passed here)
+    raw = decompress(stored, codec, size, size)
+    assert out is not None
+    out[:] = np.frombuffer(raw, out.dtype)
+    return out
+
+
+__all__ = ["Part", "Runner", "code_payload", "decode_payload", "in_turn", "on_pool", "part_codecs", "part_threads"]

@@ -35,10 +35,11 @@ from .crc import crc32c
 from .program import AxisRef, BlockProgram, Op, SiteEntry, TensorEntry, bits_of
 from .section_rules import SectionRules, band_widths, payload_dtype, rules_of, site_sections_limit
 
-PayloadDecoder = Callable[[int, Buffer, BlockProgram], np.ndarray]
-"""Payload codecs 2 and 3 (SPEC.md 8.6, 8.7): (codec, stored bytes, program) -> the payload
-symbols. The codec layer's (codec.payload.decode_payload); a reader passes it to parse_chunk."""
-ENTROPY_CODECS = (Codec.PLANES, Codec.EXPONENT)
+PayloadDecoder = Callable[[int, Buffer, BlockProgram, int], np.ndarray]
+"""Payload codecs 2, 3 and 4 (SPEC.md 8.6, 8.7, 8.9): (codec, stored bytes, program, the
+header's required flags) -> the payload symbols. The codec layer's
+(codec.payload.decode_payload); a reader passes it to parse_chunk."""
+ENTROPY_CODECS = (Codec.PLANES, Codec.EXPONENT, Codec.PARTS)
 """The payload codecs that need a PayloadDecoder."""
 
 
@@ -202,8 +203,8 @@ def descriptor_extent(head: bytes, chunk_length: int) -> tuple[int, int]:
 def working_set_bytes(program: BlockProgram, chunk_length: int, planes: bool = False, mixed: bool = False,
                       exponent: bool = False, bands: bool = False) -> int:
     """The declared working set of decoding one chunk (SPEC.md 11.5): what a decoder needs at
-    most, computed from the descriptor (and, for `planes` or `exponent`, the payload's codec 2
-    or 3) before any section is decompressed."""
+    most, computed from the descriptor (and, for `planes` or `exponent`, the payload's codec 2,
+    or 3 or 4) before any section is decompressed."""
     w8 = program.symbol_bits // 8
     side = sum(site_sections_limit(program, i, mixed, bands) for i in range(len(program.sites)))
     site_work = 0
@@ -243,7 +244,7 @@ def parse_chunk(
     """Parse and validate one chunk's bytes (the whole chunk, CRC included). With
     max_block_bytes, a chunk whose declared working set is larger is refused (E_LIMIT_MEMORY)
     before any section is decompressed. required_flags: the header's; FLAG_PLANES allows
-    payload codec 2 and FLAG_EXPONENT codec 3, FLAG_DIGESTS makes offset 4 the content digest,
+    payload codec 2, FLAG_EXPONENT codec 3 and FLAG_PARTS codec 4, FLAG_DIGESTS makes offset 4 the content digest,
     FLAG_MIXED_CORRECTIONS lets x_residuals and x_patches share a site, FLAG_BANDS allows (and
     asks for) a band section per non-PLAIN site. decode_payload: the
     payload decoder of codecs 2 and 3 (codec.payload.decode_payload); without it such a
@@ -251,7 +252,8 @@ def parse_chunk(
     mixed = bool(required_flags & RequiredFlag.MIXED_CORRECTIONS)
     bands = bool(required_flags & RequiredFlag.BANDS)
     codecs = (Codec.RAW, Codec.ZSTD) + ((Codec.PLANES,) if required_flags & RequiredFlag.PLANES else ()) \
-        + ((Codec.EXPONENT,) if required_flags & RequiredFlag.EXPONENT else ())
+        + ((Codec.EXPONENT,) if required_flags & RequiredFlag.EXPONENT else ()) \
+        + ((Codec.PARTS,) if required_flags & RequiredFlag.PARTS else ())
     if len(data) < MIN_CHUNK_LENGTH:
         raise FormatError("chunk is truncated", "E_TRUNCATED")
     if data[: len(CHUNK_MAGIC)] != CHUNK_MAGIC:
@@ -306,7 +308,7 @@ def parse_chunk(
             raise FormatError(f"{rules.name} holds {e.decoded_length} bytes; the program needs {limit}", rules.exact_declared)
         if max_block_bytes is not None:  # once, after the first entry's size checks, before anything is decompressed
             pay = [x.codec for x in entries if x.kind == SectionKind.PAYLOAD]
-            need = working_set_bytes(program, len(data), Codec.PLANES in pay, mixed, Codec.EXPONENT in pay, bands)
+            need = working_set_bytes(program, len(data), Codec.PLANES in pay, mixed, Codec.EXPONENT in pay or Codec.PARTS in pay, bands)
             if need > max_block_bytes:
                 raise LimitError(
                     f"chunk {head.chunk_index} ({program.name!r}) needs up to {need:,} bytes to decode; the limit is {max_block_bytes:,}",
@@ -317,7 +319,7 @@ def parse_chunk(
         if e.codec in ENTROPY_CODECS:
             if decode_payload is None:
                 raise FormatError(f"payload codec {e.codec}: this parser was given no payload decoder", "E_CODEC")
-            payload = decode_payload(e.codec, stored, program)
+            payload = decode_payload(e.codec, stored, program, required_flags)
             continue
         raw = decompress(stored, e.codec, e.decoded_length, limit)
         if e.kind == SectionKind.PAYLOAD:  # read-only; the decoder copies it once, into its stack

@@ -66,7 +66,7 @@ class PayloadRules(SectionRules):
 
     kind = SectionKind.PAYLOAD
     required = True
-    codecs = (Codec.RAW, Codec.ZSTD, Codec.PLANES, Codec.EXPONENT)
+    codecs = (Codec.RAW, Codec.ZSTD, Codec.PLANES, Codec.EXPONENT, Codec.PARTS)
     exact_declared = "E_SYMBOL_COUNT"
 
     def allowed(self, site: SiteEntry | None) -> bool:

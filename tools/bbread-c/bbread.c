@@ -1,4 +1,4 @@
-/* bbread PATH [--out DIR]: read a .bb container (SPEC.md 1.2) from the end (SPEC.md 2, strategy 1),
+/* bbread PATH [--out DIR]: read a .bb container (SPEC.md 1.5) from the end (SPEC.md 2, strategy 1),
    verify and decode every chunk, print one JSON object on stdout. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -18,12 +18,20 @@ static jmp_buf unwind;
 static const char *err_code;
 static char err_msg[512];
 static int err_is_io;
+static char err_ctx[64];
+
+void fail_context(const char *ctx)
+{
+    snprintf(err_ctx, sizeof err_ctx, "%s", ctx ? ctx : "");
+}
 
 void fail(const char *code, const char *fmt, ...)
 {
     va_list ap;
+    size_t n = 0;
+    if (err_ctx[0]) n = (size_t)snprintf(err_msg, sizeof err_msg, "%s: ", err_ctx);
     va_start(ap, fmt);
-    vsnprintf(err_msg, sizeof err_msg, fmt, ap);
+    vsnprintf(err_msg + n, sizeof err_msg - n, fmt, ap);
     va_end(ap);
     err_code = code;
     longjmp(unwind, 1);

@@ -1,6 +1,7 @@
-/* bbread: an independent reader for the .bb container format (SPEC.md v1.3; payload codec 2
+/* bbread: an independent reader for the .bb container format (SPEC.md v1.5; payload codec 2
    added from SPEC.md 8.6; content digests 5.4 and mixed corrections 8.4 from the 1.2 text;
-   payload codec 3 from the 8.7 text alone, exponent.c). */
+   payload codec 3 from the 8.7 text alone, exponent.c; payload codec 4 from the 8.9 text
+   alone, parts.c). */
 #ifndef BBREAD_H
 #define BBREAD_H
 
@@ -15,6 +16,8 @@
 /* ---- errors: fail() reports a stable E_ code and unwinds to main ---- */
 void fail(const char *code, const char *fmt, ...);
 void fail_io(const char *fmt, ...); /* exit 2: not a container problem */
+/* fail() messages start with "CTX: " while ctx is set (NULL or "" clears it) */
+void fail_context(const char *ctx);
 
 /* ---- tracked allocator: everything is freed by xfree_all() ---- */
 void *xalloc(uint64_t size, const char *limit_code);
@@ -59,6 +62,8 @@ uint64_t zstd_declared_size(const uint8_t *src, size_t n);
 /* Checks src is exactly one frame (E_ZSTD), decompresses into a new buffer of
    capacity cap; *got receives the decompressed size. */
 uint8_t *zstd_decode(const uint8_t *src, size_t n, uint64_t cap, uint64_t *got, const char *limit_code);
+/* The same into the caller's dst[0..cap); returns the decompressed size. */
+uint64_t zstd_decode_into(const uint8_t *src, size_t n, uint8_t *dst, uint64_t cap);
 
 /* ---- dtypes (SPEC.md 6.1) ---- */
 enum { DT_F16 = 1, DT_BF16 = 2, DT_F32 = 3 };
@@ -92,13 +97,23 @@ void emit_tensor(const tensor_t *t);
 #define BB_FLAG_MIXED   4u  /* 1.2: x_residuals and x_patches on one symmetric site (8.4) */
 #define BB_FLAG_EXPONENT 8u /* 1.3: payload codec 3 (8.7) */
 #define BB_FLAG_BANDS   16u /* 1.4: a band section per non-PLAIN site (8.8); needs DIGESTS */
-#define BB_KNOWN_FLAGS  (BB_FLAG_PLANES | BB_FLAG_DIGESTS | BB_FLAG_MIXED | BB_FLAG_EXPONENT | BB_FLAG_BANDS)
+#define BB_FLAG_PARTS   32u /* 1.5: payload codec 4 (8.9) */
+#define BB_KNOWN_FLAGS  (BB_FLAG_PLANES | BB_FLAG_DIGESTS | BB_FLAG_MIXED | BB_FLAG_EXPONENT | BB_FLAG_BANDS | BB_FLAG_PARTS)
 extern uint32_t bb_required_flags;
 extern double bb_margin; /* 1.4: the smallest site margin met so far (SPEC.md 9 item 7); INFINITY if none */
 extern int bb_have_margin;
-/* exponent.c: the P symbols (W-bit LE, P*W/8 bytes, allocated) of a codec-3 payload
-   section sec[0..len) (SPEC.md 8.7); fails with the codes of 11.2. */
-uint8_t *exponent_decode(const uint8_t *sec, uint64_t len, uint64_t P, int sym_dtype, int W);
+/* The payload decoders write the P symbols (W-bit LE, P*W/8 bytes) of a payload section
+   sec[0..len) into out, or, with out = NULL, into a buffer they allocate; they return it and
+   fail with the codes of 11.2. A codec-4 part is decoded by them with P = its p_k. */
+/* chunk.c: codec 2, planes (SPEC.md 8.6) */
+uint8_t *decode_planes(const uint8_t *sec, uint64_t len, uint64_t P, int W, uint8_t *out);
+/* exponent.c: codec 3, exponent (SPEC.md 8.7) */
+uint8_t *exponent_decode(const uint8_t *sec, uint64_t len, uint64_t P, int sym_dtype, int W, uint8_t *out);
+/* exponent.c: checks only the leading fields of a codec-3 section (joined t, the segment
+   records and their cover of P, 8.7's first rows) and returns its number of tables, sum K_j */
+uint64_t exponent_tables(const uint8_t *sec, uint64_t len, uint64_t P, int sym_dtype);
+/* parts.c: codec 4, parts (SPEC.md 8.9); always allocates */
+uint8_t *parts_decode(const uint8_t *sec, uint64_t len, uint64_t P, int sym_dtype, int W);
 void process_chunk(const uint8_t *buf, uint64_t len, uint32_t i, uint32_t entry_crc);
 
 #endif

@@ -292,20 +292,20 @@ static uint64_t p_segments(pcur_t *c, uint64_t P, uint64_t **n, uint64_t **r, ui
     return S;
 }
 
-/* The P symbols (W-bit LE, P*W/8 bytes) of a codec-2 payload. */
-static uint8_t *decode_planes(const uint8_t *s, uint64_t len, uint64_t P, int W)
+/* The P symbols (W-bit LE, P*W/8 bytes) of a codec-2 payload, into out (NULL: allocated). */
+uint8_t *decode_planes(const uint8_t *s, uint64_t len, uint64_t P, int W, uint8_t *out)
 {
     pcur_t c = {s, len, 0, "planes payload"};
     uint64_t S, j, i, mapsz = 0, pos = 0, mpos = 0, B = (uint64_t)W / 8;
     uint64_t *n, *r;
-    uint8_t *K, *out;
+    uint8_t *K;
     const uint8_t *maps, *g;
     int mowned, owned, b;
     S = p_segments(&c, P, &n, &r, &K);
     for (j = 0; j < S; j++)
         if (K[j] > 1) mapsz += (n[j] + r[j] - 1) / r[j] + r[j];
     maps = p_group(&c, mapsz, &mowned);
-    out = xalloc(P * B, "E_LIMIT_TENSOR");
+    if (!out) out = xalloc(P * B, "E_LIMIT_TENSOR");
     for (j = 0; j < S; j++) {
         uint8_t *top = out + pos * B + (B - 1);
         if (K[j] == 1) {
@@ -737,7 +737,8 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
         if (kind < 1 || kind > 6 || (kind == K_BAND && !(bb_required_flags & BB_FLAG_BANDS)))
             fail("E_SECTION_KIND", "chunk %u: section %u unknown kind %u", ci, k, kind);
         if (codec > 1 && !(codec == 2 && kind == K_PAYLOAD && (bb_required_flags & BB_FLAG_PLANES))
-                      && !(codec == 3 && kind == K_PAYLOAD && (bb_required_flags & BB_FLAG_EXPONENT)))
+                      && !(codec == 3 && kind == K_PAYLOAD && (bb_required_flags & BB_FLAG_EXPONENT))
+                      && !(codec == 4 && kind == K_PAYLOAD && (bb_required_flags & BB_FLAG_PARTS)))
             fail("E_CODEC", "chunk %u: section %u unknown codec %u", ci, k, codec);
         if (kind == K_BAND && codec != 0) fail("E_CODEC", "chunk %u: band section %u not raw", ci, k);
         if (so != off) fail("E_BOUNDS", "chunk %u: section %u not contiguous", ci, k);
@@ -787,10 +788,13 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
         }
         /* decode */
         if (codec == 2) {
-            dec = decode_planes(buf + so, sl, (uint64_t)P, W);
+            dec = decode_planes(buf + so, sl, (uint64_t)P, W, NULL);
             owned = 1;
         } else if (codec == 3) {
-            dec = exponent_decode(buf + so, sl, (uint64_t)P, sym_dtype, W); /* exponent.c */
+            dec = exponent_decode(buf + so, sl, (uint64_t)P, sym_dtype, W, NULL); /* exponent.c */
+            owned = 1;
+        } else if (codec == 4) {
+            dec = parts_decode(buf + so, sl, (uint64_t)P, sym_dtype, W); /* parts.c */
             owned = 1;
         } else if (codec == 0) {
             if (sl != dl) fail("E_SECTION_SIZE", "chunk %u: raw section %u stored_length != decoded_length", ci, k);

@@ -16,7 +16,11 @@
    rANS step is two loads, a multiply and an add, the renormalisation is branchless, and the
    word bound is checked once per block of symbols instead of per word. The lookups are
    built per segment (64 KiB each, at most 16 live at once), and only for the classes that a
-   column of the segment uses (tables of unused classes are checked, never expanded). */
+   column of the segment uses (tables of unused classes are checked, never expanded).
+
+   1.5 (codec 4, parts.c): the decoder writes into the caller's buffer when given one (a part
+   of a codec-4 payload), and exponent_tables checks only the leading fields (t, the segment
+   records) of a codec-3 part, which 8.9 reads for every such part before any part is decoded. */
 #include <string.h>
 
 #include "bbread.h"
@@ -339,182 +343,248 @@ EX_REST(ex_rest1_16, 1, 16)
 EX_REST(ex_rest2_32, 2, 32)
 EX_REST(ex_rest3_32, 3, 32)
 
-/* ------------------------------------------------------------ the payload */
+/* ------------------------------------------------------------ the leading fields */
 
-uint8_t *exponent_decode(const uint8_t *sec, uint64_t len, uint64_t P, int sym_dtype, int W)
+/* What 8.7's first rows give: joined t (as the code's bits B, its shift c and the rest's
+   bits R) and the segment records, with sum K_j (the tables) and the class-map size. */
+typedef struct {
+    unsigned B, cbits, R;
+    uint64_t N, ksum, mapsz;
+    uint64_t *n, *r;
+    uint8_t *K;
+} ex_head;
+
+static void ex_head_free(ex_head *h)
 {
-    ex_cur c = {sec, len, 0, "exponent payload"};
-    unsigned e, s, t, B, cbits, R, rlo, rhi;
-    uint64_t N, j, i, covered = 0, ksum = 0, Q, mapsz = 0, mpos, T, Tmax, S, need, pos, tid;
-    uint64_t *n, *r, *tab_at;
-    uint8_t *K, *out;
-    const uint8_t *maps, *tb, *stream;
-    int mowned, towned;
-    ex_lanes L;
-    ex_lookup *slots;
-    const ex_lookup *luts[16];
-    uint64_t WB = (uint64_t)W / 8;
+    xfree(h->n);
+    xfree(h->r);
+    xfree(h->K);
+}
 
-    EX_TICK(t0);
-    /* fields of a symbol: (s, e) = (mantissa bits, exponent bits) of the symbol dtype */
+/* joined t: t <= min(s, 12 - e), with (s, e) = (mantissa bits, exponent bits) of the
+   symbol dtype */
+static void ex_joined(ex_cur *c, int sym_dtype, ex_head *h)
+{
+    unsigned s, e, t;
     switch (sym_dtype) {
     case DT_F16: s = 10; e = 5; break;
     case DT_BF16: s = 7; e = 8; break;
     default: s = 23; e = 8; break;
     }
+    t = ex_u8(c, "joined bit count t");
+    if (t > s || e + t > 12) fail("E_SECTION_CONTENT", "%s: t = %u joined bits, at most %u", c->what, t, (s < 12 - e ? s : 12 - e));
+    h->B = e + t;       /* code bits */
+    h->cbits = s - t;   /* shift of the code */
+    h->R = 1 + h->cbits; /* rest bits = W - B */
+}
 
-    /* joined t: t <= min(s, 12 - e) */
-    t = ex_u8(&c, "joined bit count t");
-    if (t > s || e + t > 12) fail("E_SECTION_CONTENT", "exponent payload: t = %u joined bits, at most %u", t, (s < 12 - e ? s : 12 - e));
-    B = e + t;       /* code bits */
-    cbits = s - t;   /* shift of the code */
-    R = 1 + cbits;   /* rest bits = W - B */
-    rlo = R / 8;     /* whole bytes of each rest field */
-    rhi = R % 8;     /* high bits, packed 8 symbols to rhi bytes */
-
-    /* segments, as 8.6 */
-    N = ex_varint(&c, "segment count");
-    if (N > 65536) fail("E_LIMIT_COUNT", "exponent payload: %llu segments, at most 65536", (unsigned long long)N);
-    if (N < 1 || N > P) fail("E_SECTION_CONTENT", "exponent payload: %llu segments for %llu symbols", (unsigned long long)N, (unsigned long long)P);
-    n = xalloc(N * sizeof *n, "E_LIMIT_COUNT");
-    r = xalloc(N * sizeof *r, "E_LIMIT_COUNT");
-    K = xalloc(N, "E_LIMIT_COUNT");
-    for (j = 0; j < N; j++) {
-        n[j] = ex_varint(&c, "segment length");
-        if (n[j] < 1 || n[j] > P - covered) fail("E_SECTION_CONTENT", "exponent payload: segment %llu length out of range", (unsigned long long)j);
-        r[j] = ex_varint(&c, "row length");
-        if (r[j] < 1 || r[j] > n[j]) fail("E_SECTION_CONTENT", "exponent payload: segment %llu row length out of range", (unsigned long long)j);
-        K[j] = ex_u8(&c, "class count");
-        if (K[j] < 1 || K[j] > 16) fail("E_SECTION_CONTENT", "exponent payload: segment %llu has %u classes", (unsigned long long)j, K[j]);
-        covered += n[j];
-        ksum += K[j];
-        if (K[j] > 1) mapsz += r[j]; /* <= P */
+/* The leading fields, checked in reading order: joined t, the segment count (as 8.6), the
+   records, their cover of P, then sum K_j <= 1,024. */
+static void ex_leading(ex_cur *c, uint64_t P, int sym_dtype, ex_head *h)
+{
+    uint64_t j, covered = 0;
+    ex_joined(c, sym_dtype, h);
+    h->N = ex_varint(c, "segment count");
+    if (h->N > 65536) fail("E_LIMIT_COUNT", "%s: %llu segments, at most 65536", c->what, (unsigned long long)h->N);
+    if (h->N < 1 || h->N > P) fail("E_SECTION_CONTENT", "%s: %llu segments for %llu symbols", c->what, (unsigned long long)h->N, (unsigned long long)P);
+    h->n = xalloc(h->N * sizeof *h->n, "E_LIMIT_COUNT");
+    h->r = xalloc(h->N * sizeof *h->r, "E_LIMIT_COUNT");
+    h->K = xalloc(h->N, "E_LIMIT_COUNT");
+    h->ksum = h->mapsz = 0;
+    for (j = 0; j < h->N; j++) {
+        h->n[j] = ex_varint(c, "segment length");
+        if (h->n[j] < 1 || h->n[j] > P - covered) fail("E_SECTION_CONTENT", "%s: segment %llu length out of range", c->what, (unsigned long long)j);
+        h->r[j] = ex_varint(c, "row length");
+        if (h->r[j] < 1 || h->r[j] > h->n[j]) fail("E_SECTION_CONTENT", "%s: segment %llu row length out of range", c->what, (unsigned long long)j);
+        h->K[j] = ex_u8(c, "class count");
+        if (h->K[j] < 1 || h->K[j] > 16) fail("E_SECTION_CONTENT", "%s: segment %llu has %u classes", c->what, (unsigned long long)j, h->K[j]);
+        covered += h->n[j];
+        h->ksum += h->K[j];
+        if (h->K[j] > 1) h->mapsz += h->r[j]; /* <= P */
     }
-    if (covered != P) fail("E_SECTION_CONTENT", "exponent payload: segments cover %llu of %llu symbols", (unsigned long long)covered, (unsigned long long)P);
-    if (ksum > 1024) fail("E_LIMIT_COUNT", "exponent payload: %llu tables, at most 1024", (unsigned long long)ksum);
+    if (covered != P) fail("E_SECTION_CONTENT", "%s: segments cover %llu of %llu symbols", c->what, (unsigned long long)covered, (unsigned long long)P);
+    if (h->ksum > 1024) fail("E_LIMIT_COUNT", "%s: %llu tables, at most 1024", c->what, (unsigned long long)h->ksum);
+}
 
-    /* lanes */
-    Q = ex_varint(&c, "lane count");
-    if (Q < 1 || Q > P || Q > 65536) fail("E_SECTION_CONTENT", "exponent payload: %llu lanes for %llu symbols", (unsigned long long)Q, (unsigned long long)P);
+uint64_t exponent_tables(const uint8_t *sec, uint64_t len, uint64_t P, int sym_dtype)
+{
+    ex_cur c = {sec, len, 0, "exponent payload"};
+    ex_head h;
+    uint64_t ksum;
+    ex_leading(&c, P, sym_dtype, &h);
+    ksum = h.ksum;
+    ex_head_free(&h);
+    return ksum;
+}
 
-    /* class maps: r_j column-class bytes per segment with K_j > 1, each < K_j */
-    maps = ex_group(&c, mapsz, &mowned, "class-map");
-    for (j = 0, mpos = 0; j < N; j++) {
-        if (K[j] == 1) continue;
-        for (i = 0; i < r[j]; i++)
-            if (maps[mpos + i] >= K[j])
-                fail("E_SECTION_CONTENT", "exponent payload: segment %llu column %llu class %u >= K = %u", (unsigned long long)j,
-                     (unsigned long long)i, maps[mpos + i], K[j]);
-        mpos += r[j];
+/* ------------------------------------------------------------ the fields after them */
+
+/* class maps: r_j column-class bytes per segment with K_j > 1, each < K_j */
+static const uint8_t *ex_class_maps(ex_cur *c, const ex_head *h, int *owned)
+{
+    const uint8_t *maps = ex_group(c, h->mapsz, owned, "class-map");
+    uint64_t j, i, mpos = 0;
+    for (j = 0; j < h->N; j++) {
+        if (h->K[j] == 1) continue;
+        for (i = 0; i < h->r[j]; i++)
+            if (maps[mpos + i] >= h->K[j])
+                fail("E_SECTION_CONTENT", "%s: segment %llu column %llu class %u >= K = %u", c->what, (unsigned long long)j,
+                     (unsigned long long)i, maps[mpos + i], h->K[j]);
+        mpos += h->r[j];
     }
+    return maps;
+}
 
-    /* tables */
-    T = ex_varint(&c, "tables length");
-    Tmax = ksum * 10 * (1 + 2 * ((uint64_t)1 << B)); /* <= 1024 * 10 * 8193 */
-    if (T > Tmax) fail("E_SECTION_CONTENT", "exponent payload: tables length %llu over %llu", (unsigned long long)T, (unsigned long long)Tmax);
-    tb = ex_group(&c, T, &towned, "tables");
-    tab_at = xalloc(ksum * sizeof *tab_at, "E_LIMIT_COUNT");
-    for (j = 0, pos = 0, tid = 0; j < N; j++) {
+/* tables_length, the tables group and every table in it (segment-major); *at receives the
+   offset of each table in the group */
+static const uint8_t *ex_tables(ex_cur *c, const ex_head *h, int *owned, uint64_t **at)
+{
+    uint64_t T = ex_varint(c, "tables length"), Tmax, j, pos = 0, tid = 0;
+    const uint8_t *tb;
+    Tmax = h->ksum * 10 * (1 + 2 * ((uint64_t)1 << h->B)); /* <= 1024 * 10 * 8193 */
+    if (T > Tmax) fail("E_SECTION_CONTENT", "%s: tables length %llu over %llu", c->what, (unsigned long long)T, (unsigned long long)Tmax);
+    tb = ex_group(c, T, owned, "tables");
+    *at = xalloc(h->ksum * sizeof **at, "E_LIMIT_COUNT");
+    for (j = 0; j < h->N; j++) {
         unsigned k;
-        for (k = 0; k < K[j]; k++, tid++) {
-            tab_at[tid] = pos;
-            ex_check_table(tb, T, &pos, B, tid);
+        for (k = 0; k < h->K[j]; k++, tid++) {
+            (*at)[tid] = pos;
+            ex_check_table(tb, T, &pos, h->B, tid);
         }
     }
-    if (pos != T) fail("E_SECTION_CONTENT", "exponent payload: %llu bytes after the last table", (unsigned long long)(T - pos));
+    if (pos != T) fail("E_SECTION_CONTENT", "%s: %llu bytes after the last table", c->what, (unsigned long long)(T - pos));
+    return tb;
+}
 
-    /* stream */
-    S = ex_varint(&c, "stream length");
-    if (S > 4 * Q + 2 * P) fail("E_SECTION_CONTENT", "exponent payload: stream length %llu over 4Q + 2P", (unsigned long long)S);
-    if (S > c.len - c.pos) fail("E_SECTION_CONTENT", "exponent payload: the stream runs past the section");
-    stream = c.s + c.pos;
-    c.pos += S;
-    if (S < 4 * Q || (S - 4 * Q) % 2) fail("E_SECTION_CONTENT", "exponent payload: stream length %llu does not fit %llu lanes and 16-bit words", (unsigned long long)S, (unsigned long long)Q);
-    L.Q = Q;
-    L.lane = 0;
-    L.words = stream + 4 * Q;
-    L.nwords = (S - 4 * Q) / 2;
-    L.wp = 0;
-    L.x = xalloc(Q * sizeof *L.x, "E_LIMIT_COUNT");
+/* stream_length, then the stream's Q lane states into L (its words are read later) */
+static void ex_stream(ex_cur *c, uint64_t P, uint64_t Q, ex_lanes *L)
+{
+    uint64_t S = ex_varint(c, "stream length"), i;
+    const uint8_t *stream;
+    if (S > 4 * Q + 2 * P) fail("E_SECTION_CONTENT", "%s: stream length %llu over 4Q + 2P", c->what, (unsigned long long)S);
+    if (S > c->len - c->pos) fail("E_SECTION_CONTENT", "%s: the stream runs past the section", c->what);
+    stream = c->s + c->pos;
+    c->pos += S;
+    if (S < 4 * Q || (S - 4 * Q) % 2)
+        fail("E_SECTION_CONTENT", "%s: stream length %llu does not fit %llu lanes and 16-bit words", c->what, (unsigned long long)S,
+             (unsigned long long)Q);
+    L->Q = Q;
+    L->lane = 0;
+    L->words = stream + 4 * Q;
+    L->nwords = (S - 4 * Q) / 2;
+    L->wp = 0;
+    L->x = xalloc(Q * sizeof *L->x, "E_LIMIT_COUNT");
     for (i = 0; i < Q; i++) {
-        L.x[i] = ld32(stream + 4 * i);
-        if (L.x[i] < EX_L) fail("E_SECTION_CONTENT", "exponent payload: lane %llu starts at %u, below 2^16", (unsigned long long)i, L.x[i]);
+        L->x[i] = ld32(stream + 4 * i);
+        if (L->x[i] < EX_L) fail("E_SECTION_CONTENT", "%s: lane %llu starts at %u, below 2^16", c->what, (unsigned long long)i, L->x[i]);
     }
+}
 
-    /* The rest: P * floor(R/8) bytes, then ceil(P/8) * (R mod 8) bytes, then the end. 8.7
-       checks its length after the stream is decoded; it is checked here, before the output
-       is allocated, so that the output (P * W/8 bytes) is bounded by the section's own size
-       (every rest field has R >= 4 bits). Only the message can differ: the stream's checks
-       and this one are all E_SECTION_CONTENT. */
-    need = P * rlo + (P / 8 + (P % 8 != 0)) * rhi;
-    if (c.len - c.pos != need)
-        fail("E_SECTION_CONTENT", "exponent payload: %llu bytes after the stream, the rest fields need %llu", (unsigned long long)(c.len - c.pos),
-             (unsigned long long)need);
+/* The rest: P * floor(R/8) bytes, then ceil(P/8) * (R mod 8) bytes, then the end. 8.7 checks
+   its length after the stream is decoded; it is checked before, before the output is
+   allocated, so that the output (P * W/8 bytes) is bounded by the section's own size (every
+   rest field has R >= 4 bits); 8.7 allows this (the code is the same, E_SECTION_CONTENT). */
+static void ex_rest_length(const ex_cur *c, const ex_head *h, uint64_t P)
+{
+    uint64_t need = P * (h->R / 8) + (P / 8 + (P % 8 != 0)) * (h->R % 8);
+    if (c->len - c->pos != need)
+        fail("E_SECTION_CONTENT", "%s: %llu bytes after the stream, the rest fields need %llu", c->what,
+             (unsigned long long)(c->len - c->pos), (unsigned long long)need);
+}
 
-    /* decode the codes, segment by segment; out holds code << c in every symbol */
-    out = xalloc(P * WB, "E_LIMIT_TENSOR");
-    EX_TICK(t1);
-    {
-        unsigned maxk = 1;
-        for (j = 0; j < N; j++)
-            if (K[j] > maxk) maxk = K[j];
-        slots = xalloc((uint64_t)maxk * sizeof(ex_lookup), "E_LIMIT_TENSOR");
-    }
-    for (j = 0, mpos = 0, tid = 0, pos = 0; j < N; j++) {
+/* ------------------------------------------------------------ decoding */
+
+/* The codes of every segment into out (code << c in every symbol), then the stream's end:
+   every word read, every lane back at 2^16. */
+static void ex_codes(const ex_head *h, const uint8_t *maps, const uint8_t *tb, const uint64_t *tab_at, ex_lanes *L,
+                     uint8_t *out, int W)
+{
+    uint64_t j, i, mpos = 0, tid = 0, pos = 0, WB = (uint64_t)W / 8;
+    const ex_lookup *luts[16];
+    ex_lookup *slots;
+    unsigned maxk = 1;
+    for (j = 0; j < h->N; j++)
+        if (h->K[j] > maxk) maxk = h->K[j];
+    slots = xalloc((uint64_t)maxk * sizeof(ex_lookup), "E_LIMIT_TENSOR");
+    for (j = 0; j < h->N; j++) {
         const uint8_t *cls = NULL;
-        if (K[j] == 1) {
-            ex_build_lookup(tb, tab_at[tid], cbits, slots);
+        if (h->K[j] == 1) {
+            ex_build_lookup(tb, tab_at[tid], h->cbits, slots);
             luts[0] = slots;
         } else {
             uint8_t used[16];
             unsigned k;
             cls = maps + mpos;
             memset(used, 0, sizeof used);
-            for (i = 0; i < r[j]; i++) used[cls[i]] = 1;
-            for (k = 0; k < K[j]; k++) {
+            for (i = 0; i < h->r[j]; i++) used[cls[i]] = 1;
+            for (k = 0; k < h->K[j]; k++) {
                 luts[k] = slots + (uint64_t)k;
-                if (used[k]) ex_build_lookup(tb, tab_at[tid + k], cbits, slots + (uint64_t)k);
+                if (used[k]) ex_build_lookup(tb, tab_at[tid + k], h->cbits, slots + (uint64_t)k);
             }
-            mpos += r[j];
+            mpos += h->r[j];
         }
-        ex_decode_segment(&L, luts, cls, n[j], r[j], out + pos * WB, W);
-        tid += K[j];
-        pos += n[j];
+        ex_decode_segment(L, luts, cls, h->n[j], h->r[j], out + pos * WB, W);
+        tid += h->K[j];
+        pos += h->n[j];
     }
-    if (L.wp != L.nwords)
-        fail("E_SECTION_CONTENT", "exponent payload: %llu words left in the stream", (unsigned long long)(L.nwords - L.wp));
-    for (i = 0; i < Q; i++)
-        if (L.x[i] != EX_L) fail("E_SECTION_CONTENT", "exponent payload: lane %llu ends at %u, not 2^16", (unsigned long long)i, L.x[i]);
+    xfree(slots);
+    if (L->wp != L->nwords)
+        fail("E_SECTION_CONTENT", "exponent payload: %llu words left in the stream", (unsigned long long)(L->nwords - L->wp));
+    for (i = 0; i < L->Q; i++)
+        if (L->x[i] != EX_L) fail("E_SECTION_CONTENT", "exponent payload: lane %llu ends at %u, not 2^16", (unsigned long long)i, L->x[i]);
+}
 
+/* ORs the rest fields (at c->pos, their length checked) into out, then checks the padding:
+   fields of positions past P - 1 in the last group are zero */
+static void ex_apply_rest(const ex_cur *c, const ex_head *h, uint64_t P, uint8_t *out)
+{
+    const uint8_t *lo = c->s + c->pos, *hi = lo + P * (h->R / 8);
+    unsigned rhi = h->R % 8;
+    uint64_t v;
+    switch (h->R / 8) {
+    case 0: v = ex_rest0_16(out, lo, hi, P, rhi, h->cbits); break;
+    case 1: v = ex_rest1_16(out, lo, hi, P, rhi, h->cbits); break;
+    case 2: v = ex_rest2_32(out, lo, hi, P, rhi, h->cbits); break;
+    default: v = ex_rest3_32(out, lo, hi, P, rhi, h->cbits); break;
+    }
+    if (rhi && P % 8 && (v >> (rhi * (P % 8))) != 0)
+        fail("E_SECTION_CONTENT", "%s: padding bits after the last rest field are not zero", c->what);
+}
+
+/* ------------------------------------------------------------ the payload */
+
+uint8_t *exponent_decode(const uint8_t *sec, uint64_t len, uint64_t P, int sym_dtype, int W, uint8_t *out)
+{
+    ex_cur c = {sec, len, 0, "exponent payload"};
+    ex_head h;
+    ex_lanes L;
+    uint64_t Q, *tab_at;
+    const uint8_t *maps, *tb;
+    int mowned, towned;
+
+    EX_TICK(t0);
+    ex_leading(&c, P, sym_dtype, &h);
+    Q = ex_varint(&c, "lane count");
+    if (Q < 1 || Q > P || Q > 65536) fail("E_SECTION_CONTENT", "exponent payload: %llu lanes for %llu symbols", (unsigned long long)Q, (unsigned long long)P);
+    maps = ex_class_maps(&c, &h, &mowned);
+    tb = ex_tables(&c, &h, &towned, &tab_at);
+    ex_stream(&c, P, Q, &L);
+    ex_rest_length(&c, &h, P);
+    if (!out) out = xalloc(P * ((uint64_t)W / 8), "E_LIMIT_TENSOR");
+    EX_TICK(t1);
+    ex_codes(&h, maps, tb, tab_at, &L, out, W);
     EX_TICK(t2);
-    /* rest (its length was checked above) */
-    {
-        const uint8_t *lo = c.s + c.pos, *hi = lo + P * rlo;
-        uint64_t v;
-        switch (rlo) {
-        case 0: v = ex_rest0_16(out, lo, hi, P, rhi, cbits); break;
-        case 1: v = ex_rest1_16(out, lo, hi, P, rhi, cbits); break;
-        case 2: v = ex_rest2_32(out, lo, hi, P, rhi, cbits); break;
-        default: v = ex_rest3_32(out, lo, hi, P, rhi, cbits); break;
-        }
-        /* fields of positions past P - 1 in the last group are zero */
-        if (rhi && P % 8 && (v >> (rhi * (P % 8))) != 0)
-            fail("E_SECTION_CONTENT", "exponent payload: padding bits after the last rest field are not zero");
-    }
-
+    ex_apply_rest(&c, &h, P, out);
     {
         EX_TICK(t3);
         EX_ADD(ex_t_setup, t0, t1);
         EX_ADD(ex_t_rans, t1, t2);
         EX_ADD(ex_t_rest, t2, t3);
     }
-    xfree(slots);
     xfree(L.x);
     xfree(tab_at);
     if (towned) xfree((void *)tb);
     if (mowned) xfree((void *)maps);
-    xfree(n);
-    xfree(r);
-    xfree(K);
+    ex_head_free(&h);
     return out;
 }

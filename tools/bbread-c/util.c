@@ -369,20 +369,38 @@ uint64_t zstd_declared_size(const uint8_t *src, size_t n)
     return (uint64_t)fcs;
 }
 
-uint8_t *zstd_decode(const uint8_t *src, size_t n, uint64_t cap, uint64_t *got, const char *limit_code)
+/* src[0..n) is exactly one frame (RFC 8878), no bytes after it; else E_ZSTD */
+static void zstd_one_frame(const uint8_t *src, size_t n)
 {
-    size_t fsz, r;
-    uint8_t *dst;
+    size_t fsz;
     if (!zstd_magic_ok(src, n)) fail("E_ZSTD", "not a zstd frame");
     fsz = ZSTD_findFrameCompressedSize(src, n);
     if (ZSTD_isError(fsz)) fail("E_ZSTD", "damaged zstd frame (%s)", ZSTD_getErrorName(fsz));
     if (fsz != n) fail("E_ZSTD", "bytes after the zstd frame");
+}
+
+/* decompresses the frame into dst[0..cap), bounded by cap; returns the size */
+static uint64_t zstd_into(const uint8_t *src, size_t n, uint8_t *dst, uint64_t cap)
+{
+    size_t r = ZSTD_decompress(dst, (size_t)cap, src, n);
+    if (ZSTD_isError(r)) fail("E_ZSTD", "zstd decompression failed (%s)", ZSTD_getErrorName(r));
+    return r;
+}
+
+uint8_t *zstd_decode(const uint8_t *src, size_t n, uint64_t cap, uint64_t *got, const char *limit_code)
+{
+    uint8_t *dst;
+    zstd_one_frame(src, n);
     if (cap > (uint64_t)SIZE_MAX - 64) fail(limit_code, "decoded size too large");
     dst = xalloc(cap ? cap : 1, limit_code);
-    r = ZSTD_decompress(dst, (size_t)cap, src, n);
-    if (ZSTD_isError(r)) fail("E_ZSTD", "zstd decompression failed (%s)", ZSTD_getErrorName(r));
-    *got = r;
+    *got = zstd_into(src, n, dst, cap);
     return dst;
+}
+
+uint64_t zstd_decode_into(const uint8_t *src, size_t n, uint8_t *dst, uint64_t cap)
+{
+    zstd_one_frame(src, n);
+    return zstd_into(src, n, dst, cap);
 }
 
 /* ------------------------------------------------------------------ dtypes */

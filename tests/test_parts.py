@@ -1,0 +1,326 @@
+"""Payload codec 4, parts (SPEC.md 8.9, format 1.5): the cut points, the byte layout both ways,
+the rules a reader checks (and their order), and the same bytes and symbols whatever the
+threads."""
+from __future__ import annotations
+
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bbformat import Reader, Writer
+from bbformat.codec.entropy import payload_segments
+from bbformat.codec.exponent import encode_exponent, table_count
+from bbformat.codec.parts import cut_runs, encode_parts, part_cuts, read_parts
+from bbformat.codec.payload import code_payload, decode_payload, in_turn, on_pool, part_threads
+from bbformat.constants import MAX_EXPONENT_TABLES, MAX_PAYLOAD_PARTS, PART_SYMBOLS, WRITER_PARTS, Codec, OpKind, RequiredFlag
+from bbformat.container.program import BlockProgram, Op, TensorEntry
+from bbformat.errors import FormatError, InputError, LimitError
+from conftest import assert_refused_without, sample_container
+
+ALL = int(RequiredFlag.PLANES | RequiredFlag.EXPONENT | RequiredFlag.PARTS)
+
+
+def _program(shapes: list[tuple[int, int]], dtype: str = "bfloat16") -> BlockProgram:
+    tensors = [TensorEntry(f"t{i}", dtype, s) for i, s in enumerate(shapes)]
+    return BlockProgram("b", dtype, tensors, [], [Op(OpKind.PUSH, i) for i in range(len(shapes))])
+
+
+def _weights(program: BlockProgram, seed: int = 0) -> bytes:
+    n = program.payload_symbols()
+    x = np.random.default_rng(seed).normal(0, 0.02, n).astype(np.float32)
+    if program.symbol_dtype == "float32":
+        return x.tobytes()
+    if program.symbol_dtype == "float16":
+        return x.astype(np.float16).tobytes()
+    return (x.view(np.uint32) >> 16).astype("<u2").tobytes()
+
+
+def test_cuts_fall_on_row_starts_and_cover_the_payload() -> None:
+    runs = [(1000 * 37, 37), (5, 5), (3000 * 11, 11)]
+    total = sum(n for n, _ in runs)
+    cuts = part_cuts(runs, total, 10_000)
+    assert cuts[0] == 0 and cuts[-1] == total and all(a < b for a, b in zip(cuts, cuts[1:]))
+    assert len(cuts) - 1 == -(-total // 10_000)
+    starts = [0, runs[0][0], runs[0][0] + runs[1][0]]
+    for c in cuts[1:-1]:
+        j = max(k for k, s in enumerate(starts) if s <= c)
+        assert (c - starts[j]) % runs[j][1] == 0, c  # the start of a row of its run
+    pieces = [cut_runs(runs, a, b) for a, b in zip(cuts, cuts[1:])]
+    assert sum(n for p in pieces for n, _ in p) == total
+    assert all(r <= n for p in pieces for n, r in p)
+
+
+def test_cuts_are_capped_and_small_payloads_are_not_cut() -> None:
+    assert part_cuts([(100, 10)], 100, 100) == [0, 100]
+    assert len(part_cuts([(10**6, 1)], 10**6, 10)) - 1 == WRITER_PARTS
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 1, 2, 3]), st.integers(1, 40)), min_size=2, max_size=6), st.integers(0, 2**31))
+def test_push_then_pop_restores_every_part(spec: list[tuple[int, int]], seed: int) -> None:
+    """encode_parts then read_parts gives back each part's codec, span and bytes, for any codecs."""
+    rng = np.random.default_rng(seed)
+    parts = [(codec, n, rng.bytes(2 * n if codec == Codec.RAW else int(rng.integers(0, 30)))) for codec, n in spec]
+    total = sum(n for _, n, _ in parts)
+    got = read_parts(encode_parts(parts), total, 2, (0, 1, 2, 3))
+    lo = 0
+    for (codec, n, stored), p in zip(parts, got):
+        assert (p.codec, p.lo, p.hi, bytes(p.stored)) == (codec, lo, lo + n, stored)
+        lo += n
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("mode", ["auto", "exponent", "planes", "zstd"])
+def test_large_payloads_are_cut_and_decode_to_the_same_symbols(dtype: str, mode: str) -> None:
+    prog = _program([(300, 64), (7, 5), (200, 96)], dtype)
+    data = _weights(prog)
+    codec, stored = code_payload(prog, data, mode, ALL, part_symbols=8000)
+    assert codec == Codec.PARTS
+    parts = read_parts(stored, prog.payload_symbols(), prog.symbol_bits // 8, (0, 1, 2, 3))
+    assert len(parts) == -(-prog.payload_symbols() // 8000)
+    want = {"auto": None, "exponent": Codec.EXPONENT, "planes": Codec.PLANES, "zstd": Codec.ZSTD}[mode]
+    assert want is None or {p.codec for p in parts} <= {want, Codec.RAW}
+    with ThreadPoolExecutor(3) as pool:
+        for run in (in_turn, on_pool(pool)):
+            assert decode_payload(codec, stored, prog, ALL, run).tobytes() == data
+    assert code_payload(prog, data, mode, ALL, part_symbols=10**9)[0] != Codec.PARTS  # one part: not cut
+    assert code_payload(prog, data, mode, ALL & ~RequiredFlag.PARTS, part_symbols=8000)[0] != Codec.PARTS  # 1.4: not cut
+
+
+def test_the_bytes_do_not_depend_on_threads() -> None:
+    prog = _program([(500, 64)])
+    data = _weights(prog, 3)
+    with ThreadPoolExecutor(4) as pool:
+        assert code_payload(prog, data, "auto", ALL, on_pool(pool), 3000) == code_payload(prog, data, "auto", ALL, in_turn, 3000)
+
+
+def test_a_payload_whose_parts_are_all_raw_is_stored_raw() -> None:
+    prog = _program([(100, 64)])
+    data = np.random.default_rng(1).integers(0, 2**16, prog.payload_symbols(), dtype=np.uint16).tobytes()  # incompressible
+    assert code_payload(prog, data, "auto", ALL, part_symbols=1000) == (Codec.RAW, data)
+
+
+def test_codec3_parts_stay_within_the_payload_table_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A part whose tables would pass 1,024 with the earlier parts' takes another codec."""
+    import bbformat.codec.payload as payload
+
+    monkeypatch.setattr(payload, "MAX_EXPONENT_TABLES", 2)
+    prog = _program([(400, 64)])
+    data = _weights(prog, 5)
+    codec, stored = code_payload(prog, data, "auto", ALL, part_symbols=6400)
+    parts = read_parts(stored, prog.payload_symbols(), 2, (0, 1, 2, 3))
+    counts = [table_count(p.stored, p.hi - p.lo, "bfloat16") for p in parts if p.codec == Codec.EXPONENT]
+    assert counts and sum(counts) <= 2 and len(counts) < len(parts)
+    assert decode_payload(codec, stored, prog, ALL).tobytes() == data
+
+
+# ----------------------------------------------------------------------------- the reader's rules
+
+
+def _prog_p(p: int = 64) -> BlockProgram:
+    return _program([(p // 8, 8)], "float16")
+
+
+def _sym(p: int = 64, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 0.05, p).astype(np.float16).view("<u2")
+
+
+def _exp(sym: np.ndarray, runs: list[tuple[int, int]] | None = None) -> bytes:
+    out = encode_exponent(sym, "float16", runs or [(sym.size, 8)])
+    assert out is not None
+    return out
+
+
+def _refused(stored: bytes, code: str, flags: int = ALL, p: int = 64) -> str:
+    with pytest.raises(FormatError) as ei:
+        decode_payload(Codec.PARTS, stored, _prog_p(p), flags)
+    assert ei.value.code == code, ei.value
+    return str(ei.value)
+
+
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((v & 0x7F) | (0x80 if v > 0x7F else 0))
+        v >>= 7
+        if not v:
+            return bytes(out)
+
+
+def _rec(codec: int, n: int, length: int) -> bytes:
+    return bytes([codec]) + _varint(n) + _varint(length)
+
+
+def test_four_codecs_in_one_payload_decode() -> None:
+    s = _sym()
+    z = zstandard.ZstdCompressor().compress(s[16:32].tobytes())
+    parts = [(0, 16, s[:16].tobytes()), (1, 16, z), (3, 32, _exp(s[32:]))]
+    out = decode_payload(Codec.PARTS, encode_parts(parts), _prog_p(), ALL)
+    assert out.tobytes() == s.tobytes()
+
+
+@pytest.mark.parametrize("count", [0, 1, 65])
+def test_part_count_out_of_range(count: int) -> None:
+    _refused(_varint(count), "E_SECTION_CONTENT")
+
+
+def test_part_count_over_the_limit_is_a_limit_error() -> None:
+    with pytest.raises(LimitError) as ei:
+        decode_payload(Codec.PARTS, _varint(MAX_PAYLOAD_PARTS + 1), _prog_p(), ALL)
+    assert ei.value.code == "E_LIMIT_COUNT"
+
+
+@pytest.mark.parametrize("codec,flags", [(4, ALL), (5, ALL), (2, int(RequiredFlag.EXPONENT | RequiredFlag.PARTS)),
+                                         (3, int(RequiredFlag.PLANES | RequiredFlag.PARTS))])
+def test_part_codecs_the_file_does_not_allow(codec: int, flags: int) -> None:
+    _refused(_varint(2) + _rec(codec, 32, 1) + _rec(0, 32, 64), "E_CODEC", flags)
+
+
+def test_record_rules() -> None:
+    s = _sym().tobytes()
+    _refused(_varint(2) + _rec(0, 0, 0) + _rec(0, 64, 128) + s, "E_SECTION_CONTENT")  # a part of 0 symbols
+    _refused(_varint(2) + _rec(0, 65, 130), "E_SECTION_CONTENT")  # more symbols than the payload
+    _refused(_varint(2) + _rec(0, 32, 64) + _rec(0, 31, 62) + s[:126], "E_SECTION_CONTENT")  # not covering P
+    _refused(_varint(2) + _rec(0, 32, 64) + _rec(0, 32, 65) + s, "E_SECTION_CONTENT")  # past the section
+    _refused(_varint(2) + _rec(0, 32, 64) + _rec(0, 32, 64) + s + b"\0", "E_SECTION_CONTENT")  # a byte after the parts
+    _refused(_varint(2) + _rec(0, 32, 62) + _rec(0, 32, 64) + s[:126], "E_SECTION_SIZE")  # raw length not p_k * W/8
+    _refused(_varint(2) + _rec(0, 32, 64), "E_SECTION_CONTENT")  # the records promise bytes that are missing
+
+
+def test_part_errors_are_their_codecs_errors() -> None:
+    s = _sym()
+    bad_size = zstandard.ZstdCompressor().compress(s[:31].tobytes())
+    _refused(encode_parts([(1, 32, bad_size), (0, 32, s[32:].tobytes())]), "E_SECTION_SIZE")
+    two_frames = zstandard.ZstdCompressor().compress(s[:16].tobytes()) + zstandard.ZstdCompressor().compress(s[16:32].tobytes())
+    _refused(encode_parts([(0, 32, s[:32].tobytes()), (1, 32, two_frames)]), "E_SECTION_SIZE")
+    _refused(encode_parts([(0, 32, s[:32].tobytes()), (3, 32, _exp(s[32:]) + b"\0")]), "E_SECTION_CONTENT")
+
+
+def test_tables_of_all_codec3_parts_count_against_one_limit() -> None:
+    """Two codec-3 parts of 520 tables each: each within 1,024, together over it; the count
+    is checked before any part is decoded, so part 0's damage is not what is reported."""
+    head = bytes([0]) + _varint(33) + b"".join(_varint(1) + _varint(1) + b"\x10" for _ in range(32)) + _varint(1) + _varint(1) + b"\x10"
+    assert 33 * 16 > MAX_EXPONENT_TABLES // 2
+    damaged = zstandard.ZstdCompressor().compress(b"\0" * 10)  # E_SECTION_SIZE, were it decoded
+    parts = [(1, 30, damaged), (3, 33, head), (3, 33, head)]
+    with pytest.raises(LimitError) as ei:
+        decode_payload(Codec.PARTS, encode_parts(parts), _prog_p(96), ALL)
+    assert ei.value.code == "E_LIMIT_COUNT"
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_the_lowest_numbered_failing_part_is_reported(threads: int) -> None:
+    s = _sym(128)
+    bad_stream = _exp(s[32:64]) + b"\0"  # E_SECTION_CONTENT: a byte after the rest fields
+    bad_size = zstandard.ZstdCompressor().compress(s[:10].tobytes())  # E_SECTION_SIZE
+    ok = s[96:].tobytes()
+    with ThreadPoolExecutor(threads) as pool:
+        for first, second, code in ((bytes(bad_stream), bad_size, "E_SECTION_CONTENT"), (bad_size, bytes(bad_stream), "E_SECTION_SIZE")):
+            codecs = [3 if first is not bad_size else 1, 3 if second is not bad_size else 1]
+            stored = encode_parts([(0, 32, s[:32].tobytes()), (codecs[0], 32, first), (codecs[1], 32, second), (0, 32, ok)])
+            with pytest.raises(FormatError) as ei:
+                decode_payload(Codec.PARTS, stored, _prog_p(128), ALL, on_pool(pool))
+            assert ei.value.code == code
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def test_writer_and_reader_threads_give_the_same_bytes_and_tensors() -> None:
+    files = [sample_container(entropy="auto", format_version="1.5", part_symbols=200, seed=3) for _ in range(2)]
+    assert files[0] == files[1]
+    with Reader(io.BytesIO(files[0])) as r:
+        assert r.header.minor == 5 and r.header.required_flags & RequiredFlag.PARTS
+        assert {r.read_chunk(i).sections[0]["codec"] for i in range(len(r))} >= {Codec.PARTS}
+    decoded = []
+    for threads in (1, 3):
+        with Reader(io.BytesIO(files[0]), threads=threads) as r:
+            decoded.append({n: t.tobytes() for b in r.iter_blocks() for n, t in b.tensors.items()})
+    assert decoded[0] == decoded[1]
+    with Reader(io.BytesIO(sample_container(entropy="auto", format_version="1.4", seed=3))) as r:
+        assert {n: t.tobytes() for b in r.iter_blocks() for n, t in b.tensors.items()} == decoded[0]
+
+
+def test_writer_threads_do_not_change_the_bytes(tmp_path: object) -> None:
+    prog_shape = (1200, 64)
+    rng = np.random.default_rng(0)
+    from bbformat.codec.dtypes import RawTensor
+    from bbformat.codec.encoder import encode_chunk
+    from bbformat.codec.layout import ChunkLayout
+
+    t = {"w": RawTensor.from_f64(rng.normal(0, 0.02, prog_shape), "bfloat16")}
+    out = []
+    for threads in (1, 2):
+        buf = io.BytesIO()
+        w = Writer(buf, "none", 1, {"format": "bbformat", "scheme": "none", "tolerance": 0.0}, entropy="auto", format_version="1.5",
+                   threads=threads, part_symbols=20_000)
+        w.add_encoded(encode_chunk(ChunkLayout("b", ("w",), ()), t, {}, "symmetric", 0.0, band=True))
+        w.close()
+        out.append(buf.getvalue())
+    assert out[0] == out[1]
+    with Reader(io.BytesIO(out[0])) as r:
+        assert r.read_chunk(0).sections[0]["codec"] == Codec.PARTS
+
+
+def test_a_1_4_reader_refuses_a_parts_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert_refused_without(monkeypatch, RequiredFlag.PARTS, sample_container(entropy="auto", format_version="1.5", part_symbols=200))
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2"])
+def test_threads_must_be_a_whole_number_of_at_least_one(bad: object) -> None:
+    with pytest.raises(InputError):
+        part_threads(bad)  # type: ignore[arg-type]
+    with pytest.raises(InputError):
+        Writer(io.BytesIO(), "none", 1, {}, threads=bad)  # type: ignore[arg-type]
+
+
+def test_default_part_size() -> None:
+    assert PART_SYMBOLS == 1 << 21 and WRITER_PARTS == 64
+    assert payload_segments(_program([(4, 4)])) == [(16, 4)]
+
+
+def test_golden_v1_5_fixture_decodes_forever(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Written once (numcodecs style): the 1.5 fixture (payloads cut every 200 symbols) pins
+    the writer's bytes where the BLAS kernel is the one it was written under, decodes with
+    every digest verified to the tensors of the 1.2 writer's file of the same input, and a
+    1.4 reader refuses it at the header."""
+    import hashlib
+    from pathlib import Path
+
+    from threadpoolctl import threadpool_info
+
+    from conftest import sample_tensors
+    from test_bands import FIXTURE_KERNEL
+
+    fix = Path(__file__).parent / "fixtures"
+    golden = (fix / "sample_v1_5_parts.bb").read_bytes()
+    assert hashlib.sha256(golden).hexdigest() == (fix / "sample_v1_5_parts.sha256").read_text().split()[0]
+    kernels = {str(i.get("architecture")) for i in threadpool_info() if i.get("user_api") == "blas"}
+    if kernels == {FIXTURE_KERNEL}:  # band widths are measured float64 disagreements (SPEC.md 12.7)
+        assert sample_container(entropy="auto", format_version="1.5", part_symbols=200) == golden
+    for threads in (1, 2):
+        with Reader(io.BytesIO(golden), threads=threads) as r:
+            assert r.header.minor == 5 and r.header.required_flags & RequiredFlag.PARTS
+            assert r.read_chunk(0).sections[0]["codec"] == Codec.PARTS
+            blocks = list(r.iter_blocks())
+            assert all(b.exact for b in blocks)
+            assert {n: t.tobytes() for b in blocks for n, t in b.tensors.items()} == sample_tensors("1.2")
+    assert_refused_without(monkeypatch, RequiredFlag.PARTS, golden)
+
+
+def test_parts_decode_the_same_without_the_compiled_coder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The numpy decoder writes codec-3 parts into their places as the compiled one does."""
+    import bbformat.codec.exponent as exponent
+
+    prog = _program([(300, 64)], "float32")
+    data = _weights(prog, 9)
+    codec, stored = code_payload(prog, data, "exponent", ALL, part_symbols=5000)
+    assert codec == Codec.PARTS
+    monkeypatch.setattr(exponent, "_exponent_native", None)
+    with ThreadPoolExecutor(2) as pool:
+        assert decode_payload(codec, stored, prog, ALL, on_pool(pool)).tobytes() == data
