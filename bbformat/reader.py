@@ -9,7 +9,6 @@ import os
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator
 
@@ -62,36 +61,36 @@ class PartDecoder:
     threads, made when a payload first has parts (none for threads=1). The decoded symbols do
     not depend on `threads`.
 
-    With the default threads (None: every CPU), blocks that `workers` threads decode side by
-    side (Reader.iter_blocks) share the CPUs: each block's parts go to the pool only while
-    there are at least two CPUs per worker, else they are decoded in turn, since the workers
-    keep the CPUs busy already and more threads would only contend for the GIL (measured:
-    BENCHMARKS.md 15)."""
+    With the default threads (None: every CPU), payloads that several threads decode at once
+    (Reader.iter_blocks' workers) share the CPUs: a payload's parts go to the pool only while
+    there are at least two CPUs per payload being decoded, else they are decoded in turn,
+    since the other decodes keep the CPUs busy already and more threads would only contend
+    for the GIL (BENCHMARKS.md 15, 17). So the last blocks of a pass, decoded alone, still
+    use every core."""
 
     def __init__(self, threads: int | None) -> None:
         self.threads = part_threads(threads)
         self._auto = threads is None
-        self._workers = 1
+        self._active = 0  # payloads being decoded now
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    @contextmanager
-    def shared_by(self, workers: int) -> Iterator[None]:
-        """While `workers` threads decode blocks side by side."""
-        before, self._workers = self._workers, workers
-        try:
-            yield
-        finally:
-            self._workers = before
-
     def __call__(self, codec: int, stored: Buffer, program: BlockProgram, flags: int) -> np.ndarray:
-        if self.threads == 1 or (self._auto and self.threads < 2 * self._workers):
+        if self.threads == 1:
             return decode_payload(codec, stored, program, flags)
         with self._lock:
-            if self._pool is None:
+            self._active += 1
+            alone = not self._auto or 2 * self._active <= self.threads
+            if alone and self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bbformat-part")
             pool = self._pool
-        return decode_payload(codec, stored, program, flags, on_pool(pool))
+        try:
+            if not alone or pool is None:
+                return decode_payload(codec, stored, program, flags)
+            return decode_payload(codec, stored, program, flags, on_pool(pool))
+        finally:
+            with self._lock:
+                self._active -= 1
 
     def close(self) -> None:
         with self._lock:
@@ -257,7 +256,8 @@ class Reader:
 
     threads: how many threads decode the parts of one payload (format 1.5, SPEC.md 8.9), beside
     iter_blocks' workers; None (the default) is every CPU this process may use, shared with the
-    workers (PartDecoder); 1 decodes them in turn. The decoded bits do not depend on it."""
+    workers (PartDecoder: the parts of a payload decoded alone use every core); 1 decodes them
+    in turn. The decoded bits do not depend on it."""
 
     def __init__(
         self, source: str | os.PathLike[str] | BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,
@@ -429,8 +429,7 @@ class Reader:
             return
         # BLAS held at the decoder's count around the whole pool, so that the workers' own
         # limits never restore a larger count while another worker is decoding.
-        with self.linalg.threads(), self._parts.shared_by(workers), \
-                ThreadPoolExecutor(workers, thread_name_prefix="bbformat-decode") as pool:
+        with self.linalg.threads(), ThreadPoolExecutor(workers, thread_name_prefix="bbformat-decode") as pool:
             ahead: deque[Future[DecodedBlock]] = deque()
             todo = iter(idx)
             for i in todo:

@@ -46,6 +46,9 @@ class _ScalarSteps:
     def __init__(self, module: object) -> None:
         self.module = module
 
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.module, name)
+
     def decode(self, *args: object) -> int:
         return self.module.decode(*args, False)  # type: ignore[attr-defined, no-any-return]
 
@@ -328,3 +331,56 @@ def test_the_encoders_wrong_arguments_are_a_value_error_not_a_crash() -> None:
     low, high = np.zeros(2, np.uint8), np.zeros(3, np.uint8)
     native.pack_rest(sym, 16, 10, low, high)
     assert low.tobytes() + high.tobytes() == b"".join(exponent._rest_numpy(sym, 16, 10))
+
+
+def _table_bytes(rng: np.random.Generator, alphabet: int, k: int) -> bytes:
+    """k valid tables of a `alphabet`-code alphabet, as stored (SPEC.md 8.7)."""
+    out = bytearray()
+    for _ in range(k):
+        m = int(rng.integers(1, min(alphabet, 40) + 1))
+        codes = np.sort(rng.choice(alphabet, m, replace=False))
+        freq = rans.quantize(rng.integers(1, 1000, m))
+        out += exponent._varint(m)
+        prev = -1
+        for a, f in zip(codes, freq):
+            out += exponent._varint(int(a) - prev - 1) + exponent._varint(int(f))
+            prev = int(a)
+    return bytes(out)
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 12), st.integers(1, 5), st.sampled_from(["none", "flip", "cut", "add", "set"]))
+def test_the_compiled_table_reader_accepts_exactly_what_numpy_accepts(seed: int, bits: int, k: int, how: str) -> None:
+    """The same tables from valid bytes, and a refusal exactly where numpy refuses (it then
+    gives the message): random tables, whole or with a byte flipped, cut, added or set."""
+    rng = np.random.default_rng(seed)
+    alphabet = 1 << bits
+    raw = bytearray(_table_bytes(rng, alphabet, k))
+    at = int(rng.integers(0, len(raw)))
+    if how == "flip":
+        raw[at] ^= 1 << int(rng.integers(0, 8))
+    elif how == "cut":
+        del raw[at:]
+    elif how == "add":
+        raw.insert(at, int(rng.integers(0, 256)))
+    elif how == "set":
+        raw[at] = int(rng.choice([0x00, 0x7F, 0x80, 0xFF]))
+    segs = [(1, 1, k)]
+    b = np.frombuffer(bytes(raw), np.uint8)
+    try:
+        want = exponent.read_tables(b, segs, alphabet, native=False)
+    except BBFormatError as e:
+        assert e.code == "E_SECTION_CONTENT"
+        want = None
+    count = k
+    code, freq, start = (np.empty(len(raw) // 2 + 1, np.uint32) for _ in range(3))
+    first = np.empty(count + 1, np.int64)
+    got = exponent._exponent_native.tables(b, count, alphabet, code, freq, start, first)
+    if want is None:
+        assert got == -1
+    else:
+        assert got == want.freq.size
+        for name, arr in (("symbol", code), ("freq", freq), ("start", start)):
+            assert np.array_equal(arr[:got], getattr(want, name)), name
+        assert np.array_equal(first, want.first)

@@ -33,7 +33,7 @@
 
 /* The functions and argument lists below; exponent.py uses this module only if it says the same (an
  * extension built from another version of this file falls back to numpy, never crashes). */
-#define ABI 4
+#define ABI 5
 
 enum { OK = 0, ERR_STREAM_SHORT = 1, ERR_WORDS_LEFT = 2, ERR_LANE_END = 3 };
 
@@ -493,6 +493,78 @@ done:
 }
 
 
+/* One varint of at most 10 bytes and below 2^64 (SPEC.md 1) at b[*pos] (n bytes in all); 0 if
+ * there is none. */
+static int varint_at(const uint8_t *b, size_t n, size_t *pos, uint64_t *v)
+{
+    uint64_t x = 0;
+    for (unsigned k = 0; k < 10 && *pos < n; ++k) {
+        const uint8_t byte = b[(*pos)++];
+        if (k == 9 && byte > 1)
+            return 0;
+        x |= (uint64_t)(byte & 0x7F) << (7 * k);
+        if (!(byte & 0x80)) {
+            *v = x;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The tables of a codec-3 payload from their stored varints (SPEC.md 8.7): `ntables` tables
+ * into code/freq/start (room for `cap` entries) and first (ntables + 1 values). Returns the
+ * entry count, or -1 if any rule fails: exponent.py's numpy reader then finds which, for its
+ * message. */
+static int64_t read_tables(const uint8_t *b, size_t n, size_t ntables, uint64_t alphabet, uint32_t *code, uint32_t *freq,
+                           uint32_t *start, int64_t *first, size_t cap)
+{
+    size_t pos = 0, e = 0;
+    for (size_t t = 0; t < ntables; ++t) {
+        uint64_t m, gap, f, a = 0, total = 0;
+        if (!varint_at(b, n, &pos, &m) || m < 1 || m > alphabet)
+            return -1;
+        first[t] = (int64_t)e;
+        for (uint64_t i = 0; i < m; ++i, ++e) {
+            if (!varint_at(b, n, &pos, &gap) || !varint_at(b, n, &pos, &f) || gap >= alphabet || f < 1 || f > (1u << SLOT_BITS))
+                return -1;
+            a = i ? a + 1 + gap : gap; /* a_i = a_(i-1) + 1 + gap_i, a_-1 = -1 */
+            if (a >= alphabet || e >= cap)
+                return -1;
+            code[e] = (uint32_t)a;
+            freq[e] = (uint32_t)f;
+            start[e] = (uint32_t)total;
+            total += f;
+        }
+        if (total != (1u << SLOT_BITS))
+            return -1;
+    }
+    first[ntables] = (int64_t)e;
+    return pos == n ? (int64_t)e : -1;
+}
+
+static PyObject *tables(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer raw, code, freq, start, first;
+    Py_ssize_t ntables;
+    unsigned long long alphabet;
+    if (!PyArg_ParseTuple(args, "y*nKw*w*w*w*", &raw, &ntables, &alphabet, &code, &freq, &start, &first))
+        return NULL;
+    PyObject *result = NULL;
+    const size_t cap = (size_t)code.len / 4;
+    if (ntables < 0 || (size_t)freq.len / 4 < cap || (size_t)start.len / 4 < cap || (size_t)first.len / 8 < (size_t)ntables + 1) {
+        PyErr_SetString(PyExc_ValueError, "_exponent_native.tables: inconsistent arguments");
+    } else {
+        int64_t got;
+        Py_BEGIN_ALLOW_THREADS
+        got = read_tables(raw.buf, (size_t)raw.len, (size_t)ntables, alphabet, code.buf, freq.buf, start.buf, first.buf, cap);
+        Py_END_ALLOW_THREADS
+        result = PyLong_FromLongLong(got);
+    }
+    PyBuffer_Release(&raw); PyBuffer_Release(&code); PyBuffer_Release(&freq); PyBuffer_Release(&start); PyBuffer_Release(&first);
+    return result;
+}
+
+
 /* ----------------------------------------------------------------------------- encoder
  * The writer's side (exponent.encode_exponent, whose numpy code is the reference: the same
  * bytes on every input, tests/test_exponent_native.py). Integer arithmetic only. */
@@ -724,6 +796,7 @@ static PyObject *encode(PyObject *Py_UNUSED(self), PyObject *args)
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS, "Decode a codec-3 rANS stream and rest fields into symbols (see exponent.py); simd=0 "
                                      "keeps to the scalar steps (the same symbols; for tests)."},
+    {"tables", tables, METH_VARARGS, "A payload's tables from their varints, or -1 if they break SPEC.md 8.7 (see exponent.py)."},
     {"encode", encode, METH_VARARGS, "The rANS stream of a payload's codes (see exponent.py)."},
     {"histogram", histogram, METH_VARARGS, "Add the codes' counts per column class (see exponent.py)."},
     {"column_sums", column_sums, METH_VARARGS, "The codes' sums per column (see exponent.py)."},

@@ -27,7 +27,7 @@ from .dtypes import uint_dtype
 from .entropy import MIN_CONTEXT_SEGMENT, SMALL_GROUP, rank_classes, read_segment_records, take_group
 from .varint import decode_varints, encode_group, encode_varints
 
-NATIVE_ABI = 4  # the compiled module's functions and argument lists that this file passes
+NATIVE_ABI = 5  # the compiled module's functions and argument lists that this file passes
 try:  # the compiled coder (built with the package where a C compiler is found; optional)
     from . import _exponent_native
 except ImportError:  # pragma: no cover - the numpy decoder below is used instead
@@ -285,17 +285,26 @@ def _rest_native(sym: np.ndarray, w: int, shift: int) -> list[memoryview]:
 # ----------------------------------------------------------------------------- decoder
 
 
-def read_tables(raw: np.ndarray, segs: list[tuple[int, int, int]], alphabet: int) -> rans.Tables:
-    """The tables of every segment and class (SPEC.md 8.7 checks), in order. The group is
-    varints only, so they are decoded at once and checked at once; a group that fails is
-    walked table by table for the first failure and its name (every failure is
-    E_SECTION_CONTENT, whichever is met first)."""
+def read_tables(raw: np.ndarray, segs: list[tuple[int, int, int]], alphabet: int, native: bool = True) -> rans.Tables:
+    """The tables of every segment and class (SPEC.md 8.7 checks), in order: by the compiled
+    reader where it is built and `native` (it only accepts or refuses), else, and for the
+    message of a refusal, by numpy. The group is varints only, so numpy decodes them at once
+    and checks them at once; a group that fails is walked table by table for the first
+    failure and its name (every failure is E_SECTION_CONTENT, whichever is met first)."""
+    count = sum(k for _, _, k in segs)
+    if native and _exponent_native is not None:
+        cap = len(raw) // 2 + 1  # every entry takes at least two bytes
+        code, freq, start = (np.empty(cap, np.uint32) for _ in range(3))
+        first = np.empty(count + 1, np.int64)
+        got = _exponent_native.tables(np.ascontiguousarray(raw, np.uint8), count, alphabet, code, freq, start, first)
+        if got >= 0:
+            return rans.Tables(code[:got], freq[:got], start[:got], first)
     b = np.asarray(raw, np.uint8)
     ends = np.flatnonzero(b < 0x80)
     if b.size and (ends.size == 0 or int(ends[-1]) != b.size - 1):
         raise FormatError("exponent payload tables: the last varint runs past the end", "E_SECTION_CONTENT")
     v = decode_varints(b.tobytes(), ends.size)
-    tables = _tables_at_once(v, sum(k for _, _, k in segs), alphabet)
+    tables = _tables_at_once(v, count, alphabet)
     if tables is None:
         _walk_tables(v, segs, alphabet)  # raises the first failure
         raise AssertionError("tables refused at once but accepted one by one")
@@ -445,7 +454,7 @@ def decode_exponent(data: Buffer, total: int, dtype: str, native: bool = True, o
     size = cur.varint("tables length")
     if size > ntables * MAX_VARINT_BYTES * (1 + 2 * alphabet):
         raise cur.fail(f"tables length {size} exceeds what {ntables} tables can hold")
-    tables = read_tables(take_group(cur, size, "tables"), segs, alphabet)
+    tables = read_tables(take_group(cur, size, "tables"), segs, alphabet, native)
     slen = cur.varint("stream length")
     if slen > 4 * lanes + 2 * total:
         raise cur.fail(f"stream length {slen} exceeds 4 * lanes + 2 * symbols")

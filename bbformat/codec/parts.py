@@ -56,7 +56,7 @@ def cut_runs(runs: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, i
     return out
 
 
-def encode_parts(parts: list[tuple[int, int, bytes]]) -> bytes:
+def encode_parts(parts: list[tuple[int, int, Buffer]]) -> bytes:
     """Codec-4 bytes of parts given as (codec, symbols, stored bytes), in payload order."""
     head = [encode_varints(np.array([len(parts)], np.uint64))]
     for codec, symbols, stored in parts:

@@ -77,14 +77,17 @@ def code_payload(program: BlockProgram, data: bytes, mode: str, flags: int = DEF
     runs = payload_segments(program)
     cuts = part_cuts(runs, sym.size, part_symbols) if flags & RequiredFlag.PARTS else [0, sym.size]
     if len(cuts) == 2:
-        return _code_symbols(sym, program.symbol_dtype, runs, mode, flags)
+        codec, stored = _code_symbols(sym, data, program.symbol_dtype, runs, mode, flags)
+        return codec, stored if isinstance(stored, bytes) else bytes(stored)  # raw: `data` itself
     spans = list(zip(cuts[:-1], cuts[1:]))
-    coded = run([partial(_code_symbols, sym[lo:hi], program.symbol_dtype, cut_runs(runs, lo, hi), mode, flags) for lo, hi in spans])
-    parts: list[tuple[int, int, bytes]] = []
+    w8, view = w // 8, memoryview(data)
+    coded = run([partial(_code_symbols, sym[lo:hi], view[lo * w8 : hi * w8], program.symbol_dtype, cut_runs(runs, lo, hi), mode, flags)
+                 for lo, hi in spans])
+    parts: list[tuple[int, int, Buffer]] = []
     tables = 0
     for (lo, hi), (codec, stored) in zip(spans, coded):
         if codec == Codec.EXPONENT and tables + table_count(stored, hi - lo, program.symbol_dtype) > MAX_EXPONENT_TABLES:
-            codec, stored = _code_symbols(sym[lo:hi], program.symbol_dtype, cut_runs(runs, lo, hi), mode,
+            codec, stored = _code_symbols(sym[lo:hi], view[lo * w8 : hi * w8], program.symbol_dtype, cut_runs(runs, lo, hi), mode,
                                           flags & ~RequiredFlag.EXPONENT)  # over the payload's table limit: another codec
         if codec == Codec.EXPONENT:
             tables += table_count(stored, hi - lo, program.symbol_dtype)
@@ -94,12 +97,12 @@ def code_payload(program: BlockProgram, data: bytes, mode: str, flags: int = DEF
     return Codec.PARTS, encode_parts(parts)
 
 
-def _code_symbols(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]], mode: str, flags: int) -> tuple[int, bytes]:
-    """(codec, stored bytes) of symbols with segments `runs`, one codec for all of them."""
-    data = sym.tobytes()
-    best: tuple[int, bytes] = (Codec.RAW, data)  # only the best so far is kept: candidates come in increasing codec number
+def _code_symbols(sym: np.ndarray, data: Buffer, dtype: str, runs: list[tuple[int, int]], mode: str, flags: int) -> tuple[int, Buffer]:
+    """(codec, stored bytes) of symbols (`data`: their bytes, not copied) with segments `runs`,
+    one codec for all of them."""
+    best: tuple[int, Buffer] = (Codec.RAW, data)  # only the best so far is kept: candidates come in increasing codec number
 
-    def offer(codec: int, coded: bytes | None) -> None:
+    def offer(codec: int, coded: Buffer | None) -> None:
         """auto: keep the smallest (a tie keeps the lower codec); else the codec asked for, unless it grows the payload."""
         nonlocal best
         if coded is not None and len(coded) < (len(best[1]) if mode == "auto" else len(data)):
