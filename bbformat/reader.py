@@ -32,6 +32,7 @@ from .constants import (
     MAGIC_SIZE,
     MIN_CHUNK_LENGTH,
     MIN_FILE_SIZE,
+    Codec,
 )
 from .container import records as R
 from .container.chunks import ParsedChunk, descriptor_extent, parse_chunk, parse_descriptor
@@ -81,7 +82,7 @@ class PartDecoder:
         with self._lock:
             self._active += 1
             alone = not self._auto or 2 * self._active <= self.threads
-            if alone and self._pool is None:
+            if alone and codec == Codec.PARTS and self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bbformat-part")
             pool = self._pool
         try:

@@ -205,12 +205,10 @@ def pack_rest(rest: np.ndarray, bits: int) -> tuple[bytes, bytes]:
     return low, high
 
 
-def encode_exponent(symbols: np.ndarray, dtype: str, runs: list[tuple[int, int]], native: bool = True,
-                    max_tables: int = MAX_EXPONENT_TABLES) -> bytes | None:
+def encode_exponent(symbols: np.ndarray, dtype: str, runs: list[tuple[int, int]], native: bool = True) -> bytes | None:
     """Codec 3 bytes of a payload of `dtype` symbols whose segments are `runs` (n, row length);
-    None if it would need more than `max_tables` tables (SPEC.md 8.7: at most 1,024; fewer for
-    a part of a codec-4 payload whose earlier parts took some, 8.9). Through the compiled coder
-    where it is built and `native`, else numpy (the same bytes)."""
+    None if it would need more than MAX_EXPONENT_TABLES tables. Through the compiled coder where
+    it is built and `native`, else numpy (the same bytes)."""
     native = native and _exponent_native is not None
     sym = np.ascontiguousarray(np.asarray(symbols).astype(uint_dtype(DTYPE_BITS[dtype]), copy=False))  # native width
     t, seg_counts = _choose_joined(sym, dtype, runs, native)
@@ -229,7 +227,7 @@ def encode_exponent(symbols: np.ndarray, dtype: str, runs: list[tuple[int, int]]
             stored_tables.append(raw)
             tables.append((s, f))
         pos += n
-    if len(tables) > min(max_tables, MAX_EXPONENT_TABLES):
+    if len(tables) > MAX_EXPONENT_TABLES:
         return None  # the caller stores the payload another way
     lanes = lanes_for(sym.size)
     stream = (_encode_native if native else _encode_numpy)(sym, shift, bits, lanes, segs, maps, rans.Tables.of(tables))
@@ -415,8 +413,8 @@ def rest_size(total: int, bits: int) -> int:
 
 def read_head(cur: ByteCursor, total: int, dtype: str) -> tuple[int, list[tuple[int, int, int]]]:
     """(joined t, segment records) of a codec-3 payload of `total` symbols: its leading fields,
-    with their checks (SPEC.md 8.7's first three rows; what 8.9 reads of each codec-3 part
-    before any part is decoded)."""
+    with their checks (SPEC.md 8.7 up to lanes Q: the cover and the table limit included; what
+    8.9 reads of each codec-3 part before any part is decoded)."""
     t = cur.u8("joined mantissa bits")
     if t > max_joined(dtype):
         raise cur.fail(f"{t} joined mantissa bits; at most {max_joined(dtype)} for {dtype}")
