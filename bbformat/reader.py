@@ -60,38 +60,24 @@ DECODE_WORKERS = max(1, min(4, os.cpu_count() or 1))
 class PartDecoder:
     """The payload decoder a reader gives parse_chunk: codec-4 parts on a pool of `threads`
     threads, made when a payload first has parts (none for threads=1). The decoded symbols do
-    not depend on `threads`.
-
-    With the default threads (None: every CPU), payloads that several threads decode at once
-    (Reader.iter_blocks' workers) share the CPUs: a payload's parts go to the pool only while
-    there are at least two CPUs per payload being decoded, else they are decoded in turn,
-    since the other decodes keep the CPUs busy already and more threads would only contend
-    for the GIL (BENCHMARKS.md 15, 17). So the last blocks of a pass, decoded alone, still
-    use every core."""
+    not depend on `threads`. The pool is the reader's, so blocks that iter_blocks' workers
+    decode side by side share its threads: while its parts run, a worker waits, and the CPUs
+    run at most `threads` parts at a time (BENCHMARKS.md 17 compares this with decoding each
+    block's parts in turn)."""
 
     def __init__(self, threads: int | None) -> None:
         self.threads = part_threads(threads)
-        self._auto = threads is None
-        self._active = 0  # payloads being decoded now
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
     def __call__(self, codec: int, stored: Buffer, program: BlockProgram, flags: int) -> np.ndarray:
-        if self.threads == 1:
+        if self.threads == 1 or codec != Codec.PARTS:
             return decode_payload(codec, stored, program, flags)
         with self._lock:
-            self._active += 1
-            alone = not self._auto or 2 * self._active <= self.threads
-            if alone and codec == Codec.PARTS and self._pool is None:
+            if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bbformat-part")
             pool = self._pool
-        try:
-            if not alone or pool is None:
-                return decode_payload(codec, stored, program, flags)
-            return decode_payload(codec, stored, program, flags, on_pool(pool))
-        finally:
-            with self._lock:
-                self._active -= 1
+        return decode_payload(codec, stored, program, flags, on_pool(pool))
 
     def close(self) -> None:
         with self._lock:
@@ -256,9 +242,8 @@ class Reader:
     that hand the tensors to torch without a copy: load_model).
 
     threads: how many threads decode the parts of one payload (format 1.5, SPEC.md 8.9), beside
-    iter_blocks' workers; None (the default) is every CPU this process may use, shared with the
-    workers (PartDecoder: the parts of a payload decoded alone use every core); 1 decodes them
-    in turn. The decoded bits do not depend on it."""
+    iter_blocks' workers, whose blocks share these threads (PartDecoder); None (the default)
+    is every CPU this process may use, 1 decodes them in turn. The decoded bits do not depend on it."""
 
     def __init__(
         self, source: str | os.PathLike[str] | BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,

@@ -135,7 +135,7 @@ def reference_coders(bits: list[np.ndarray], dtype: str, repeats: int = 1) -> li
 DECODE_MODES = {  # how entropy_decode_s spreads the work: (Reader threads, threads reading chunks)
     "one": (1, 1),  # one thread: chunk after chunk, each payload's parts in turn
     "parts": (THREADS, 1),  # chunk after chunk, each payload's parts (format 1.5) on THREADS threads
-    "blocks": (1, THREADS),  # THREADS chunks at a time, parts in turn: what verify and unpack do with as many workers as CPUs
+    "blocks": (1, THREADS),  # THREADS chunks at a time, each payload's parts in turn
 }
 
 
@@ -249,8 +249,8 @@ def section(results: list[dict[str, Any]], argv: list[str]) -> str:
              "(config and tokenizer files), so they compare with ZipNN and zstd, which compress the weights alone. Pack and decode "
              "are wall times in this process (decode = `verify`: entropy stage, linear algebra and digests; the entropy column "
              "times reading and entropy-decoding every payload alone: on one thread; chunk after chunk with each payload's parts "
-             f"(format 1.5) on {THREADS} threads; and {THREADS} chunks at a time, parts in turn, as `verify` and `unpack` decode with "
-             f"{THREADS} workers). {_repeats_text(results)}Payload codec 3 is decoded by {DECODER}.", ""]
+             f"(format 1.5) on {THREADS} threads; and {THREADS} chunks at a time, each payload's parts in turn). "
+             f"{_repeats_text(results)}Payload codec 3 is decoded by {DECODER}.", ""]
     for res in results:
         plain, values = res["plain_bytes"], res["values"]
         lines += [f"### {res['input']}: `{res['src']}` ({res['dtype']}, {values:,} weights, plain {plain:,} B)", "",

@@ -70,8 +70,7 @@ def section(res: dict[str, Any], argv: list[str]) -> str:
              "little about trained weights; what this measures is time. Both files `pack --scheme none --entropy auto`, verified "
              f"bit for bit. Entropy decoding reads and entropy-decodes every payload (no linear algebra; digests not computed): "
              f"on one thread; chunk after chunk with each payload's parts on {THREADS} threads (`Reader(threads={THREADS})`, what "
-             f"a loader reading blocks in order gets); and {THREADS} chunks at a time with parts in turn (what `verify` and `unpack` "
-             f"do with {THREADS} workers). Every decode time is the best of {res['repeats']} passes; pack times are one measurement.",
+             f"a loader reading blocks in order gets); and {THREADS} chunks at a time with parts in turn. Every decode time is the best of {res['repeats']} passes; pack times are one measurement.",
              "", f"| what | bytes | pack s | verify s | entropy decode s: 1 thread / parts on {THREADS} / blocks on {THREADS} | "
              "largest payload B | payload codecs (parts) |", "|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
