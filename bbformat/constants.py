@@ -256,6 +256,13 @@ machine, and few enough that the codec-3 parts keep their column classes within 
 tables of one payload (a Llama-2-7B layer: 64 parts of about 3.2 Mi symbols)."""
 
 
+def payload_codecs(required_flags: int) -> tuple[Codec, ...]:
+    """The codecs a payload section may use in a file with these required flags (SPEC.md 8.2):
+    raw and zstd, and planes, exponent and parts with their flags."""
+    return (Codec.RAW, Codec.ZSTD) + tuple(c for c, f in ((Codec.PLANES, RequiredFlag.PLANES), (Codec.EXPONENT, RequiredFlag.EXPONENT),
+                                                         (Codec.PARTS, RequiredFlag.PARTS)) if required_flags & f)
+
+
 def required_flags_for(format_version: str, entropy: str, sites: bool = True) -> int:
     """The required flags of a file written as `format_version` ("1.5", "1.4", "1.3", "1.2" or "1.1")
     with payloads stored by `entropy` (SPEC.md 4): 1.2 and later record digests and may mix

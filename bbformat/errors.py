@@ -116,6 +116,14 @@ def check_choice(what: str, value: object, choices: Sequence[str]) -> None:
         raise InputError(f"unknown {what} {value!r} (choose {', '.join(choices)})")
 
 
+def check_count(what: str, value: object) -> int:
+    """`value` if it is a whole number of at least 1 (not a bool), else InputError: "{what}
+    must be a whole number of at least 1, not {value!r}"."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{what} must be a whole number of at least 1, not {value!r}")
+    return value
+
+
 _NO_SPACE = {errno.ENOSPC, errno.EFBIG} | ({errno.EDQUOT} if hasattr(errno, "EDQUOT") else set())
 
 

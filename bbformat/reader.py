@@ -12,11 +12,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator
 
-import numpy as np
-
 from .codec.dtypes import RawTensor
-from .codec.payload import decode_payload, on_pool, part_threads
-from .zstdframe import Buffer
+from .codec.payload import PartPool
 from .codec.decoder import decode_program
 from .container.program import BlockProgram, TensorEntry
 from .codec.linalg import REFERENCE, Linalg, device_backend
@@ -32,7 +29,6 @@ from .constants import (
     MAGIC_SIZE,
     MIN_CHUNK_LENGTH,
     MIN_FILE_SIZE,
-    Codec,
 )
 from .container import records as R
 from .container.chunks import ParsedChunk, descriptor_extent, parse_chunk, parse_descriptor
@@ -55,35 +51,6 @@ from .errors import DigestError, FormatError, InputError, IntegrityError
 AUTO = "auto"
 # Threads the model-level functions (unpack, verify, read_tensors, load_model) decode with.
 DECODE_WORKERS = max(1, min(4, os.cpu_count() or 1))
-
-
-class PartDecoder:
-    """The payload decoder a reader gives parse_chunk: codec-4 parts on a pool of `threads`
-    threads, made when a payload first has parts (none for threads=1). The decoded symbols do
-    not depend on `threads`. The pool is the reader's, so blocks that iter_blocks' workers
-    decode side by side share its threads: while its parts run, a worker waits, and the CPUs
-    run at most `threads` parts at a time (BENCHMARKS.md 17 compares this with decoding each
-    block's parts in turn)."""
-
-    def __init__(self, threads: int | None) -> None:
-        self.threads = part_threads(threads)
-        self._pool: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self, codec: int, stored: Buffer, program: BlockProgram, flags: int) -> np.ndarray:
-        if self.threads == 1 or codec != Codec.PARTS:
-            return decode_payload(codec, stored, program, flags)
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bbformat-part")
-            pool = self._pool
-        return decode_payload(codec, stored, program, flags, on_pool(pool))
-
-    def close(self) -> None:
-        with self._lock:
-            if self._pool is not None:
-                self._pool.shutdown(cancel_futures=True)
-                self._pool = None
 
 
 def decode_workers(workers: int | None) -> int:
@@ -242,15 +209,15 @@ class Reader:
     that hand the tensors to torch without a copy: load_model).
 
     threads: how many threads decode the parts of one payload (format 1.5, SPEC.md 8.9), beside
-    iter_blocks' workers, whose blocks share these threads (PartDecoder); None (the default)
-    is every CPU this process may use, 1 decodes them in turn. The decoded bits do not depend on it."""
+    iter_blocks' workers, whose blocks share these threads (codec.payload.PartPool); None (the
+    default) is every CPU this process may use, 1 decodes them in turn. The decoded bits do not depend on it."""
 
     def __init__(
         self, source: str | os.PathLike[str] | BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,
         allow_inexact: bool = False, device: str | Linalg | None = None, fallback: bool = True, margins: bool = False,
         share_payload: bool = False, writable_chunks: bool = False, threads: int | None = None,
     ) -> None:
-        self._parts = PartDecoder(threads)
+        self._parts = PartPool(threads)
         self._budget = resolve_budget(max_block_bytes)
         self._share = share_payload
         self._writable = writable_chunks
@@ -360,7 +327,7 @@ class Reader:
         e = self._entry(i)
         data = self._read_into(e.offset, e.length) if self._writable else self._read_at(e.offset, e.length)
         return parse_chunk(data, expected_index=i, expected_crc=e.crc, max_block_bytes=self._budget,
-                           max_site_dim=self._max_dim, required_flags=self.header.required_flags, decode_payload=self._parts)
+                           max_site_dim=self._max_dim, required_flags=self.header.required_flags, decode_payload=self._parts.decode)
 
     def read_program(self, i: int) -> BlockProgram:
         """Chunk i's program (its tensors, sites and ops) from its descriptor alone, without
@@ -464,7 +431,7 @@ class StreamReader:
                  allow_inexact: bool = False, device: str | Linalg | None = None, fallback: bool = True,
                  threads: int | None = None) -> None:
         asked = device_backend(device)
-        self._parts = PartDecoder(threads)
+        self._parts = PartPool(threads)
         self._f = f
         self._fallback = fallback
         self._budget = resolve_budget(max_block_bytes)
@@ -502,7 +469,7 @@ class StreamReader:
                 raise FormatError("chunk length too small", "E_BOUNDS")
             data = _read_exact(f, length - CHUNK_FIXED_SIZE, "chunk", prefix=head)
             chunk = parse_chunk(data, expected_index=i, max_block_bytes=self._budget, max_site_dim=self._max_dim,
-                                required_flags=header.required_flags, decode_payload=self._parts)
+                                required_flags=header.required_flags, decode_payload=self._parts.decode)
             entries.append(IndexEntry(pos, length, chunk.crc))
             pos += length
             del data  # a coded payload is decoded by now; a raw one is still held by the chunk

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 from .codec.entropy import check_entropy_mode
-from .codec.payload import Runner, code_payload, in_turn, on_pool, part_threads
+from .codec.payload import PartPool, code_payload, in_turn
 from .constants import PART_SYMBOLS, RequiredFlag, SectionKind, minor_for, required_flags_for
 from .container.digest import content_crc
 from .container.program import BlockProgram
@@ -27,7 +27,7 @@ from .codec.sections import Section
 from .container.section_rules import band_widths
 from .container.chunks import BuiltChunk, build_chunk_parts
 from .container.framing import IndexEntry, build_footer, build_index, check_format_version, check_header, seal_header
-from .errors import BBFormatError, InputError, output_error, output_exists
+from .errors import BBFormatError, InputError, check_count, output_error, output_exists
 from .fsutil import AtomicOutput, check_output_file
 
 
@@ -71,11 +71,8 @@ class Writer:
         self._entropy = entropy
         self._flags = required_flags_for(format_version, entropy, sites=scheme != "none")
         fields = check_header(scheme, chunk_count, metadata, self._flags)  # refuses bad input before a temp file exists
-        self._threads = part_threads(threads)
-        if isinstance(part_symbols, bool) or not isinstance(part_symbols, int) or part_symbols < 1:
-            raise InputError(f"part_symbols must be a whole number of at least 1, not {part_symbols!r}")
-        self._part_symbols = part_symbols
-        self._part_pool: ThreadPoolExecutor | None = None  # made when a payload first has parts to code
+        self._parts = PartPool(threads)
+        self._part_symbols = check_count("part_symbols", part_symbols)
         self._header_pool: ThreadPoolExecutor | None = None
         self._header: Future[bytes] | None = None  # a background header not yet written
         self._path: Path | None = None
@@ -113,11 +110,6 @@ class Writer:
     def _write_header(self, header: bytes) -> None:
         self._write(header)
         self._header_bytes = len(header)
-
-    def _stop_part_pool(self) -> None:
-        if self._part_pool is not None:
-            self._part_pool.shutdown(cancel_futures=True)
-            self._part_pool = None
 
     def _stop_header_pool(self) -> None:
         if self._header_pool is not None:
@@ -230,11 +222,7 @@ class Writer:
         self._waiting.clear()
 
     def _code(self, program: BlockProgram, section: Section) -> Section:
-        run: Runner = in_turn
-        if self._threads > 1 and self._flags & RequiredFlag.PARTS:
-            if self._part_pool is None:
-                self._part_pool = ThreadPoolExecutor(self._threads, thread_name_prefix="bbformat-part")
-            run = on_pool(self._part_pool)
+        run = self._parts.runner() if self._flags & RequiredFlag.PARTS else in_turn
         codec, stored = code_payload(program, section.data, self._entropy, self._flags, run, self._part_symbols)
         return Section(section.kind, section.site, section.data, codec, stored)
 
@@ -249,7 +237,7 @@ class Writer:
         if self._added != self._expected:
             raise WriterStateError(f"{self._added} chunks written, {self._expected} declared")
         self._flush()
-        self._stop_part_pool()
+        self._parts.close()
         index = build_index(self._entries)
         footer = build_footer(self._pos, index, minor_for(self._flags))
         self._write(index + footer)
@@ -274,7 +262,7 @@ class Writer:
             return
         self._state = "aborted"
         self._stop_header_pool()
-        self._stop_part_pool()
+        self._parts.close()
         self._waiting.clear()
         if self._atomic is not None:
             self._atomic.discard()

@@ -2029,12 +2029,18 @@ def payload_symbols(c: Chk) -> tuple[np.ndarray, int]:
     return np.frombuffer(data, dtype=f"<u{bits // 8}"), bits
 
 
-def with_planes(bb: BB, chunk: int, stored: bytes, flags: int = PLANES_FLAG, minor: int = 1, kind: int = SectionKind.PAYLOAD) -> BB:
+def with_codec(bb: BB, chunk: int, stored: bytes, codec: int, flags: int, minor: int, kind: int = SectionKind.PAYLOAD) -> BB:
+    """A copy of bb whose chunk's section of `kind` holds `stored` under `codec`, the header's
+    required flags and minor set."""
     x = bb.copy()
     x.hdr.update(required_flags=flags, minor=minor)
     sec = x.chunks[chunk].sec(kind)
-    sec.stored, sec.codec = stored, 2
+    sec.stored, sec.codec = stored, codec
     return x
+
+
+def with_planes(bb: BB, chunk: int, stored: bytes, flags: int = PLANES_FLAG, minor: int = 1, kind: int = SectionKind.PAYLOAD) -> BB:
+    return with_codec(bb, chunk, stored, 2, flags, minor, kind)
 
 
 def classes(n: int, seed: int, k: int) -> list[int]:
@@ -2607,11 +2613,7 @@ def exp_bytes(sym: np.ndarray, dtype_code: int, t: int, segs: list[tuple[int, in
 
 
 def with_exponent(bb: BB, chunk: int, stored: bytes, flags: int = EXPONENT_FLAG, minor: int = 3) -> BB:
-    x = bb.copy()
-    x.hdr.update(required_flags=flags, minor=minor)
-    sec = x.chunks[chunk].sec(SectionKind.PAYLOAD)
-    sec.stored, sec.codec = stored, 3
-    return x
+    return with_codec(bb, chunk, stored, 3, flags, minor)
 
 
 def symbol_dtype(c: Chk) -> int:
@@ -2970,12 +2972,8 @@ def parts_bytes(parts: list[tuple[int, int, bytes]], count: int | None = None) -
     return head + b"".join(b for _, _, b in parts)
 
 
-def with_parts(bb: BB, chunk: int, stored: bytes, flags: int = V15_ALL, minor: int = 5, kind: int = SectionKind.PAYLOAD) -> BB:
-    x = bb.copy()
-    x.hdr.update(required_flags=flags, minor=minor)
-    sec = x.chunks[chunk].sec(kind)
-    sec.stored, sec.codec = stored, 4
-    return x
+def with_parts(bb: BB, chunk: int, stored: bytes, flags: int = V15_ALL, minor: int = 5) -> BB:
+    return with_codec(bb, chunk, stored, 4, flags, minor)
 
 
 def written15(encs: list, scheme: str, tol: float, part_symbols: int) -> bytes:  # type: ignore[type-arg]

@@ -287,8 +287,7 @@ def read_tables(raw: np.ndarray, segs: list[tuple[int, int, int]], alphabet: int
     """The tables of every segment and class (SPEC.md 8.7 checks), in order: by the compiled
     reader where it is built and `native` (it only accepts or refuses), else, and for the
     message of a refusal, by numpy. The group is varints only, so numpy decodes them at once
-    and checks them at once; a group that fails is walked table by table for the first
-    failure and its name (every failure is E_SECTION_CONTENT, whichever is met first)."""
+    and then walks them (every failure is E_SECTION_CONTENT, whichever is met first)."""
     count = sum(k for _, _, k in segs)
     if native and _exponent_native is not None:
         cap = len(raw) // 2 + 1  # every entry takes at least two bytes
@@ -297,61 +296,13 @@ def read_tables(raw: np.ndarray, segs: list[tuple[int, int, int]], alphabet: int
         got = _exponent_native.tables(np.ascontiguousarray(raw, np.uint8), count, alphabet, code, freq, start, first)
         if got >= 0:
             return rans.Tables(code[:got], freq[:got], start[:got], first)
+    what = "exponent payload tables"
     b = np.asarray(raw, np.uint8)
     ends = np.flatnonzero(b < 0x80)
     if b.size and (ends.size == 0 or int(ends[-1]) != b.size - 1):
-        raise FormatError("exponent payload tables: the last varint runs past the end", "E_SECTION_CONTENT")
+        raise FormatError(f"{what}: the last varint runs past the end", "E_SECTION_CONTENT")
     v = decode_varints(b.tobytes(), ends.size)
-    tables = _tables_at_once(v, count, alphabet)
-    if tables is None:
-        _walk_tables(v, segs, alphabet)  # raises the first failure
-        raise AssertionError("tables refused at once but accepted one by one")
-    return tables
-
-
-def _tables_at_once(v: np.ndarray, count: int, alphabet: int) -> rans.Tables | None:
-    """`count` tables from their varints, every rule checked with array operations; None if
-    any rule fails (the caller then finds which)."""
-    heads, pos = [], 0
-    for _ in range(count):  # the entry counts, in turn: each says where the next table starts
-        if pos >= v.size:
-            return None
-        m = int(v[pos])
-        if not 1 <= m <= alphabet or pos + 1 + 2 * m > v.size:
-            return None
-        heads.append(pos)
-        pos += 1 + 2 * m
-    if pos != v.size:
-        return None
-    at = np.array(heads, np.int64)
-    sizes = v[at].astype(np.int64)
-    keep = np.ones(v.size, bool)
-    keep[at] = False
-    pairs = v[keep].astype(np.int64)
-    gaps, freq = pairs[0::2], pairs[1::2]
-    if (gaps >= alphabet).any() or (freq < 1).any() or (freq > rans.M).any():
-        return None
-    first = np.concatenate(([0], np.cumsum(sizes)))
-    step = np.cumsum(gaps + 1)
-    before = np.concatenate(([0], step[first[1:-1] - 1]))  # each table's codes count from a_-1 = -1
-    codes = step - np.repeat(before, sizes) - 1
-    totals = np.add.reduceat(freq, first[:-1])
-    if (codes[first[1:] - 1] >= alphabet).any() or (totals != rans.M).any():
-        return None
-    starts = np.cumsum(freq) - freq - np.repeat(_sums_before(totals), sizes)
-    return rans.Tables(codes.astype(np.uint32), freq.astype(np.uint32), starts.astype(np.uint32), first)
-
-
-def _sums_before(totals: np.ndarray) -> np.ndarray:
-    """The sum of the totals before each one (0 for the first)."""
-    return np.concatenate(([0], np.cumsum(totals)[:-1])).astype(np.int64)
-
-
-def _walk_tables(v: np.ndarray, segs: list[tuple[int, int, int]], alphabet: int) -> None:
-    """Walks the tables' varints one table at a time and raises the first failure, naming
-    its segment and class (read_tables' slow path)."""
-    what = "exponent payload tables"
-    pos = 0
+    out, pos = [], 0
     for j, (_, _, k) in enumerate(segs):
         for c in range(k):
             name = f"{what}: segment {j} class {c} table"
@@ -366,11 +317,14 @@ def _walk_tables(v: np.ndarray, segs: list[tuple[int, int, int]], alphabet: int)
             pos += 1 + 2 * m
             if (pairs[0::2] >= alphabet).any() or (pairs[1::2] < 1).any() or (pairs[1::2] > rans.M).any():
                 raise FormatError(f"{name} has a symbol gap or frequency out of range", "E_SECTION_CONTENT")
-            symbols = np.cumsum(pairs[0::2].astype(np.int64) + 1) - 1
-            if int(symbols[-1]) >= alphabet or int(pairs[1::2].astype(np.int64).sum()) != rans.M:
+            gaps, freq = pairs[0::2].astype(np.int64), pairs[1::2].astype(np.int64)
+            symbols = np.cumsum(gaps + 1) - 1
+            if int(symbols[-1]) >= alphabet or int(freq.sum()) != rans.M:
                 raise FormatError(f"{name}: symbols must be < {alphabet} and frequencies must sum to {rans.M}", "E_SECTION_CONTENT")
+            out.append((symbols, freq))
     if pos != v.size:
         raise FormatError(f"{what}: bytes after the last table", "E_SECTION_CONTENT")
+    return rans.Tables.of(out)
 
 
 def read_segments(cur: ByteCursor, total: int) -> list[tuple[int, int, int]]:

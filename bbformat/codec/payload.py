@@ -4,16 +4,17 @@ large, and the reader's dispatch of a stored payload, its parts on a thread pool
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from functools import partial
 from typing import Protocol, TypeVar
 
 import numpy as np
 
-from ..constants import MAX_EXPONENT_TABLES, PART_SYMBOLS, Codec, RequiredFlag
+from ..constants import DTYPE_BITS, MAX_EXPONENT_TABLES, PART_SYMBOLS, Codec, RequiredFlag, payload_codecs
 from ..container.program import BlockProgram
-from ..errors import InputError, LimitError
+from ..errors import InputError, LimitError, check_count
 from ..zstdframe import PAYLOAD_LEVEL, Buffer, compress, decompress
 from .dtypes import uint_dtype
 from .entropy import check_entropy_mode, decode_planes, encode_planes, payload_segments
@@ -38,9 +39,7 @@ def part_threads(threads: int | None) -> int:
             return max(1, len(os.sched_getaffinity(0)))
         except AttributeError:  # pragma: no cover - not Linux
             return max(1, os.cpu_count() or 1)
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise InputError(f"threads must be a whole number of at least 1, not {threads!r}")
-    return threads
+    return check_count("threads", threads)
 
 
 def in_turn(jobs: Sequence[Callable[[], T]]) -> list[T]:
@@ -61,6 +60,37 @@ def on_pool(pool: Executor) -> Runner:
     return run
 
 
+class PartPool:
+    """The threads that code or decode parts (SPEC.md 8.9) for one Writer or Reader: a pool of
+    `threads` threads (part_threads), made when first needed. A reader's blocks that several
+    workers decode side by side share it: while its parts run a worker waits, and at most
+    `threads` parts run at a time. Neither the bytes nor the symbols depend on `threads`."""
+
+    def __init__(self, threads: int | None) -> None:
+        self.threads = part_threads(threads)
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def runner(self) -> Runner:
+        """on_pool of the pool, made now if not yet; in_turn for threads=1."""
+        if self.threads == 1:
+            return in_turn
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bbformat-part")
+            return on_pool(self._pool)
+
+    def decode(self, codec: int, stored: Buffer, program: BlockProgram, flags: int) -> np.ndarray:
+        """decode_payload with a parts payload's parts on the pool (a PayloadDecoder)."""
+        return decode_payload(codec, stored, program, flags, self.runner() if codec == Codec.PARTS else in_turn)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown(cancel_futures=True)
+                self._pool = None
+
+
 def code_payload(program: BlockProgram, data: bytes, mode: str, flags: int = DEFAULT_FLAGS, run: Runner = in_turn,
                  part_symbols: int = PART_SYMBOLS) -> tuple[int, bytes]:
     """(codec, stored bytes) of a payload under an entropy mode, among the codecs the file's
@@ -72,34 +102,35 @@ def code_payload(program: BlockProgram, data: bytes, mode: str, flags: int = DEF
         raise InputError("entropy mode 'exponent' needs format 1.3 or later")
     if not data or mode == "none":
         return Codec.RAW, data
-    w = program.symbol_bits
-    sym = np.frombuffer(data, dtype=np.dtype(uint_dtype(w)).newbyteorder("<"))
+    dtype, w8 = program.symbol_dtype, program.symbol_bits // 8
     runs = payload_segments(program)
-    cuts = part_cuts(runs, sym.size, part_symbols) if flags & RequiredFlag.PARTS else [0, sym.size]
+    total = len(data) // w8
+    cuts = part_cuts(runs, total, part_symbols) if flags & RequiredFlag.PARTS else [0, total]
     if len(cuts) == 2:
-        codec, stored = _code_symbols(sym, data, program.symbol_dtype, runs, mode, flags)
+        codec, stored = _code_symbols(data, dtype, runs, mode, flags)
         return codec, stored if isinstance(stored, bytes) else bytes(stored)  # raw: `data` itself
     spans = list(zip(cuts[:-1], cuts[1:]))
-    w8, view = w // 8, memoryview(data)
-    coded = run([partial(_code_symbols, sym[lo:hi], view[lo * w8 : hi * w8], program.symbol_dtype, cut_runs(runs, lo, hi), mode, flags)
-                 for lo, hi in spans])
+    view = memoryview(data)
+    coded = run([partial(_code_symbols, view[lo * w8 : hi * w8], dtype, cut_runs(runs, lo, hi), mode, flags) for lo, hi in spans])
     parts: list[tuple[int, int, Buffer]] = []
     tables = 0
     for (lo, hi), (codec, stored) in zip(spans, coded):
-        if codec == Codec.EXPONENT and tables + table_count(stored, hi - lo, program.symbol_dtype) > MAX_EXPONENT_TABLES:
-            codec, stored = _code_symbols(sym[lo:hi], view[lo * w8 : hi * w8], program.symbol_dtype, cut_runs(runs, lo, hi), mode,
-                                          flags & ~RequiredFlag.EXPONENT)  # over the payload's table limit: another codec
-        if codec == Codec.EXPONENT:
-            tables += table_count(stored, hi - lo, program.symbol_dtype)
+        n = table_count(stored, hi - lo, dtype) if codec == Codec.EXPONENT else 0
+        if tables + n > MAX_EXPONENT_TABLES:  # over the payload's table limit: another codec
+            codec, stored = _code_symbols(view[lo * w8 : hi * w8], dtype, cut_runs(runs, lo, hi), mode, flags & ~RequiredFlag.EXPONENT)
+            n = 0
+        tables += n
         parts.append((codec, hi - lo, stored))
     if all(codec == Codec.RAW for codec, _, _ in parts):
         return Codec.RAW, data
     return Codec.PARTS, encode_parts(parts)
 
 
-def _code_symbols(sym: np.ndarray, data: Buffer, dtype: str, runs: list[tuple[int, int]], mode: str, flags: int) -> tuple[int, Buffer]:
-    """(codec, stored bytes) of symbols (`data`: their bytes, not copied) with segments `runs`,
+def _code_symbols(data: Buffer, dtype: str, runs: list[tuple[int, int]], mode: str, flags: int) -> tuple[int, Buffer]:
+    """(codec, stored bytes) of `dtype` symbols (`data`, read in place) with segments `runs`,
     one codec for all of them."""
+    w = DTYPE_BITS[dtype]
+    sym = np.frombuffer(data, dtype=np.dtype(uint_dtype(w)).newbyteorder("<"))
     best: tuple[int, Buffer] = (Codec.RAW, data)  # only the best so far is kept: candidates come in increasing codec number
 
     def offer(codec: int, coded: Buffer | None) -> None:
@@ -111,7 +142,7 @@ def _code_symbols(sym: np.ndarray, data: Buffer, dtype: str, runs: list[tuple[in
     if mode in ("zstd", "auto"):
         offer(Codec.ZSTD, compress(data, PAYLOAD_LEVEL))
     if mode in ("planes", "auto") and flags & RequiredFlag.PLANES:
-        offer(Codec.PLANES, encode_planes(sym, sym.dtype.itemsize * 8, runs))
+        offer(Codec.PLANES, encode_planes(sym, w, runs))
     if mode in ("exponent", "auto") and flags & RequiredFlag.EXPONENT:
         offer(Codec.EXPONENT, encode_exponent(sym, dtype, runs))
     return best
@@ -119,8 +150,7 @@ def _code_symbols(sym: np.ndarray, data: Buffer, dtype: str, runs: list[tuple[in
 
 def part_codecs(flags: int) -> tuple[int, ...]:
     """The codecs a part of a codec-4 payload may use in a file with these required flags."""
-    return (Codec.RAW, Codec.ZSTD) + ((Codec.PLANES,) if flags & RequiredFlag.PLANES else ()) \
-        + ((Codec.EXPONENT,) if flags & RequiredFlag.EXPONENT else ())
+    return tuple(c for c in payload_codecs(flags) if c != Codec.PARTS)
 
 
 def decode_payload(codec: int, stored: Buffer, program: BlockProgram, flags: int = DEFAULT_FLAGS | RequiredFlag.PARTS,
@@ -156,4 +186,4 @@ def _decode_into(codec: int, stored: Buffer, program: BlockProgram, total: int, 
     return out
 
 
-__all__ = ["Part", "Runner", "code_payload", "decode_payload", "in_turn", "on_pool", "part_codecs", "part_threads"]
+__all__ = ["Part", "PartPool", "Runner", "code_payload", "decode_payload", "in_turn", "on_pool", "part_codecs", "part_threads"]

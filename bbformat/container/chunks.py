@@ -8,6 +8,7 @@ from typing import Any, Callable, NamedTuple, Protocol
 import numpy as np
 
 from ..constants import (
+    payload_codecs,
     CHUNK_FIXED_SIZE,
     CHUNK_MAGIC,
     CRC_SIZE,
@@ -251,9 +252,7 @@ def parse_chunk(
     payload is refused (E_CODEC)."""
     mixed = bool(required_flags & RequiredFlag.MIXED_CORRECTIONS)
     bands = bool(required_flags & RequiredFlag.BANDS)
-    codecs = (Codec.RAW, Codec.ZSTD) + ((Codec.PLANES,) if required_flags & RequiredFlag.PLANES else ()) \
-        + ((Codec.EXPONENT,) if required_flags & RequiredFlag.EXPONENT else ()) \
-        + ((Codec.PARTS,) if required_flags & RequiredFlag.PARTS else ())
+    codecs = payload_codecs(required_flags)
     if len(data) < MIN_CHUNK_LENGTH:
         raise FormatError("chunk is truncated", "E_TRUNCATED")
     if data[: len(CHUNK_MAGIC)] != CHUNK_MAGIC:
