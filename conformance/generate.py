@@ -21,6 +21,7 @@ Every vector made before 1.2 keeps its bytes: they are made with the 1.1 encoder
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import ctypes
 import ctypes.util
@@ -35,7 +36,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # faster on a shared machine; results are the same
 
@@ -2052,14 +2053,27 @@ def seg(n: int, r: int, k: int, seed: int) -> tuple:
     return (n, r, k, classes(rows, seed, k), classes(r, seed + 1, k)) if k > 1 else (n, r, 1, [], [])
 
 
-def writer_file(seed: int, entropy: str, format_version: str, dtype: str) -> tuple[bytes, list[int]]:
+@contextlib.contextmanager
+def table_grain(grain: int) -> Iterator[None]:
+    """The reference writer's codec-3 frequencies in multiples of 2^grain while inside: 0 for the
+    vectors written before its default became 2 (so that they regenerate byte-identically)."""
+    from bbformat.codec import exponent
+
+    was, exponent.TABLE_GRAIN = exponent.TABLE_GRAIN, grain
+    try:
+        yield
+    finally:
+        exponent.TABLE_GRAIN = was
+
+
+def writer_file(seed: int, entropy: str, format_version: str, dtype: str, grain: int = 0) -> tuple[bytes, list[int]]:
     """The reference writer's file of a tiny 2-layer Llama (pack --verify) and its payload codecs."""
     from bbformat.api import pack
     from bbformat.checkpoint import write_checkpoint
     from bbformat.testing import make_tiny_checkpoint
 
     ck = make_tiny_checkpoint("llama", seed=seed, layers=2, hidden=32, heads=4, kv_heads=2, vocab=32, max_positions=16, dtype=dtype)
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as d, table_grain(grain):
         write_checkpoint(ck, Path(d) / "m")
         pack(Path(d) / "m", Path(d) / "m.bb", verify=True, entropy=entropy, format_version=format_version)
         data = (Path(d) / "m.bb").read_bytes()
@@ -2538,16 +2552,19 @@ EXPONENT_FLAG = 0x8
 EXP_FIELDS = {1: (10, 5, 16), 2: (7, 8, 16), 3: (23, 8, 32)}  # symbol dtype code -> (s, e, W), SPEC.md 8.7
 
 
-def exp_table(counts: dict[int, int]) -> list[tuple[int, int]]:
+def exp_table(counts: dict[int, int], grain: int = 0) -> list[tuple[int, int]]:
     """A valid table for these counts, by a rule of its own (not the package's): every used
-    symbol 1 + its share of the rest, the remainder to the most frequent (ties: lowest)."""
+    symbol 1 + its share of the rest, the remainder to the most frequent (ties: lowest), in
+    units of 2^grain (every frequency a multiple of it)."""
     used = sorted(counts)
-    spare = (1 << 14) - len(used)
+    units = (1 << 14) >> grain
+    assert len(used) <= units
+    spare = units - len(used)
     n = sum(counts.values())
     f = {a: 1 + spare * counts[a] // n for a in used}
     top = max(used, key=lambda a: (counts[a], -a))
-    f[top] += (1 << 14) - sum(f.values())
-    return [(a, f[a]) for a in used]
+    f[top] += units - sum(f.values())
+    return [(a, f[a] << grain) for a in used]
 
 
 def exp_symbols(sym: np.ndarray, dtype_code: int, t: int) -> tuple[list[int], list[int], int, int, int]:
@@ -2560,9 +2577,11 @@ def exp_symbols(sym: np.ndarray, dtype_code: int, t: int) -> tuple[list[int], li
 
 
 def exp_bytes(sym: np.ndarray, dtype_code: int, t: int, segs: list[tuple[int, int, int, list[int]]], lanes: int,
-              codec: Callable[[int], int] = lambda i: 0, nonminimal: bool = False) -> bytes:
+              codec: Callable[[int], int] = lambda i: 0, nonminimal: bool = False,
+              grain: Callable[[int, int], int] = lambda j, k: 0) -> bytes:
     """Codec-3 bytes written symbol by symbol, from SPEC.md 8.7 (independently of
-    bbformat/codec/exponent.py and rans.py). segs: (n, r, K, column classes)."""
+    bbformat/codec/exponent.py and rans.py). segs: (n, r, K, column classes); grain(j, k): the
+    frequencies of segment j's class k are multiples of 2^grain."""
     codes, rests, b, _, rb = exp_symbols(sym, dtype_code, t)
     P = len(codes)
     table_of: list[tuple[int, int]] = []  # (segment, class) of every symbol
@@ -2579,7 +2598,7 @@ def exp_bytes(sym: np.ndarray, dtype_code: int, t: int, segs: list[tuple[int, in
             for i, key in enumerate(table_of):
                 if key == (j, cl):
                     counts[codes[i]] = counts.get(codes[i], 0) + 1
-            tab = exp_table(counts or {0: 1})
+            tab = exp_table(counts or {0: 1}, grain(j, cl))
             tables[(j, cl)] = tab
             raw_tables += varint(len(tab))
             prev = -1
@@ -2708,6 +2727,20 @@ def add_exponent(S: Suite) -> None:  # noqa: C901 - one list of vectors
         assert 3 in codecs, codecs
         S.valid(f"v_exponent_writer_{mode}", data, "§8.7",
                 f"the reference writer, pack --entropy {mode} (Llama, bfloat16, 2 layers, format 1.3); payload codecs {codecs}", since=V)
+
+    # frequencies sharing a power-of-two factor (8.7, informative: a decoder may look entries up by groups of slots)
+    valid("v_exponent_table_grain2", with_exponent(bs, 0, exp_bytes(sym, d0, 2, mixed, P, grain=lambda j, k: 2)),
+          "codec 3 whose frequencies are all multiples of 4 (as the reference writer's since 2026-11-27), 4 segments, Q = P lanes")
+    valid("v_exponent_table_grains_mixed", with_exponent(bs, 0, exp_bytes(sym, d0, 2, mixed, 7, grain=lambda j, k: (2, 0, 3, 5)[(j + k) % 4])),
+          "codec 3 whose tables' frequencies are multiples of 4, 1, 8 or 32 by segment and class, mixed within each segment")
+    data = with_exponent(bf, 0, exp_bytes(sb, db, 2, [eseg(sb.size, 16, 4, 31)], sb.size, grain=lambda j, k: 2)).build()
+    assert decoded_tensors(data) == decoded_tensors(bf.build())
+    S.valid("v_exponent_bfloat16_grain2", data, "§8.7", "codec 3 on a bfloat16 chunk with a non-plain site, t = 2, K = 4, every frequency a multiple of 4", since=V)
+    data, codecs = writer_file(6, "auto", "1.3", "bfloat16", grain=2)
+    assert 3 in codecs, codecs
+    S.valid("v_exponent_writer_grain2", data, "§8.7",
+            f"the reference writer since 2026-11-27 (codec-3 frequencies multiples of 4), pack --entropy auto (Llama, bfloat16, 2 layers, format 1.3); "
+            f"payload codecs {codecs}", since=V)
 
     def inv(vid: str, data: bytes, what: str, code: str = "E_SECTION_CONTENT", rule: int = 25, section: str = "§8.7") -> None:
         S.invalid(vid, data, section, what, code, rule, since=V)
@@ -2982,9 +3015,10 @@ def written15(encs: list, scheme: str, tol: float, part_symbols: int) -> bytes: 
     buf = io.BytesIO()
     meta = {"format": "bbformat", "format_version": "1.5", "scheme": scheme, "tolerance": tol}
     w = bbformat.Writer(buf, scheme, len(encs), meta, entropy="auto", format_version="1.5", part_symbols=part_symbols, threads=1)
-    for e in encs:
-        w.add_encoded(e)
-    w.close()
+    with table_grain(0):
+        for e in encs:
+            w.add_encoded(e)
+        w.close()
     return buf.getvalue()
 
 

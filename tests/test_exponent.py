@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bbformat.codec import rans
+from bbformat.codec import exponent, rans
 from bbformat.codec.exponent import decode_exponent, encode_exponent, lanes_for, max_joined, split_fields
 from bbformat.constants import EXPONENT_FIELD, MAX_EXPONENT_TABLES, RANS_LOW, RANS_PRECISION_BITS
 from bbformat.errors import FormatError, LimitError
@@ -88,6 +88,69 @@ def test_quantize_keeps_every_symbol_and_sums_to_m(counts: list[int]) -> None:
     f = rans.quantize(c)
     assert int(f.sum()) == M
     assert ((f > 0) == (c > 0)).all()
+
+
+@given(st.lists(st.integers(0, 10**9), min_size=1, max_size=300), st.integers(0, 14))
+def test_quantize_with_a_grain_gives_multiples_of_it(counts: list[int], grain: int) -> None:
+    """Frequencies in units of 2^grain where there are units enough for every symbol present
+    (else the grain is lowered until there are), still summing to M; grain 0 is the plain rule."""
+    c = np.array(counts, np.int64)
+    if c.sum() == 0:
+        c[0] = 1
+    f = rans.quantize(c, grain)
+    assert int(f.sum()) == M and ((f > 0) == (c > 0)).all()
+    used = max(g for g in range(grain + 1) if np.count_nonzero(c) <= M >> g)
+    assert (f % (1 << used) == 0).all()
+    if used == grain and grain < 14:  # the plain rule in units of 2^grain: the same shares
+        assert np.array_equal(f >> grain, _units(c, M >> grain))
+
+
+def _units(c: np.ndarray, units: int) -> np.ndarray:
+    """The plain rule (largest remainders, floors of 1) for `units` in all, written out again."""
+    n = int(c.sum())
+    f = [max(1, int(x) * units // n) if x > 0 else 0 for x in c]
+    short = units - sum(f)
+    order = sorted((i for i in range(c.size) if c[i] > 0), key=lambda i: (-(int(c[i]) * units % n), i))
+    for i in order[:max(short, 0)]:
+        f[i] += 1
+    while short < 0:
+        i = int(np.argmax(f))
+        take = min(-short, f[i] - 1)
+        f[i] -= take
+        short += take
+    return np.array(f, np.int64)
+
+
+def _tables_of(data: bytes, total: int, dtype: str, monkeypatch: pytest.MonkeyPatch) -> rans.Tables:
+    """The tables of a codec-3 payload of `total` symbols, as its decoder reads them."""
+    got: list[rans.Tables] = []
+    read = exponent.read_tables
+
+    def keep(*args: object, **kw: object) -> rans.Tables:
+        got.append(read(*args, **kw))  # type: ignore[arg-type]
+        return got[-1]
+
+    with monkeypatch.context() as m:
+        m.setattr(exponent, "read_tables", keep)
+        decode_exponent(data, total, dtype)
+    assert len(got) == 1
+    return got[0]
+
+
+def test_the_writer_tables_are_multiples_of_its_grain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference writer's frequencies are multiples of 2^TABLE_GRAIN (the compiled decoder's
+    smaller tables), and its payload decodes (numpy and compiled) to its symbols; with grain 0
+    they are not all multiples of 4 (so the check can fail)."""
+    sym = _weights("bfloat16", 60_000)
+    data = encode_exponent(sym, "bfloat16", [(60_000, 600)])
+    assert data is not None
+    tables = _tables_of(data, sym.size, "bfloat16", monkeypatch)
+    assert exponent.TABLE_GRAIN == 2 and (tables.freq % 4 == 0).all() and tables.count >= 1
+    monkeypatch.setattr(exponent, "TABLE_GRAIN", 0)
+    plain = encode_exponent(sym, "bfloat16", [(60_000, 600)])
+    assert plain is not None and (_tables_of(plain, sym.size, "bfloat16", monkeypatch).freq % 4 != 0).any()
+    for native in (False, True):
+        assert np.array_equal(decode_exponent(data, sym.size, "bfloat16", native=native), sym)
 
 
 # ----------------------------------------------------------------------------- the codec
@@ -417,11 +480,11 @@ def test_exponent_needs_format_1_3(tmp_path: Path) -> None:
         Writer(io.BytesIO(), "symmetric", 0, {}, entropy="exponent", format_version=fv)
 
 
-def test_golden_v1_3_fixture_decodes_forever() -> None:
+def test_golden_v1_3_fixture_decodes_forever(monkeypatch: pytest.MonkeyPatch) -> None:
     """Written once (numcodecs style): the 1.3 fixture pins the writer's bytes (codec 3 in its
-    float16 chunk), verifies its digests, and decodes to the same tensors as the 1.2 writer's
-    file of the same input; the 1.0, 1.1 and 1.2 fixtures still decode (test_entropy.py,
-    test_digests.py)."""
+    float16 chunk, tables of grain 0 as the writer wrote them then), verifies its digests, and
+    decodes to the same tensors as the 1.2 writer's file of the same input; the 1.0, 1.1 and
+    1.2 fixtures still decode (test_entropy.py, test_digests.py)."""
     import hashlib
     import io
 
@@ -430,7 +493,9 @@ def test_golden_v1_3_fixture_decodes_forever() -> None:
     fix = Path(__file__).parent / "fixtures"
     golden = (fix / "sample_v1_3_exponent.bb").read_bytes()
     assert hashlib.sha256(golden).hexdigest() == (fix / "sample_v1_3_exponent.sha256").read_text().split()[0]
-    assert sample_container(format_version="1.3", entropy="exponent") == golden
+    with monkeypatch.context() as m:
+        m.setattr(exponent, "TABLE_GRAIN", 0)
+        assert sample_container(format_version="1.3", entropy="exponent") == golden
     with Reader(io.BytesIO(golden)) as r:
         assert (r.header.minor, r.read_chunk(0).sections[0]["codec"]) == (3, 3) and r.has_digests
         blocks = list(r.iter_blocks())

@@ -26,14 +26,16 @@ CONF = Path(__file__).resolve().parent.parent / "conformance"
 DTYPES = ("float16", "bfloat16", "float32")
 
 
-def _symbols(dtype: str, n: int, seed: int) -> np.ndarray:
-    """Weight-like symbols with some arbitrary bit patterns mixed in."""
+def _symbols(dtype: str, n: int, seed: int, column_scales: bool = False) -> np.ndarray:
+    """Weight-like symbols with some arbitrary bit patterns mixed in; `column_scales`: in rows
+    of 10 (or any multiple), columns k and k+4 share one of 4 scales a factor 30 apart."""
     import torch
 
     rng = np.random.default_rng(seed)
     bits = 32 if dtype == "float32" else 16
     u = np.uint32 if bits == 32 else np.uint16
-    t = torch.from_numpy(rng.standard_normal(n) * 0.02).to(getattr(torch, dtype))
+    scale = 0.02 * 30.0 ** (np.arange(n) % 10 % 4) if column_scales else 0.02
+    t = torch.from_numpy(rng.standard_normal(n) * scale).to(getattr(torch, dtype))
     sym = t.view(torch.int32 if bits == 32 else torch.int16).numpy().view(u).copy()
     wild = rng.random(n) < 0.01
     sym[wild] = rng.integers(0, 2**bits, int(wild.sum()), dtype=np.uint64).astype(u)
@@ -94,6 +96,32 @@ def test_native_equals_numpy_and_the_input(dtype: str, runs: list[tuple[int, int
         assert data is not None and data == encode_exponent(sym, dtype, runs, native=False)  # the compiled encoder too
     finally:
         exponent.JOINED_BITS_TRIED, exponent.STEPS_PER_LANE = orig, orig_steps
+    want = ("ok", sym.astype(decode_exponent(data, sym.size, dtype).dtype).tobytes())
+    assert _three(data, sym.size, dtype) == [want] * 3
+
+
+@needs_native
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(DTYPES), st.integers(0, 2**32 - 1), st.lists(st.sampled_from([0, 1, 2, 3, 4, 5, 14]), min_size=1, max_size=6))
+def test_every_table_grain_decodes_the_same(dtype: str, seed: int, grains: list[int]) -> None:
+    """Tables whose frequencies share a factor 2^q (the compiled decoder's smaller tables; q is
+    each segment's smallest over its classes, at most 4), mixed within a segment and across
+    segments, cut by row and lane wraps: the same symbols on all three paths."""
+    runs = [(9_000, 90), (5_000, 50), (3_001, 3_001)]  # columns of 4 scales: K = 4, one table in the last
+    sym = _symbols(dtype, sum(n for n, _ in runs), seed, column_scales=True)
+    calls = iter(range(10**6))
+    quantize = rans.quantize
+
+    def grained(counts: np.ndarray, grain: int = 0) -> np.ndarray:
+        return quantize(counts, grains[next(calls) % len(grains)])
+
+    orig, orig_steps = rans.quantize, exponent.STEPS_PER_LANE
+    rans.quantize, exponent.STEPS_PER_LANE = grained, 40  # type: ignore[assignment]
+    try:
+        data = encode_exponent(sym, dtype, runs)
+    finally:
+        rans.quantize, exponent.STEPS_PER_LANE = orig, orig_steps  # type: ignore[assignment]
+    assert data is not None and exponent.table_count(data, sym.size, dtype) == 9
     want = ("ok", sym.astype(decode_exponent(data, sym.size, dtype).dtype).tobytes())
     assert _three(data, sym.size, dtype) == [want] * 3
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -340,7 +341,7 @@ def test_bench_entropy_writes_its_table(tmp_path: Path) -> None:
     report = tmp_path / "B.md"
     report.write_text("# B\n")
     r = _tool(str(TOOLS / "bench_entropy.py"), "--f16", str(tmp_path / "float16"), "--f32", str(tmp_path / "float32"), "--quick",
-              "--repeats", "2", "--report", str(report), "--json", str(tmp_path / "b.json"))
+              "--repeats", "2", "--rounds", "3", "--report", str(report), "--json", str(tmp_path / "b.json"))
     assert r.returncode == 0, r.stderr
     text = report.read_text()
     assert "is the best of 2 passes" in text
@@ -353,6 +354,11 @@ def test_bench_entropy_writes_its_table(tmp_path: Path) -> None:
         assert 0 < rows["ideal"]["bytes"] < inp["plain_bytes"] and all(x["bytes"] > 0 for x in rows.values() if x["bytes"] is not None)
     assert text.count("**met**") + text.count("**missed**") >= 6
     assert all(inp["decode_repeats"] == 2 for inp in res)
+    if importlib.util.find_spec("zipnn") is not None:  # passes in turn, and the goal read from them
+        assert all(len(v) == 3 and min(v) > 0 for inp in res for v in inp["head_to_head"].values())
+        assert text.count("Head to head: 3 rounds") == 3 and text.count("best of 3 passes each, taken in turn") == 3
+    else:
+        assert all(inp["head_to_head"] == {} for inp in res)
 
 
 def test_bench_parts_writes_its_table(tmp_path: Path) -> None:

@@ -16,10 +16,16 @@
 #define RANS_LOW (1u << 16)
 #define MAX_CLASSES 16 /* SPEC.md 8.7: K <= 16 */
 #define MAX_ENTRIES 4096 /* and m <= 2^B <= 2^12 */
-/* A table built for decoding, one per class of the segment being decoded: per slot, 8 bytes:
- * a u32 (frequency - 1) | (slot - start) << 16, then its code << shift (u32). */
+/* A table built for decoding, one per class of the segment being decoded: per group of 2^q
+ * slots, 8 bytes: a u32 (frequency - 1) | (group's first slot - start) << 16, then its code
+ * << shift (u32). q, the segment's grain, is the largest (at most MAX_GRAIN) such that every
+ * frequency of its tables is a multiple of 2^q: then an entry's slots are whole groups, and a
+ * table takes 2^(14 - q) x 8 bytes. The reference writer's frequencies are multiples of 4:
+ * 32 KiB a class instead of 128, so four classes take a quarter of a 512 KiB L2, not all of
+ * it (about 15% faster on this project's AMD Zen 3 machine, BENCHMARKS.md 15). */
 #define STRIDE_BITS (SLOT_BITS + 3)
 #define TABLE_STRIDE (1u << STRIDE_BITS)
+#define MAX_GRAIN 4
 
 /* error codes returned to exponent.py, which names them */
 #if defined(_MSC_VER)
@@ -47,6 +53,7 @@ typedef struct {
     const uint8_t *words;    /* u16 LE words, read forward */
     size_t nwords, wpos;     /* words in the stream, the next to read */
     uint32_t lane;           /* the lane of the next symbol */
+    unsigned grain;          /* q of the segment being decoded */
     const uint8_t *rest_low; /* P * b0 bytes */
     const uint8_t *rest_high;/* ceil(P/8) * b1 bytes */
     unsigned b0, b1, shift, width;
@@ -68,10 +75,10 @@ static ALWAYS_INLINE uint64_t load_le(const uint8_t *p, unsigned n)
  * branchless: the word is loaded whether or not it is used. */
 #define STEP(XP, CLS, CHECKED, CODE)                                                 \
     do {                                                                            \
-        const uint32_t x0_ = *(XP), slot_ = x0_ & SLOT_MASK;                        \
-        const uint8_t *tb_ = built + (size_t)(CLS) * TABLE_STRIDE;                  \
-        const uint32_t fb_ = ((const uint32_t *)tb_)[2 * slot_];                    \
-        uint32_t y_ = ((fb_ & 0xFFFFu) + 1u) * (x0_ >> SLOT_BITS) + (fb_ >> 16);    \
+        const uint32_t x0_ = *(XP), slot_ = x0_ & SLOT_MASK, g_ = slot_ >> grain;   \
+        const uint8_t *tb_ = built + ((size_t)(CLS) << (STRIDE_BITS - grain));      \
+        const uint32_t fb_ = ((const uint32_t *)tb_)[2 * g_];                       \
+        uint32_t y_ = ((fb_ & 0xFFFFu) + 1u) * (x0_ >> SLOT_BITS) + (fb_ >> 16) + (slot_ & fine); \
         const uint32_t need_ = y_ < RANS_LOW;                                       \
         uint32_t w_ = 0;                                                            \
         if (!(CHECKED) || wp < nwords)                                              \
@@ -80,7 +87,7 @@ static ALWAYS_INLINE uint64_t load_le(const uint8_t *p, unsigned n)
         y_ = (y_ & keep_) | (((y_ << 16) | w_) & ~keep_); /* no branch to mispredict */ \
         wp += need_;                                                                \
         *(XP) = y_;                                                                 \
-        (CODE) = ((const uint32_t *)tb_)[2 * slot_ + 1];                            \
+        (CODE) = ((const uint32_t *)tb_)[2 * g_ + 1];                               \
     } while (0)
 
 
@@ -103,19 +110,21 @@ static void init_perm(void)
  * and offset, then code << shift) is one 64-bit load, and the eight are packed into two
  * vectors: on this project's AMD Zen 3 machine 17-20% faster than two AVX2 gathers of the
  * same slots (BENCHMARKS.md 15). */
-__attribute__((target("avx2"))) static size_t steps_avx2(const uint8_t *built, uint32_t *xs, size_t m, const uint8_t *cls,
-                                                         const uint8_t *words, size_t *wpp, void *out, int wide)
+__attribute__((target("avx2"))) static ALWAYS_INLINE size_t steps_avx2(const uint8_t *built, uint32_t *xs, size_t m,
+                                                                       const uint8_t *cls, const uint8_t *words, size_t *wpp,
+                                                                       void *out, int wide, unsigned grain)
 {
     const __m256i slot_mask = _mm256_set1_epi32((int)SLOT_MASK), low16 = _mm256_set1_epi32(0xFFFF);
-    const __m256i one = _mm256_set1_epi32(1);
+    const __m256i one = _mm256_set1_epi32(1), fine = _mm256_set1_epi32((1 << grain) - 1);
+    const __m128i gshift = _mm_cvtsi32_si128((int)grain);
     size_t wp = *wpp, j = 0;
     uint32_t at[8] __attribute__((aligned(32)));
     for (; j + 8 <= m; j += 8) {
         __m256i toff = _mm256_setzero_si256();
         if (cls)
-            toff = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(cls + j))), STRIDE_BITS);
-        const __m256i x = _mm256_loadu_si256((const __m256i *)(xs + j));
-        _mm256_store_si256((__m256i *)at, _mm256_add_epi32(toff, _mm256_slli_epi32(_mm256_and_si256(x, slot_mask), 3)));
+            toff = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(cls + j))), STRIDE_BITS - grain);
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(xs + j)), slot = _mm256_and_si256(x, slot_mask);
+        _mm256_store_si256((__m256i *)at, _mm256_add_epi32(toff, _mm256_slli_epi32(_mm256_srl_epi32(slot, gshift), 3)));
         uint64_t e[8];
         for (int k = 0; k < 8; ++k)
             memcpy(&e[k], built + at[k], 8);
@@ -124,7 +133,8 @@ __attribute__((target("avx2"))) static size_t steps_avx2(const uint8_t *built, u
         const __m256i fb = _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), 0x88));
         const __m256i code = _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), 0xDD));
         const __m256i f = _mm256_add_epi32(_mm256_and_si256(fb, low16), one);
-        __m256i y = _mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srli_epi32(x, SLOT_BITS)), _mm256_srli_epi32(fb, 16));
+        __m256i y = _mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srli_epi32(x, SLOT_BITS)),
+                                     _mm256_add_epi32(_mm256_srli_epi32(fb, 16), _mm256_and_si256(slot, fine)));
         const __m256i need = _mm256_cmpeq_epi32(_mm256_min_epu32(y, low16), y);
         const unsigned mask = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(need));
         const __m256i w = _mm256_permutevar8x32_epi32(
@@ -142,6 +152,25 @@ __attribute__((target("avx2"))) static size_t steps_avx2(const uint8_t *built, u
     }
     *wpp = wp;
     return j;
+}
+
+/* steps_avx2 with its grain a constant where it is 0 (every file of an earlier writer) or 2
+ * (this writer's), so that neither pays for the other. */
+#define STEPS_ARGS const uint8_t *built, uint32_t *xs, size_t m, const uint8_t *cls, const uint8_t *words, size_t *wpp, void *out, int wide
+__attribute__((target("avx2"))) static size_t steps_avx2_g0(STEPS_ARGS) { return steps_avx2(built, xs, m, cls, words, wpp, out, wide, 0); }
+__attribute__((target("avx2"))) static size_t steps_avx2_g2(STEPS_ARGS) { return steps_avx2(built, xs, m, cls, words, wpp, out, wide, 2); }
+__attribute__((target("avx2"))) static size_t steps_avx2_gq(STEPS_ARGS, unsigned grain)
+{
+    return steps_avx2(built, xs, m, cls, words, wpp, out, wide, grain);
+}
+
+static size_t steps_any(STEPS_ARGS, unsigned grain)
+{
+    if (grain == 0)
+        return steps_avx2_g0(built, xs, m, cls, words, wpp, out, wide);
+    if (grain == 2)
+        return steps_avx2_g2(built, xs, m, cls, words, wpp, out, wide);
+    return steps_avx2_gq(built, xs, m, cls, words, wpp, out, wide, grain);
 }
 
 static int cpu_has_avx2(void)
@@ -168,6 +197,8 @@ static ALWAYS_INLINE void codes(ctx_t *c, const uint8_t *map, size_t r, size_t *
     const size_t nwords = c->nwords;
     size_t wp = c->wpos, col = *colp, i = 0;
     uint32_t l = c->lane, code;
+    const unsigned grain = c->grain;
+    const uint32_t fine = (1u << grain) - 1;
     while (i < n) {
         size_t m = n - i;
         if (c->lanes - l < m)
@@ -181,8 +212,8 @@ static ALWAYS_INLINE void codes(ctx_t *c, const uint8_t *map, size_t r, size_t *
             size_t mm = m;
             if (map != NULL && r - col < mm)
                 mm = r - col;
-            j0 = steps_avx2(built, xs, mm, map ? map + col : NULL, words, &wp, wide ? (void *)o32 : (void *)o16,
-                            wide);
+            j0 = steps_any(built, xs, mm, map ? map + col : NULL, words, &wp, wide ? (void *)o32 : (void *)o16, wide,
+                           grain);
         }
 #endif
         if (map == NULL) {
@@ -318,18 +349,31 @@ static void codes32_checked(RUN_ARGS) { codes(c, map, r, col, n, out, 1, 1); }
 
 #define BLOCK 1024 /* symbols per call of a codes loop; a block with this many words left skips the word check */
 
-/* Table t as decoded, at dst: each entry's slots get its frequency - 1, their distance from
- * its start, and its code (check_args made sure the frequencies tile the 2^14 slots). */
-static void build_table(const ctx_t *c, size_t t, uint8_t *dst)
+/* Table t as decoded with grain q, at dst: each entry's groups of 2^q slots get its
+ * frequency - 1, the distance of their first slot from its start, and its code (check_args
+ * made sure the frequencies tile the 2^14 slots; grain_of, that they are multiples of 2^q). */
+static void build_table(const ctx_t *c, size_t t, uint8_t *dst, unsigned q)
 {
     uint32_t *slots = (uint32_t *)dst;
     for (int64_t e = c->first[t]; e < c->first[t + 1]; ++e) {
         const uint32_t f = c->freq[e], cd = c->code[e] << c->shift;
-        for (uint32_t k = 0; k < f; ++k, slots += 2) {
+        for (uint32_t k = 0; k < f; k += 1u << q, slots += 2) {
             slots[0] = (f - 1u) | (k << 16);
             slots[1] = cd;
         }
     }
+}
+
+/* The largest q <= MAX_GRAIN such that every frequency of tables t0 ... t0+n-1 is a multiple of 2^q. */
+static unsigned grain_of(const ctx_t *c, size_t t0, size_t n)
+{
+    uint32_t any = 1u << MAX_GRAIN;
+    unsigned q = 0;
+    for (int64_t e = c->first[t0]; e < c->first[t0 + n]; ++e)
+        any |= c->freq[e];
+    while (!((any >> q) & 1u))
+        ++q;
+    return q;
 }
 
 /* Every symbol of the payload: the codes, segment by segment (its classes' tables built
@@ -343,8 +387,9 @@ static void run(ctx_t *c, void *out, size_t total, size_t nseg, const int64_t *s
     for (size_t j = 0; j < nseg; ++j) {
         const size_t n = (size_t)seg_n[j], r = (size_t)seg_r[j];
         const uint8_t *map = seg_map[j];
+        c->grain = grain_of(c, (size_t)seg_base[j], seg_tables[j]);
         for (size_t k = 0; k < seg_tables[j]; ++k)
-            build_table(c, (size_t)seg_base[j] + k, c->built + k * TABLE_STRIDE);
+            build_table(c, (size_t)seg_base[j] + k, c->built + (k << (STRIDE_BITS - c->grain)), c->grain);
         size_t col = 0;
         for (size_t done = 0; done < n;) {
             const size_t k = n - done < BLOCK ? n - done : BLOCK;

@@ -72,23 +72,28 @@ class Tables:
         return out
 
 
-def quantize(counts: np.ndarray) -> np.ndarray:
-    """Frequencies summing to M, >= 1 exactly where counts > 0 (deterministic, integer)."""
+def quantize(counts: np.ndarray, grain: int = 0) -> np.ndarray:
+    """Frequencies summing to M, >= 1 exactly where counts > 0 (deterministic, integer), each a
+    multiple of 2^grain (those are M >> grain units; a grain too coarse for the symbols present
+    is lowered until each gets a unit)."""
     c = np.asarray(counts, np.int64)
     n = int(c.sum())
     if n == 0:
         raise ValueError("quantize: no symbols")
-    f = np.where(c > 0, np.maximum(1, c * M // n), 0)
-    short = M - int(f.sum())
+    while grain > 0 and int(np.count_nonzero(c)) > M >> grain:
+        grain -= 1
+    units = M >> grain
+    f = np.where(c > 0, np.maximum(1, c * units // n), 0)
+    short = units - int(f.sum())
     if short > 0:  # to the largest remainders, ties to the lower symbol
-        rem = np.where(c > 0, c * M % n, -1)
+        rem = np.where(c > 0, c * units % n, -1)
         f[np.lexsort((np.arange(c.size), -rem))[:short]] += 1
     while short < 0:  # the floors of 1 overshot: take from the largest
         i = int(np.argmax(f))
         take = min(-short, int(f[i]) - 1)
         f[i] -= take
         short += take
-    return f
+    return f << grain
 
 
 def push(x: np.ndarray, freq: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
