@@ -64,8 +64,9 @@ def test_planes_round_trip(case) -> None:  # type: ignore[no-untyped-def]
 @given(payloads(), st.sampled_from([2, 3, 4, 16]))
 def test_planes_round_trip_with_contexts(case, k: int) -> None:  # type: ignore[no-untyped-def]
     """Every segment coded with k classes per axis: partial last rows, empty contexts, row
-    length 1 and n all decode back (the decoder's block-wise un-permutation)."""
-    from bbformat.codec import entropy
+    length 1 and n all decode back, through the compiled un-permutation (where it is built)
+    and numpy's block-wise one."""
+    from bbformat.codec import entropy, native
 
     sym, w, runs = case
     with pytest.MonkeyPatch.context() as mp:
@@ -75,6 +76,30 @@ def test_planes_round_trip_with_contexts(case, k: int) -> None:  # type: ignore[
     segs, _ = read_segments(data, sym.size)
     assert {kk for _, _, kk in segs} == {k}
     assert np.array_equal(decode_planes(data, sym.size, w), sym)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(native, "compiled", None)
+        assert np.array_equal(decode_planes(data, sym.size, w), sym)
+
+
+def test_the_compiled_unpermutation_checks_its_arguments() -> None:
+    """What entropy.py passes is checked before a byte is written: rows and columns in range,
+    the grid's size, the last byte inside `out`; a bad call is a ValueError (a bug, not a file)."""
+    from bbformat.codec import native
+
+    if native.compiled is None:
+        pytest.skip("the compiled module is not built")
+    rows, cols = np.array([1, 0], np.int64), np.array([2, 0, 1], np.int64)
+    block = np.arange(6, dtype=np.uint8)
+    out = np.zeros(13, np.uint8)
+    native.compiled.unpermute(block, rows, cols, out, 1, 2)
+    assert out[1::2].tolist() == [5, 3, 4, 2, 0, 1] and not out[0::2].any()  # out[1 + 2*(row*3 + c)] = block[i*3 + cols[c]]
+    for args in ((block, np.array([2, 0], np.int64), cols, out, 1, 2), (block, rows, np.array([3, 0, 1], np.int64), out, 1, 2),
+                 (block[:5], rows, cols, out, 1, 2), (block, rows, cols, out, 3, 2), (block, rows, cols, out, 0, 0),
+                 (block, rows, cols, out, -1, 2), (block, np.array([-1, 0], np.int64), cols, out, 1, 2)):
+        before = out.copy()
+        with pytest.raises(ValueError, match="inconsistent"):
+            native.compiled.unpermute(*args)
+        assert np.array_equal(out, before)
 
 
 @settings(max_examples=100, deadline=None)

@@ -1,10 +1,11 @@
 /* The compiled decoder of payload codec 3 (SPEC.md 8.7): the rANS stream and the rest fields
  * of one payload, straight to its symbols. bbformat/codec/exponent.py parses and checks
  * everything before the stream and calls decode() here; its numpy decoder is the reference,
- * and the two must agree on every input (tests/test_exponent_native.py).
+ * and the two must agree on every input (tests/test_exponent_native.py). Also codec 3's
+ * encoder helpers, and unpermute() for codec 2's top plane (SPEC.md 8.6, entropy.py).
  *
  * Integer arithmetic only: the output does not depend on the compiler or the CPU. Little-endian
- * hosts only (exponent.py does not use it elsewhere): tables and symbols are stored native.
+ * hosts only (native.py does not load it elsewhere): tables and symbols are stored native.
  * The GIL is released while decoding, so chunks decode in parallel threads. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -37,9 +38,9 @@
 #define ALWAYS_INLINE inline
 #endif
 
-/* The functions and argument lists below; exponent.py uses this module only if it says the same (an
+/* The functions and argument lists below; native.py loads this module only if it says the same (an
  * extension built from another version of this file falls back to numpy, never crashes). */
-#define ABI 5
+#define ABI 6
 
 enum { OK = 0, ERR_STREAM_SHORT = 1, ERR_WORDS_LEFT = 2, ERR_LANE_END = 3 };
 
@@ -838,6 +839,46 @@ static PyObject *encode(PyObject *Py_UNUSED(self), PyObject *args)
     return result;
 }
 
+/* unpermute(block, rows, cols, out, offset, stride): codec 2's top plane of one segment
+ * (SPEC.md 8.6; entropy.py), from its context groups laid out as one grid whose rows and
+ * columns are sorted by class, back to payload order: for i < len(rows) and c < r =
+ * len(cols) (int64 arrays, rows a permutation of 0 .. len(rows)-1, cols of 0 .. r-1),
+ * out[offset + (rows[i] * r + c) * stride] = block[i * r + cols[c]]. */
+static PyObject *unpermute(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer block, rows, cols, out;
+    Py_ssize_t offset, stride;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*nn", &block, &rows, &cols, &out, &offset, &stride))
+        return NULL;
+    const size_t full = (size_t)rows.len / 8, r = (size_t)cols.len / 8;
+    const int64_t *ro = rows.buf, *co = cols.buf;
+    int bad = rows.len % 8 || cols.len % 8 || offset < 0 || stride < 1 || (size_t)block.len != full * r;
+    for (size_t i = 0; !bad && i < full; ++i)
+        bad = ro[i] < 0 || (size_t)ro[i] >= full;
+    for (size_t c = 0; !bad && c < r; ++c)
+        bad = co[c] < 0 || (size_t)co[c] >= r;
+    if (!bad && full * r > 0) /* the last byte written: (full * r - 1) * stride past offset */
+        bad = (size_t)offset >= (size_t)out.len || (full * r - 1) > ((size_t)out.len - 1 - (size_t)offset) / (size_t)stride;
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "_exponent_native.unpermute: inconsistent arguments");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        const uint8_t *src = block.buf;
+        uint8_t *dst = (uint8_t *)out.buf + offset;
+        for (size_t i = 0; i < full; ++i) {
+            const uint8_t *row = src + i * r;
+            uint8_t *to = dst + (size_t)ro[i] * r * (size_t)stride;
+            for (size_t c = 0; c < r; ++c)
+                to[c * (size_t)stride] = row[co[c]];
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&block); PyBuffer_Release(&rows); PyBuffer_Release(&cols); PyBuffer_Release(&out);
+    if (bad)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS, "Decode a codec-3 rANS stream and rest fields into symbols (see exponent.py); simd=0 "
                                      "keeps to the scalar steps (the same symbols; for tests)."},
@@ -846,6 +887,7 @@ static PyMethodDef methods[] = {
     {"histogram", histogram, METH_VARARGS, "Add the codes' counts per column class (see exponent.py)."},
     {"column_sums", column_sums, METH_VARARGS, "The codes' sums per column (see exponent.py)."},
     {"pack_rest", pack_rest, METH_VARARGS, "The rest fields as stored (see exponent.py)."},
+    {"unpermute", unpermute, METH_VARARGS, "Codec 2's top plane of one segment back to payload order (see entropy.py)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,4 +1,5 @@
-# The compiled coder of payload codec 3 (_exponent_native.c); exponent.py is its one caller.
+# The compiled codec helpers (_exponent_native.c): payload codec 3 for exponent.py, codec 2's
+# top-plane un-permutation for entropy.py; loaded through native.py.
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -14,6 +15,7 @@ def encode(sym: _Buf, width: int, shift: int, bits: int, lanes: int, seg_n: _Buf
 def histogram(sym: _Buf, width: int, shift: int, bits: int, r: int, classes: _Buf, counts: _Buf) -> None: ...
 def column_sums(sym: _Buf, width: int, shift: int, bits: int, r: int, sums: _Buf) -> None: ...
 def pack_rest(sym: _Buf, width: int, shift: int, low: _Buf, high: _Buf) -> None: ...
+def unpermute(block: _Buf, rows: _Buf, cols: _Buf, out: _Buf, offset: int, stride: int) -> None: ...
 
 SIMD: int  # 1 where the AVX2 steps run (x86-64 with AVX2, GCC or Clang build)
-ABI: int  # the functions and argument lists above; exponent.NATIVE_ABI must match
+ABI: int  # the functions and argument lists above; native.ABI must match

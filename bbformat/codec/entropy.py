@@ -15,6 +15,7 @@ from ..bytecursor import ByteCursor
 from ..constants import ENTROPY_MODES, MAX_PLANES_CLASSES, MAX_PLANES_SEGMENTS, Codec, OpKind
 from ..errors import FormatError, LimitError, check_choice
 from ..zstdframe import PLANES_LEVEL, Buffer, Compressor, compressor, decompress, frame_content_size
+from . import native
 from .dtypes import uint_dtype
 from ..container.program import BlockProgram
 from .varint import encode_group, encode_varints
@@ -149,11 +150,15 @@ def take_group(cur: ByteCursor, size: int, what: str) -> np.ndarray:
     return np.frombuffer(decompress(stored, codec, size, size), np.uint8)
 
 
-def _read_contexts(cur: ByteCursor, j: int, n: int, r: int, k: int, row_cls: np.ndarray, col_cls: np.ndarray, dest: np.ndarray) -> None:
-    """The top plane of one segment from its k*k context groups, into `dest` (n bytes, may be
-    strided). The full rows, sorted by class, against the columns, sorted by class, form one
-    block per context: each group is copied as a block and the grid is un-permuted into
-    `dest` a few rows at a time (no per-symbol scatter, no second copy of the plane)."""
+def _read_contexts(cur: ByteCursor, j: int, n: int, r: int, k: int, row_cls: np.ndarray, col_cls: np.ndarray, planes: np.ndarray,
+                   pos: int) -> None:
+    """The top plane of one segment (symbols pos ... pos+n-1) from its k*k context groups, into
+    `planes` (the payload's symbols as a C-order uint8 array, a row of bytes per symbol). The
+    full rows, sorted by class, against the columns, sorted by class, form one block per
+    context: each group is copied as a block, and the grid is un-permuted into the plane by
+    the compiled module (native.py), else by numpy a few rows at a time."""
+    nb = planes.shape[1]
+    dest = planes[pos : pos + n, nb - 1]
     full, tail = divmod(n, r)
     rc = row_cls[:full]
     rho = np.argsort(rc, kind="stable")
@@ -177,10 +182,13 @@ def _read_contexts(cur: ByteCursor, j: int, n: int, r: int, k: int, row_cls: np.
                 tail_sorted[t0[b] : t0[b + 1]] = part[m:]
     inv_pi = np.empty(r, np.int64)
     inv_pi[pi] = np.arange(r)
-    grid = np.lib.stride_tricks.as_strided(dest, shape=(full, r), strides=(r * dest.strides[0], dest.strides[0]))  # a view
-    step = max(1, UNPERMUTE_BYTES // r)
-    for i in range(0, full, step):
-        grid[rho[i : i + step]] = block[i : i + step][:, inv_pi]
+    if native.compiled is not None:
+        native.compiled.unpermute(block, np.ascontiguousarray(rho, np.int64), inv_pi, planes, pos * nb + nb - 1, nb)
+    else:
+        grid = np.lib.stride_tricks.as_strided(dest, shape=(full, r), strides=(r * dest.strides[0], dest.strides[0]))  # a view
+        step = max(1, UNPERMUTE_BYTES // r)
+        for i in range(0, full, step):
+            grid[rho[i : i + step]] = block[i : i + step][:, inv_pi]
     if tail:
         dest[full * r :][np.argsort(col_cls[:tail], kind="stable")] = tail_sorted
 
@@ -231,16 +239,15 @@ def decode_planes(data: Buffer, total: int, symbol_bits: int, out: np.ndarray | 
     planes = out.view(np.uint8).reshape(total, nb)  # byte b of every symbol, written in place
     pos = mpos = 0
     for j, (n, r, k) in enumerate(segs):
-        dest = planes[pos : pos + n, nb - 1]
         if k == 1:
-            dest[:] = take_group(cur, n, f"segment {j} top plane")
+            planes[pos : pos + n, nb - 1] = take_group(cur, n, f"segment {j} top plane")
         else:
             rows = -(-n // r)
             row_cls, col_cls = maps[mpos : mpos + rows], maps[mpos + rows : mpos + rows + r]
             mpos += rows + r
             if (row_cls >= k).any() or (col_cls >= k).any():
                 raise FormatError(f"planes payload: segment {j} has a class >= {k}", "E_SECTION_CONTENT")
-            _read_contexts(cur, j, n, r, k, row_cls, col_cls, dest)
+            _read_contexts(cur, j, n, r, k, row_cls, col_cls, planes, pos)
         pos += n
     for b in range(nb - 2, -1, -1):
         planes[:, b] = take_group(cur, total, f"plane {b}")

@@ -7,8 +7,6 @@ straddles a byte boundary, so byte planes (codec 2) split it. BENCHMARKS.md 14 a
 """
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
 from ..bytecursor import ByteCursor
@@ -22,18 +20,12 @@ from ..constants import (
 )
 from ..errors import FormatError, LimitError
 from ..zstdframe import PLANES_LEVEL, Buffer, compressor
-from . import rans
+from . import native, rans
 from .dtypes import uint_dtype
 from .entropy import MIN_CONTEXT_SEGMENT, SMALL_GROUP, rank_classes, read_segment_records, take_group
 from .varint import decode_varints, encode_group, encode_varints
 
-NATIVE_ABI = 5  # the compiled module's functions and argument lists that this file passes
-try:  # the compiled coder (built with the package where a C compiler is found; optional)
-    from . import _exponent_native
-except ImportError:  # pragma: no cover - the numpy decoder below is used instead
-    _exponent_native = None  # type: ignore[assignment]
-if _exponent_native is not None and (getattr(_exponent_native, "ABI", None) != NATIVE_ABI or sys.byteorder != "little"):
-    _exponent_native = None  # type: ignore[assignment]  # a stale build, or a big-endian host: numpy
+_exponent_native = native.compiled  # the compiled coder, or None: the numpy code below (same bytes)
 NATIVE_DECODER = _exponent_native is not None  # and encoder: the same module
 
 JOINED_BITS_TRIED = (0, 1, 2, 3)  # top mantissa bits the encoder tries joining to the exponent
