@@ -4,13 +4,14 @@ Every size and offset is checked against the file before anything is allocated.
 """
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator
+
+import numpy as np
 
 from .codec.dtypes import RawTensor
 from .codec.payload import PartPool
@@ -243,10 +244,11 @@ class Reader:
         self.linalg, self.note = reader_backend(asked, self.has_digests, source if isinstance(source, (str, os.PathLike)) else "input")
 
     def _read_into(self, offset: int, n: int) -> memoryview:
-        """_read_at into an anonymous mapping of its own (writable, and not zero-filled first as
-        a bytearray would be): arrays over it are writable, so shared tensors go to torch
-        without a copy (writable_chunks)."""
-        view = memoryview(mmap.mmap(-1, max(n, 1)))[:n]  # a mapping cannot be empty
+        """_read_at into a numpy buffer of its own (writable, not zero-filled first as a
+        bytearray would be, and on huge pages where numpy asks for them): arrays over it are
+        writable, so shared tensors go to torch without a copy (writable_chunks). An anonymous
+        mapping per chunk read about 3x slower on this project's VM (4 KiB page faults)."""
+        view = np.empty(n, np.uint8).data
         got = 0
         if self._own and hasattr(os, "preadv"):
             while got < n:

@@ -8,6 +8,8 @@ limit. The levels are the reference writer's: changing one changes the bytes it 
 """
 from __future__ import annotations
 
+import threading
+
 import zstandard
 
 from .constants import ZSTD_FRAME_MAGIC, Codec
@@ -50,18 +52,21 @@ def frame_content_size(data: Buffer) -> int:
         raise FormatError(f"bad zstd frame: {exc}", "E_ZSTD") from None
 
 
+_LOCAL = threading.local()  # one decompression context per thread (a ZstdDecompressor is not thread-safe)
+
+
 def decompress_frame(stored: Buffer) -> bytes:
     """The bytes of `stored`, which must be exactly one complete zstd frame (else E_ZSTD). The
     caller checks the frame's declared content size against its limit first (frame_content_size,
-    or decompress, which does both): libzstd refuses data that decodes past the declared size."""
+    or decompress, which does both): the frame is decoded at once into that many bytes, and
+    libzstd refuses data that decodes past the declared size."""
+    dctx = getattr(_LOCAL, "dctx", None)
+    if dctx is None:
+        dctx = _LOCAL.dctx = zstandard.ZstdDecompressor()
     try:
-        dobj = zstandard.ZstdDecompressor().decompressobj()
-        data = dobj.decompress(stored)
-        if not dobj.eof or dobj.unused_data:
-            raise FormatError("zstd section is not exactly one frame", "E_ZSTD")
+        return dctx.decompress(stored, allow_extra_data=False)
     except zstandard.ZstdError as exc:
         raise FormatError(f"bad zstd data: {exc}", "E_ZSTD") from None
-    return data
 
 
 def decompress(stored: Buffer, codec: int, declared: int, limit: int) -> Buffer:

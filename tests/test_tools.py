@@ -374,3 +374,21 @@ def test_bench_parts_writes_its_table(tmp_path: Path) -> None:
     assert set(rows) == {"1.4", "1.5"} and all(rows[k]["decode_parts_s"] > 0 and rows[k]["bytes"] > 0 for k in rows)
     text = report.read_text()
     assert "## 17. Parts (format 1.5)" in text and "| format 1.5: payloads over 2^21 symbols cut into parts |" in text
+
+
+def test_bench_read_times_every_way_of_reading_and_writes_its_section(tmp_path: Path) -> None:
+    """tools/bench_read.py on a small container whose payloads are zstd frames: every way of
+    reading gives the same payloads (the tool checks), each is timed, the section is written."""
+    from conftest import sample_container
+
+    path = tmp_path / "s.bb"
+    path.write_bytes(sample_container(entropy="zstd", format_version="1.2"))
+    report = tmp_path / "B.md"
+    report.write_text("# B\n\n## 17. Other\n\nkept\n")
+    r = _tool(str(TOOLS / "bench_read.py"), str(path), "--rounds", "2", "--json", str(tmp_path / "r.json"), "--report", str(report))
+    assert r.returncode == 0, r.stderr
+    (res,) = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert set(res["times"]) == {"default", "writable", "writable, mapping (before)", "zstd decompressobj (before)"}
+    assert all(len(v) == 2 and min(v) > 0 for v in res["times"].values())
+    text = report.read_text()
+    assert "## 17. Other\n\nkept" in text and "## 18. Reading chunks" in text and "| zstd decompressobj (before) |" in text
