@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 from bbformat.codec.entropy import decode_planes, encode_planes, payload_segments, read_segments
 from bbformat.codec.payload import code_payload
 from bbformat.constants import Codec, RequiredFlag
+from bbformat.zstdframe import PAYLOAD_LEVEL, compress, decompress
 from bbformat.codec.encoder import encode_chunk
 from bbformat.codec.layout import ChunkLayout, SiteSpec
 from bbformat.container.program import AxisRef
@@ -317,3 +319,23 @@ def test_pack_refuses_an_unknown_mode_before_any_file(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="unknown entropy mode 'brotli'"):
         pack(tmp_path / "m", tmp_path / "m.bb", entropy="brotli")
     assert not (tmp_path / "m.bb").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_zstd_frames_decode_right_after_a_refused_one_on_every_thread() -> None:
+    """zstdframe keeps one decompression context per thread: a frame refused on a thread
+    (trailing bytes, a truncated frame) leaves that thread's context fit for the next frame, and
+    threads decoding at once get each their own bytes."""
+    rng = np.random.default_rng(5)
+    datas = [rng.integers(0, 4, 200_000 + k, dtype=np.uint8).tobytes() for k in range(8)]
+    frames = [compress(d, PAYLOAD_LEVEL) for d in datas]
+
+    def check(k: int) -> bool:
+        for bad in (frames[k] + b"\0", frames[k][:-3]):
+            with pytest.raises(FormatError) as e:
+                decompress(bad, Codec.ZSTD, len(datas[k]), len(datas[k]))
+            assert e.value.code == "E_ZSTD"
+        return bytes(decompress(frames[k], Codec.ZSTD, len(datas[k]), len(datas[k]))) == datas[k]
+
+    assert all(check(k) for k in range(8))
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(check, [k % 8 for k in range(64)]))
