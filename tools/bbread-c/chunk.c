@@ -112,6 +112,7 @@ static uint32_t unord(int64_t o, int W)
 /* Section 8.5: parse a patch section for N values of v bits; apply to dst
    (element j at dst + j*v/8, little-endian). If mask is not NULL (N bytes, zeroed by the
    caller), mask[p] is set to 1 for every patched position p. */
+/* dst NULL: the positions are only marked in mask (and the section checked). */
 static void apply_patches(const uint8_t *s, uint64_t len, uint64_t N, int v, uint8_t *dst, uint8_t *mask, const char *what)
 {
     uint64_t count, vb = (uint64_t)v / 8, rest, gaps_end, pos, p = 0, j;
@@ -135,7 +136,7 @@ static void apply_patches(const uint8_t *s, uint64_t len, uint64_t N, int v, uin
             if (gap >= N - p - 1) fail("E_SECTION_CONTENT", "%s: patch position out of range", what);
             p = p + gap + 1;
         }
-        memcpy(dst + p * vb, s + gaps_end + j * vb, (size_t)vb);
+        if (dst) memcpy(dst + p * vb, s + gaps_end + j * vb, (size_t)vb);
         if (mask) mask[p] = 1;
     }
     if (pos != gaps_end) fail("E_SECTION_CONTENT", "%s: gap varints do not fill their bytes", what);
@@ -357,7 +358,7 @@ static void decode_site(site_t *s, tensor_t *anchor, const uint8_t *mu_bytes, ui
     double *mu, *M, *a, *Et, *B, *lam, *row;
     /* 1.4 (band section, 8.8): the site's margin (9 item 7) from the float64 values before rounding */
     const int banded = s->has[K_BAND];
-    double width[3] = {0, 0, 0}, margin = INFINITY, *xf = NULL, *cf = NULL;
+    double width[3] = {0, 0, 0}, margin = INFINITY, *xf = NULL;
     for (k = 0; banded && k < s->seclen[K_BAND] / 8; k++) {
         uint64_t bits = ld64(s->sec[K_BAND] + 8 * k);
         memcpy(&width[k], &bits, 8);
@@ -474,8 +475,14 @@ static void decode_site(site_t *s, tensor_t *anchor, const uint8_t *mu_bytes, ui
     }
     /* 9. paper: un-rotate the anchor, C = M E */
     if (paper) {
+        uint8_t *patched = NULL; /* banded: the positions anchor_patches stores, marked before C (9 item 7) */
         row = xalloc(D * sizeof(double), "E_LIMIT_TENSOR");
-        if (banded) cf = xalloc((anchor->numel ? anchor->numel : 1) * sizeof(double), "E_LIMIT_TENSOR");
+        if (banded) {
+            patched = xalloc(anchor->numel ? anchor->numel : 1, "E_LIMIT_TENSOR");
+            memset(patched, 0, (size_t)anchor->numel);
+            if (s->has[K_APAT])
+                apply_patches(s->sec[K_APAT], s->seclen[K_APAT], anchor->numel, ab, NULL, patched, "anchor_patches");
+        }
         for (r = 0; r < R; r++) {
             const double *mr = M + r * D;
             uint64_t oo = r / (inner ? inner : 1), ii = r % (inner ? inner : 1);
@@ -488,26 +495,16 @@ static void decode_site(site_t *s, tensor_t *anchor, const uint8_t *mu_bytes, ui
             for (j = 0; j < D; j++) {
                 uint64_t e = (oo * D + j) * inner + ii;
                 uint32_t v = round_to_dtype(row[j], anchor->dtype);
-                if (cf) cf[e] = row[j];
+                if (patched && !patched[e]) margin = fmin(margin, boundary_distance(row[j], anchor->dtype) / width[1]);
                 uint8_t *p = anchor->data + e * (ab / 8);
                 p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8);
                 if (ab == 32) { p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24); }
             }
         }
         xfree(row);
-        {
-            uint8_t *patched = NULL;
-            if (cf) {
-                patched = xalloc(anchor->numel ? anchor->numel : 1, "E_LIMIT_TENSOR");
-                memset(patched, 0, (size_t)anchor->numel);
-            }
-            if (s->has[K_APAT])
-                apply_patches(s->sec[K_APAT], s->seclen[K_APAT], anchor->numel, ab, anchor->data, patched, "anchor_patches");
-            for (i = 0; cf && i < anchor->numel; i++)
-                if (!patched[i]) margin = fmin(margin, boundary_distance(cf[i], anchor->dtype) / width[1]);
-            xfree(patched);
-            xfree(cf);
-        }
+        if (s->has[K_APAT])
+            apply_patches(s->sec[K_APAT], s->seclen[K_APAT], anchor->numel, ab, anchor->data, NULL, "anchor_patches");
+        xfree(patched);
     }
     if (banded) {
         bb_margin = fmin(bb_margin, margin);
