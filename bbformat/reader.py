@@ -247,7 +247,7 @@ class Reader:
         """_read_at into a numpy buffer of its own (writable, not zero-filled first as a
         bytearray would be, and on huge pages where numpy asks for them): arrays over it are
         writable, so shared tensors go to torch without a copy (writable_chunks). An anonymous
-        mapping per chunk read about 3x slower on this project's VM (4 KiB page faults)."""
+        mapping per chunk read 3-4x slower on this project's VM (BENCHMARKS.md 18)."""
         view = np.empty(n, np.uint8).data
         got = 0
         if self._own and hasattr(os, "preadv"):

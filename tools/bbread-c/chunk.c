@@ -111,8 +111,8 @@ static uint32_t unord(int64_t o, int W)
 
 /* Section 8.5: parse a patch section for N values of v bits; apply to dst
    (element j at dst + j*v/8, little-endian). If mask is not NULL (N bytes, zeroed by the
-   caller), mask[p] is set to 1 for every patched position p. */
-/* dst NULL: the positions are only marked in mask (and the section checked). */
+   caller), mask[p] is set to 1 for every patched position p. dst NULL: the positions are only
+   marked (and the section checked). */
 static void apply_patches(const uint8_t *s, uint64_t len, uint64_t N, int v, uint8_t *dst, uint8_t *mask, const char *what)
 {
     uint64_t count, vb = (uint64_t)v / 8, rest, gaps_end, pos, p = 0, j;
