@@ -392,3 +392,34 @@ def test_bench_read_times_every_way_of_reading_and_writes_its_section(tmp_path: 
     assert all(len(v) == 2 and min(v) > 0 for v in res["times"].values())
     text = report.read_text()
     assert "## 17. Other\n\nkept" in text and "## 18. Reading chunks" in text and "| zstd decompressobj (before) |" in text
+
+
+def test_pop_precision_study_measures_a_symmetric_container_and_refuses_one_without_sites(tmp_path: Path) -> None:
+    """tools/pop_precision_study.py decodes a container with a rotation site and gives, per
+    fixed-point precision P, the share of values a reader would regenerate wrongly: a share that
+    can only grow with P (the tolerance halves each bit). A file without sites, and a missing
+    file, are refused with one line and exit status 2."""
+    from conftest import sample_container
+
+    path = tmp_path / "s.bb"
+    path.write_bytes(sample_container(format_version="1.5"))
+    r = _tool(str(TOOLS / "pop_precision_study.py"), str(path), "--json", str(tmp_path / "p.json"))
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "p.json").read_text())[str(path)]
+    assert res["sites"] == 1 and res["values"] == 24 * 25 // 2 and res["dims"] == [24]
+    shares = [v["wrong_share"] for v in res["precisions"].values()]
+    assert all(0 <= a <= b <= 1 for a, b in zip(shares, shares[1:])) and "| P (fixed-point bits) |" in r.stdout
+    from bbformat.codec.dtypes import RawTensor
+    from bbformat.codec.encoder import encode_chunk
+    from bbformat.codec.layout import ChunkLayout
+    from bbformat.writer import Writer
+
+    plain = tmp_path / "plain.bb"
+    with open(plain, "wb") as f:
+        w = Writer(f, "symmetric", 1, {"format": "bbformat", "scheme": "symmetric", "tolerance": 0.0}, format_version="1.5")
+        w.add_encoded(encode_chunk(ChunkLayout("b", ("bias",), ()), {"bias": RawTensor.from_f64(np.ones((3, 4)), "float32")}, {},
+                                   "symmetric", 0.0, band=True, bands=True))
+        w.close()
+    for bad, why in ((plain, "no rotation site"), (tmp_path / "missing.bb", "no such file")):
+        r = _tool(str(TOOLS / "pop_precision_study.py"), str(bad))
+        assert r.returncode == 2 and why in r.stderr and "Traceback" not in r.stderr
