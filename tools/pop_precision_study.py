@@ -29,10 +29,9 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bbformat  # noqa: E402
-from bbformat.codec import sections  # noqa: E402
-from bbformat.codec.dtypes import bits_to_f64  # noqa: E402
+import bbformat
+from bbformat.codec import sections
+from bbformat.codec.dtypes import bits_to_f64
 
 PRECISIONS = (8, 10, 12, 14, 16, 20, 24)
 
