@@ -392,6 +392,10 @@ def test_bench_read_times_every_way_of_reading_and_writes_its_section(tmp_path: 
     assert all(len(v) == 2 and min(v) > 0 for v in res["times"].values())
     text = report.read_text()
     assert "## 17. Other\n\nkept" in text and "## 18. Reading chunks" in text and "| zstd decompressobj (before) |" in text
+    (tmp_path / "bad.bb").write_bytes(b"not a container")
+    for bad in ("missing.bb", "bad.bb"):
+        r = _tool(str(TOOLS / "bench_read.py"), str(tmp_path / bad))
+        assert r.returncode == 2 and r.stderr.startswith("bench_read: ") and "Traceback" not in r.stderr, r.stderr
 
 
 def test_pop_precision_study_measures_a_symmetric_container_and_refuses_one_without_sites(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ import zstandard
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bbformat  # noqa: E402
 from bbformat import zstdframe  # noqa: E402
-from bbformat.errors import FormatError  # noqa: E402
+from bbformat.errors import BBFormatError, FormatError  # noqa: E402
 from machine import cpu_and_memory, python_and_numpy  # noqa: E402
 from mdsection import write_section  # noqa: E402
 
@@ -138,9 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         run = json.loads(args.from_json.read_text())
     elif args.files:
+        try:
+            results = [measure(f, args.rounds) for f in args.files]
+        except BBFormatError as exc:  # a missing or damaged container: one line
+            print(f"bench_read: {exc}", file=sys.stderr)
+            return 2
         run = {"argv": sys.argv[1:] if argv is None else argv, "date": str(date.today()), "machine": cpu_and_memory(),
-               "software": f"{python_and_numpy()}, zstandard {zstandard.__version__}",
-               "results": [measure(f, args.rounds) for f in args.files]}
+               "software": f"{python_and_numpy()}, zstandard {zstandard.__version__}", "results": results}
     else:
         p.error("give containers to measure, or --from-json")
     text = section(run)
