@@ -101,6 +101,26 @@ def test_native_equals_numpy_and_the_input(dtype: str, runs: list[tuple[int, int
 
 
 @needs_native
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_rest_width_and_length_decodes_alike(dtype: str) -> None:
+    """Every joined width t (so every rest layout: R = 1 + shift bits, R div 8 bytes and R mod 8
+    bits) at payload lengths around the SIMD rest loops' strides (8 and 16 symbols) and their
+    end tests: numpy, the scalar loop and the SIMD steps give the input's symbols."""
+    orig = exponent.JOINED_BITS_TRIED
+    try:
+        for t in range(exponent.max_joined(dtype) + 1):
+            exponent.JOINED_BITS_TRIED = (t,)
+            for total in (*range(1, 41), 63, 64, 65, 127, 128, 129, 255, 1000, 1031):
+                sym = _symbols(dtype, total, 1000 * t + total)
+                data = encode_exponent(sym, dtype, [(total, min(total, 7))])
+                assert data is not None
+                want = ("ok", sym.astype(f"<u{exponent.DTYPE_BITS[dtype] // 8}").tobytes())
+                assert _three(data, total, dtype) == [want] * 3, (t, total)
+    finally:
+        exponent.JOINED_BITS_TRIED = orig
+
+
+@needs_native
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from(DTYPES), st.integers(0, 2**32 - 1), st.lists(st.sampled_from([0, 1, 2, 3, 4, 5, 14]), min_size=1, max_size=6))
 def test_every_table_grain_decodes_the_same(dtype: str, seed: int, grains: list[int]) -> None:

@@ -357,6 +357,8 @@ def test_bench_entropy_writes_its_table(tmp_path: Path) -> None:
     if importlib.util.find_spec("zipnn") is not None:  # passes in turn, and the goal read from them
         assert all(len(v) == 3 and min(v) > 0 for inp in res for v in inp["head_to_head"].values())
         assert text.count("Head to head: 3 rounds") == 3 and text.count("best of 3 passes each, taken in turn") == 3
+        assert all({"bbformat memory one", "bbformat memory blocks"} <= inp["head_to_head"].keys() for inp in res)
+        assert text.count("both decoding from compressed bytes in memory") == 3
     else:
         assert all(inp["head_to_head"] == {} for inp in res)
 

@@ -95,22 +95,42 @@ static ALWAYS_INLINE uint64_t load_le(const uint8_t *p, unsigned n)
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define HAVE_AVX2 1
-static int32_t perm_of_mask[256][8]; /* lane i <- the popcount(mask below i)-th next word */
+/* vpshufb controls, one per renormalisation mask: dword lane i takes the popcount(mask below
+ * i)-th of the next 8 words (in both 128-bit halves, which hold the same 8 words) if bit i of
+ * the mask is set, else 0. */
+static int8_t word_ctrl[256][32] __attribute__((aligned(32)));
 
-static void init_perm(void)
+static void init_word_ctrl(void)
 {
     for (int m = 0; m < 256; ++m)
-        for (int i = 0, k = 0; i < 8; ++i)
-            perm_of_mask[m][i] = (m >> i) & 1 ? k++ : 0;
+        for (int i = 0, k = 0; i < 8; ++i) {
+            int8_t *d = &word_ctrl[m][4 * i];
+            const int take = (m >> i) & 1;
+            d[0] = take ? (int8_t)(2 * k) : (int8_t)0x80;
+            d[1] = take ? (int8_t)(2 * k + 1) : (int8_t)0x80;
+            d[2] = d[3] = (int8_t)0x80;
+            k += take;
+        }
+}
+
+/* The 8-byte slot entry at built + at, in every 64-bit lane (a load, no shuffle). */
+__attribute__((target("avx2"))) static ALWAYS_INLINE __m256i slot_entry(const uint8_t *built, uint32_t at)
+{
+    uint64_t e;
+    memcpy(&e, built + at, 8);
+    return _mm256_set1_epi64x((long long)e);
 }
 
 /* Groups of 8 consecutive symbols (8 consecutive lanes, one step each, exactly as the scalar
  * STEP in that order): returns how many symbols it did (a multiple of 8, at most m). The
  * caller guarantees at least m words are left, so each group's 8-word load is in bounds.
  * cls: the symbols' column classes (NULL: class 0). Each lane's slot (8 bytes: frequency - 1
- * and offset, then code << shift) is one 64-bit load, and the eight are packed into two
- * vectors: on this project's AMD Zen 3 machine 17-20% faster than two AVX2 gathers of the
- * same slots (BENCHMARKS.md 15). */
+ * and offset, then code << shift) is one 64-bit broadcast load, blended into two vectors;
+ * the slots' offsets pass through memory, and the words arrive by one in-lane shuffle. This
+ * leaves the cross-lane shuffles (port 5 on Intel) to the output: 0-8% faster on this
+ * project's Intel Ice Lake VM than inserting the loads and extracting the offsets in registers,
+ * as before (within that VM's noise; BENCHMARKS.md 15); that was 17-20% faster than two AVX2
+ * gathers on its AMD Zen 3 VM, and gathers lose on the Intel VM too. */
 __attribute__((target("avx2"))) static ALWAYS_INLINE size_t steps_avx2(const uint8_t *built, uint32_t *xs, size_t m,
                                                                        const uint8_t *cls, const uint8_t *words, size_t *wpp,
                                                                        void *out, int wide, unsigned grain)
@@ -119,18 +139,23 @@ __attribute__((target("avx2"))) static ALWAYS_INLINE size_t steps_avx2(const uin
     const __m256i one = _mm256_set1_epi32(1), fine = _mm256_set1_epi32((1 << grain) - 1);
     const __m128i gshift = _mm_cvtsi32_si128((int)grain);
     size_t wp = *wpp, j = 0;
-    uint32_t at[8] __attribute__((aligned(32)));
     for (; j + 8 <= m; j += 8) {
         __m256i toff = _mm256_setzero_si256();
         if (cls)
             toff = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(cls + j))), STRIDE_BITS - grain);
         const __m256i x = _mm256_loadu_si256((const __m256i *)(xs + j)), slot = _mm256_and_si256(x, slot_mask);
-        _mm256_store_si256((__m256i *)at, _mm256_add_epi32(toff, _mm256_slli_epi32(_mm256_srl_epi32(slot, gshift), 3)));
-        uint64_t e[8];
-        for (int k = 0; k < 8; ++k)
-            memcpy(&e[k], built + at[k], 8);
-        const __m256i a = _mm256_set_epi64x((long long)e[5], (long long)e[4], (long long)e[1], (long long)e[0]);
-        const __m256i b = _mm256_set_epi64x((long long)e[7], (long long)e[6], (long long)e[3], (long long)e[2]);
+        const __m256i at = _mm256_add_epi32(toff, _mm256_slli_epi32(_mm256_srl_epi32(slot, gshift), 3));
+        uint32_t at_[8] __attribute__((aligned(32)));
+        _mm256_store_si256((__m256i *)at_, at);
+        __asm__ volatile("" ::: "memory"); /* keep the offsets in memory: scalar loads, not extracts */
+        __m256i a = slot_entry(built, at_[0]); /* lanes 0 1 4 5 */
+        a = _mm256_blend_epi32(a, slot_entry(built, at_[1]), 0x0C);
+        a = _mm256_blend_epi32(a, slot_entry(built, at_[4]), 0x30);
+        a = _mm256_blend_epi32(a, slot_entry(built, at_[5]), 0xC0);
+        __m256i b = slot_entry(built, at_[2]); /* lanes 2 3 6 7 */
+        b = _mm256_blend_epi32(b, slot_entry(built, at_[3]), 0x0C);
+        b = _mm256_blend_epi32(b, slot_entry(built, at_[6]), 0x30);
+        b = _mm256_blend_epi32(b, slot_entry(built, at_[7]), 0xC0);
         const __m256i fb = _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), 0x88));
         const __m256i code = _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), 0xDD));
         const __m256i f = _mm256_add_epi32(_mm256_and_si256(fb, low16), one);
@@ -138,9 +163,8 @@ __attribute__((target("avx2"))) static ALWAYS_INLINE size_t steps_avx2(const uin
                                      _mm256_add_epi32(_mm256_srli_epi32(fb, 16), _mm256_and_si256(slot, fine)));
         const __m256i need = _mm256_cmpeq_epi32(_mm256_min_epu32(y, low16), y);
         const unsigned mask = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(need));
-        const __m256i w = _mm256_permutevar8x32_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(words + 2 * wp))),
-            _mm256_loadu_si256((const __m256i *)perm_of_mask[mask]));
+        const __m256i w = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(words + 2 * wp))),
+                                              _mm256_load_si256((const __m256i *)word_ctrl[mask]));
         y = _mm256_blendv_epi8(y, _mm256_or_si256(_mm256_slli_epi32(y, 16), w), need);
         wp += (size_t)__builtin_popcount(mask);
         _mm256_storeu_si256((__m256i *)(xs + j), y);
@@ -181,7 +205,7 @@ static int cpu_has_avx2(void)
 }
 #else
 #define HAVE_AVX2 0
-static void init_perm(void) {}
+static void init_word_ctrl(void) {}
 static int cpu_has_avx2(void) { return 0; }
 #endif
 
@@ -318,6 +342,47 @@ __attribute__((target("avx2"))) static size_t rests_avx2(const ctx_t *c, size_t 
 }
 #endif
 
+/* rests() for 16-bit symbols (b0 <= 1, every R a float16 or bfloat16 file can have): two
+ * groups (16 symbols) at a time in 16-bit lanes, while their bytes can be loaded 16 at a time
+ * within the rest fields; returns the first group not done. Lane k's field is the 2 bytes that
+ * hold its b1 bits, shifted by a multiply (AVX2 has no per-lane 16-bit shift). Twice the
+ * groups of rests_avx2 per step, and no 32-to-16-bit packing: with the steps above, a whole
+ * float16 or bfloat16 payload decodes 11-20% faster on this project's Intel VM than with
+ * rests_avx2 (BENCHMARKS.md 15). */
+__attribute__((target("avx2"))) static size_t rests16_avx2(const ctx_t *c, size_t g0, size_t g1, size_t total, void *out)
+{
+    const unsigned b0 = c->b0, b1 = c->b1, shift = c->shift;
+    const size_t high_len = (total + 7) / 8 * b1, full = total / 8;
+    int8_t ctrl[32];
+    int16_t up[16];
+    for (unsigned k = 0; k < 16; ++k) { /* lane k: the 2 bytes holding bits b1*k ... b1*k+b1-1 of two groups */
+        const unsigned o = b1 * k;
+        ctrl[2 * k] = (int8_t)(o / 8);
+        ctrl[2 * k + 1] = (int8_t)(o / 8 + 1 < 16 ? o / 8 + 1 : 0x80);
+        up[k] = (int16_t)(1u << (16 - o % 8 - b1)); /* (pair << up) >> (16 - b1): the field */
+    }
+    const __m256i sel = _mm256_loadu_si256((const __m256i *)ctrl), mul = _mm256_loadu_si256((const __m256i *)up);
+    const __m128i down = _mm_cvtsi32_si128((int)(16 - b1)), lowb = _mm_cvtsi32_si128((int)(8 * b0));
+    const __m128i sh = _mm_cvtsi32_si128((int)shift);
+    const __m256i smask = _mm256_set1_epi16((short)((1u << shift) - 1));
+    size_t g = g0;
+    if (b0 > 1)
+        return g;
+    for (; g + 2 <= g1 && g + 2 <= full && (b1 == 0 || g * b1 + 16 <= high_len); g += 2) {
+        __m256i rest = _mm256_setzero_si256();
+        if (b1) {
+            const __m256i hv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(c->rest_high + g * b1)));
+            rest = _mm256_sll_epi16(_mm256_srl_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(hv, sel), mul), down), lowb);
+        }
+        if (b0)
+            rest = _mm256_or_si256(rest, _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(c->rest_low + 8 * g))));
+        const __m256i v = _mm256_or_si256(_mm256_slli_epi16(_mm256_srl_epi16(rest, sh), 15), _mm256_and_si256(rest, smask));
+        __m256i *o = (__m256i *)((uint16_t *)out + 8 * g);
+        _mm256_storeu_si256(o, _mm256_or_si256(_mm256_loadu_si256(o), v));
+    }
+    return g;
+}
+
 /* rests() for each rest width R a conforming file can have (SPEC.md 8.7: float16 4..11,
  * bfloat16 4..8, float32 20..24 bits); any other goes through the generic loop. The AVX2
  * groups first where the CPU has them. */
@@ -325,6 +390,8 @@ static void rests_any(const ctx_t *c, size_t g0, size_t g1, size_t total, void *
 {
     const unsigned R = 1 + c->shift;
 #if HAVE_AVX2
+    if (c->simd && c->width == 16)
+        g0 = rests16_avx2(c, g0, g1, total, out);
     if (c->simd)
         g0 = rests_avx2(c, g0, g1, total, out);
 #endif
@@ -895,7 +962,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_exponent_native", N
 
 PyMODINIT_FUNC PyInit__exponent_native(void)
 {
-    init_perm();
+    init_word_ctrl();
     has_avx2 = cpu_has_avx2() != 0;
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && (PyModule_AddIntConstant(m, "SIMD", has_avx2) < 0 || PyModule_AddIntConstant(m, "ABI", ABI) < 0)) {
