@@ -239,6 +239,42 @@ def test_the_simd_steps_run_where_the_cpu_has_them() -> None:
         assert native.SIMD == (1 if " avx2" in flags else 0) or not flags
 
 
+@needs_native
+def test_the_decoder_builds_and_decodes_without_its_simd_code(tmp_path: Path) -> None:
+    """Built as on a CPU without AVX2 code paths (non-x86 hosts, MSVC): BBFORMAT_NO_SIMD leaves
+    out every x86 intrinsic, so nothing outside that section may use one. The build decodes a
+    writer-made payload of each dtype to its symbols."""
+    import importlib.util
+    import shutil
+    import subprocess
+    import sysconfig
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src = Path(exponent.__file__).with_name("_exponent_native.c")
+    so = tmp_path / ("_exponent_native" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+    cmd = [cc, "-O1", "-fPIC", "-shared", "-Werror", "-Wall", "-DBBFORMAT_NO_SIMD", f"-I{sysconfig.get_paths()['include']}", str(src), "-o", str(so)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    spec = importlib.util.spec_from_file_location("_exponent_native", so)
+    assert spec is not None and spec.loader is not None
+    plain = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plain)
+    assert plain.SIMD == 0 and plain.ABI == exponent._exponent_native.ABI
+    native = exponent._exponent_native
+    try:
+        for dtype in DTYPES:
+            sym = _symbols(dtype, 5000, 7)
+            data = encode_exponent(sym, dtype, [(3000, 40), (2000, 7)])
+            assert data is not None
+            exponent._exponent_native = plain  # type: ignore[assignment]
+            got = decode_exponent(data, sym.size, dtype)
+            exponent._exponent_native = native
+            assert got.tobytes() == sym.astype(got.dtype).tobytes()
+    finally:
+        exponent._exponent_native = native
+
+
 def _group(b: bytes) -> bytes:
     return exponent._varint(len(b)) + b"\x00" + b
 

@@ -92,7 +92,7 @@ static ALWAYS_INLINE uint64_t load_le(const uint8_t *p, unsigned n)
     } while (0)
 
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(BBFORMAT_NO_SIMD) /* the define: tests */
 #include <immintrin.h>
 #define HAVE_AVX2 1
 /* vpshufb controls, one per renormalisation mask: dword lane i takes the popcount(mask below
@@ -340,7 +340,6 @@ __attribute__((target("avx2"))) static size_t rests_avx2(const ctx_t *c, size_t 
     }
     return g;
 }
-#endif
 
 /* rests() for 16-bit symbols (b0 <= 1, every R a float16 or bfloat16 file can have): two
  * groups (16 symbols) at a time in 16-bit lanes, while their bytes can be loaded 16 at a time
@@ -382,6 +381,7 @@ __attribute__((target("avx2"))) static size_t rests16_avx2(const ctx_t *c, size_
     }
     return g;
 }
+#endif
 
 /* rests() for each rest width R a conforming file can have (SPEC.md 8.7: float16 4..11,
  * bfloat16 4..8, float32 20..24 bits); any other goes through the generic loop. The AVX2
