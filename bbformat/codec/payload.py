@@ -4,6 +4,8 @@ large, and the reader's dispatch of a stored payload, its parts on a thread pool
 from __future__ import annotations
 
 import os
+import sys
+import sysconfig
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -60,6 +62,49 @@ def on_pool(pool: Executor) -> Runner:
     return run
 
 
+# Whether a buffer's reference count tells that nothing but the pool refers to it: CPython with
+# its GIL (not a free-threaded build, whose counts are deferred); elsewhere every payload is fresh.
+COUNTS_REFERENCES = sys.implementation.name == "cpython" and not sysconfig.get_config_var("Py_GIL_DISABLED")
+
+
+class OutputBuffers:
+    """The memory decoded payloads are written to, reused from block to block. Fresh pages cost
+    the kernel's zeroing, about a fifth of an entropy-decoding pass (BENCHMARKS.md 15). A buffer
+    is handed out again only when nothing but this pool refers to it (its reference count), so a
+    block whose payload or tensors a caller still holds keeps its memory, and nothing it holds
+    is ever written. A request takes the smallest free buffer of its size to 1/8 more; else a
+    new one, which takes the place of a free buffer of another size (that memory goes back) or,
+    while fewer than `keep` are pooled, is added. So the pool holds no more free memory than
+    the payloads it was last asked for."""
+
+    SLACK = 8  # a free buffer fits a request of at least 1/SLACK less than its size
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep if COUNTS_REFERENCES else 0
+        self._bufs: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def array(self, total: int, dtype: np.dtype) -> np.ndarray:
+        """An uninitialised array of `total` elements of `dtype`."""
+        nbytes = total * dtype.itemsize
+        with self._lock:
+            free = [i for i in range(len(self._bufs)) if sys.getrefcount(self._bufs[i]) == 2]  # the list's and the call's
+            fits = [i for i in free if nbytes <= self._bufs[i].nbytes <= nbytes + nbytes // self.SLACK]
+            if fits:
+                buf = self._bufs[min(fits, key=lambda i: self._bufs[i].nbytes)]
+            else:
+                buf = np.empty(nbytes, np.uint8)
+                if free:
+                    self._bufs[free[0]] = buf
+                elif len(self._bufs) < self._keep:
+                    self._bufs.append(buf)
+        return buf[:nbytes].view(dtype)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._bufs.clear()
+
+
 class PartPool:
     """The threads that code or decode parts (SPEC.md 8.9) for one Writer or Reader: a pool of
     `threads` threads (part_threads), made when first needed. A reader's blocks that several
@@ -70,6 +115,7 @@ class PartPool:
         self.threads = part_threads(threads)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self.buffers = OutputBuffers(2 * self.threads + 2)
 
     def runner(self) -> Runner:
         """on_pool of the pool, made now if not yet; in_turn for threads=1."""
@@ -81,10 +127,13 @@ class PartPool:
             return on_pool(self._pool)
 
     def decode(self, codec: int, stored: Buffer, program: BlockProgram, flags: int) -> np.ndarray:
-        """decode_payload with a parts payload's parts on the pool (a PayloadDecoder)."""
-        return decode_payload(codec, stored, program, flags, self.runner() if codec == Codec.PARTS else in_turn)
+        """decode_payload with a parts payload's parts on the pool, into this pool's buffers (a
+        PayloadDecoder)."""
+        return decode_payload(codec, stored, program, flags, self.runner() if codec == Codec.PARTS else in_turn,
+                              self.buffers.array)
 
     def close(self) -> None:
+        self.buffers.clear()
         with self._lock:
             if self._pool is not None:
                 self._pool.shutdown(cancel_futures=True)
@@ -154,12 +203,15 @@ def part_codecs(flags: int) -> tuple[int, ...]:
 
 
 def decode_payload(codec: int, stored: Buffer, program: BlockProgram, flags: int = DEFAULT_FLAGS | RequiredFlag.PARTS,
-                   run: Runner = in_turn) -> np.ndarray:
+                   run: Runner = in_turn, alloc: Callable[[int, np.dtype], np.ndarray] | None = None) -> np.ndarray:
     """The payload symbols of a codec-2, 3 or 4 payload (the caller checked that the file's
-    `flags` allow the codec). A codec-4 payload's parts are decoded through `run`."""
+    `flags` allow the codec). A codec-4 payload's parts are decoded through `run`. `alloc(n,
+    dtype)` gives the array they are decoded into (OutputBuffers.array; default a new one)."""
     total = program.payload_symbols()
+    dtype = np.dtype(uint_dtype(program.symbol_bits)).newbyteorder("<")
+    out = np.empty(total, dtype) if alloc is None else alloc(total, dtype)
     if codec != Codec.PARTS:
-        return _decode_into(codec, stored, program, total, None)
+        return _decode_into(codec, stored, program, total, out)
     parts = read_parts(stored, total, program.symbol_bits // 8, part_codecs(flags))
     tables = 0
     for k, p in enumerate(parts):  # SPEC.md 8.9: the codec-3 parts' leading fields before any part is decoded
@@ -168,7 +220,6 @@ def decode_payload(codec: int, stored: Buffer, program: BlockProgram, flags: int
             if tables > MAX_EXPONENT_TABLES:
                 raise LimitError(f"parts payload: its codec-3 parts 0..{k} hold {tables} tables; at most {MAX_EXPONENT_TABLES}",
                                  "E_LIMIT_COUNT")
-    out = np.empty(total, np.dtype(uint_dtype(program.symbol_bits)).newbyteorder("<"))
     run([partial(_decode_into, p.codec, p.stored, program, p.hi - p.lo, out[p.lo : p.hi]) for p in parts])
     return out
 
@@ -186,4 +237,4 @@ def _decode_into(codec: int, stored: Buffer, program: BlockProgram, total: int, 
     return out
 
 
-__all__ = ["Part", "PartPool", "Runner", "code_payload", "decode_payload", "in_turn", "on_pool", "part_codecs", "part_threads"]
+__all__ = ["OutputBuffers", "Part", "PartPool", "Runner", "code_payload", "decode_payload", "in_turn", "on_pool", "part_codecs", "part_threads"]
