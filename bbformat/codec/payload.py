@@ -62,9 +62,12 @@ def on_pool(pool: Executor) -> Runner:
     return run
 
 
-# Whether a buffer's reference count tells that nothing but the pool refers to it: CPython with
-# its GIL (not a free-threaded build, whose counts are deferred); elsewhere every payload is fresh.
-COUNTS_REFERENCES = sys.implementation.name == "cpython" and not sysconfig.get_config_var("Py_GIL_DISABLED")
+# Whether a buffer's reference count tells that nothing but the pool refers to it: CPython 3.10 to
+# 3.13 with its GIL. Free-threaded builds defer counts, and 3.14 may leave a stack reference
+# uncounted (borrowed), which could make a held buffer look free; there, and on other Pythons,
+# every payload gets fresh memory.
+COUNTS_REFERENCES = (sys.implementation.name == "cpython" and sys.version_info < (3, 14)
+                     and not sysconfig.get_config_var("Py_GIL_DISABLED"))
 
 
 class OutputBuffers:
@@ -207,11 +210,11 @@ def decode_payload(codec: int, stored: Buffer, program: BlockProgram, flags: int
     """The payload symbols of a codec-2, 3 or 4 payload (the caller checked that the file's
     `flags` allow the codec). A codec-4 payload's parts are decoded through `run`. `alloc(n,
     dtype)` gives the array they are decoded into (OutputBuffers.array; default a new one)."""
-    total = program.payload_symbols()
+    total = program.payload_symbols()  # the descriptor's size; a reader with a budget checked the working set first
     dtype = np.dtype(uint_dtype(program.symbol_bits)).newbyteorder("<")
-    out = np.empty(total, dtype) if alloc is None else alloc(total, dtype)
+    new = alloc or np.empty
     if codec != Codec.PARTS:
-        return _decode_into(codec, stored, program, total, out)
+        return _decode_into(codec, stored, program, total, new(total, dtype))
     parts = read_parts(stored, total, program.symbol_bits // 8, part_codecs(flags))
     tables = 0
     for k, p in enumerate(parts):  # SPEC.md 8.9: the codec-3 parts' leading fields before any part is decoded
@@ -220,6 +223,7 @@ def decode_payload(codec: int, stored: Buffer, program: BlockProgram, flags: int
             if tables > MAX_EXPONENT_TABLES:
                 raise LimitError(f"parts payload: its codec-3 parts 0..{k} hold {tables} tables; at most {MAX_EXPONENT_TABLES}",
                                  "E_LIMIT_COUNT")
+    out = new(total, dtype)
     run([partial(_decode_into, p.codec, p.stored, program, p.hi - p.lo, out[p.lo : p.hi]) for p in parts])
     return out
 
