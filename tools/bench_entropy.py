@@ -146,18 +146,19 @@ def entropy_decode_s(path: Path, mode: str = "one", repeats: int = 1) -> float:
     spread as DECODE_MODES[mode] says (the compiled decoder releases the GIL); the best of
     `repeats` passes."""
     threads, readers = DECODE_MODES[mode]
-
-    def one_pass() -> None:
-        if readers == 1:
-            for i in range(len(r)):
-                r.read_chunk(i)
-        else:
-            with ThreadPoolExecutor(readers) as pool:
-                for _ in pool.map(r.read_chunk, range(len(r))):
-                    pass
-
     with bbformat.Reader(path, threads=threads) as r:
-        return best_s(one_pass, repeats)
+        return best_s(lambda: each_chunk(r.read_chunk, len(r), readers), repeats)
+
+
+def each_chunk(decode: Callable[[int], object], n: int, readers: int) -> None:
+    """decode(0), ..., decode(n-1): in turn, or `readers` at a time (results dropped as they come)."""
+    if readers == 1:
+        for i in range(n):
+            decode(i)
+        return
+    with ThreadPoolExecutor(readers) as pool:
+        for _ in pool.map(decode, range(n)):
+            pass
 
 
 def packs(src: Path, work: Path, quick: bool, repeats: int = 1) -> list[dict[str, Any]]:
@@ -212,18 +213,7 @@ def memory_decode_s(path: Path, mode: str = "one") -> Callable[[], float]:
         data, crc = chunks[i]
         parse_chunk(data, expected_index=i, expected_crc=crc, required_flags=flags, decode_payload=pool.decode)
 
-    def one_pass() -> float:
-        t0 = time.perf_counter()
-        if readers == 1:
-            for i in range(len(chunks)):
-                one(i)
-        else:
-            with ThreadPoolExecutor(readers) as ex:
-                for _ in ex.map(one, range(len(chunks))):
-                    pass
-        return time.perf_counter() - t0
-
-    return one_pass
+    return lambda: best_s(lambda: each_chunk(one, len(chunks), readers), 1)
 
 
 def head_to_head(path: Path, bits: list[np.ndarray], dtype: str, rounds: int) -> dict[str, list[float]]:
