@@ -69,7 +69,7 @@ from bbformat.container.program import AxisRef  # noqa: E402
 from bbformat.codec.decoder import decode_program  # noqa: E402
 from bbformat.codec.sections import StoredCorrector  # noqa: E402
 from bbformat.codec.section_kinds import residual_contexts  # noqa: E402
-from bbformat.codec.varint import encode_varints, zigzag  # noqa: E402
+from bbformat.codec.varint import encode_varint, encode_varints, zigzag  # noqa: E402
 from bbformat.container import records as R  # noqa: E402
 from bbformat.container.chunks import parse_chunk, program_record  # noqa: E402
 from bbformat.container.crc import crc32c  # noqa: E402
@@ -309,7 +309,7 @@ def residual_section(approx: np.ndarray, dtype: str, r: np.ndarray | None = None
         if group_edit is not None:
             raw = group_edit(k, raw)
         data = ZSTD.compress(raw) if codec == 1 else raw
-        out += encode_varints(np.array([len(data)], np.uint64)) + bytes([codec]) + data
+        out += encode_varint(len(data)) + bytes([codec]) + data
     return out
 
 
@@ -319,7 +319,7 @@ def patches(positions: list[int], values: list[int], width: int) -> bytes:
         gaps.append(p - prev - 1)
         prev = p
     fmt = "<H" if width == 16 else "<I"
-    return (encode_varints(np.array([len(positions)], np.uint64)) + encode_varints(np.array(gaps, np.uint64))
+    return (encode_varint(len(positions)) + encode_varints(np.array(gaps, np.uint64))
             + b"".join(struct.pack(fmt, v) for v in values))
 
 

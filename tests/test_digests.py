@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 from bbformat.constants import RequiredFlag, SectionKind
 from bbformat.checkpoint import write_checkpoint
 from bbformat.api import InexactWarning, pack, read_tensors, unpack, verify
-from bbformat.codec import band, rotation as rot
+from bbformat.codec import band
 from bbformat.codec.dtypes import RawTensor, f64_to_bits
 from bbformat.codec.encoder import encode_chunk
 from bbformat.codec.layout import ChunkLayout, SiteSpec

@@ -268,7 +268,7 @@ def _scalar_decode(data: bytes, total: int, dtype: str) -> np.ndarray:
     stream = c.take(c.varint())
     x = list(struct.unpack_from(f"<{q}I", stream))
     wp = 4 * q
-    codes, pos = [], 0
+    codes = []
     table_of = []
     for (n, r, k), per, mp_ in zip(segs, tables, maps):
         table_of += [per[mp_[i % r]] if k > 1 else per[0] for i in range(n)]
@@ -355,9 +355,9 @@ def test_reject_lanes_out_of_range(lanes: int) -> None:
     _, data = _small()
     f = _fields(data)
     assert data[f["lanes"]] < 0x80
-    from bbformat.codec.varint import encode_varints
+    from bbformat.codec.varint import encode_varint
 
-    bad = data[: f["lanes"]] + encode_varints(np.array([lanes], np.uint64)) + data[f["lanes"] + 1 :]
+    bad = data[: f["lanes"]] + encode_varint(lanes) + data[f["lanes"] + 1 :]
     assert _code(bad) == "E_SECTION_CONTENT"
 
 
@@ -412,10 +412,10 @@ def test_reject_a_table_not_summing_to_m() -> None:
 
 
 def test_too_many_tables_is_a_limit() -> None:
-    from bbformat.codec.varint import encode_varints
+    from bbformat.codec.varint import encode_varint
 
     n = MAX_EXPONENT_TABLES + 1
-    head = bytes([0]) + encode_varints(np.array([n], np.uint64)) + b"".join(b"\x01\x01\x01" for _ in range(n))
+    head = bytes([0]) + encode_varint(n) + b"".join(b"\x01\x01\x01" for _ in range(n))
     with pytest.raises(LimitError) as ei:
         decode_exponent(head + b"\x00" * 16, n, "bfloat16")
     assert ei.value.code == "E_LIMIT_COUNT"

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import bbformat
 from bbformat.codec import exponent, rans
 from bbformat.codec.exponent import NATIVE_DECODER, decode_exponent, encode_exponent
+from bbformat.codec.varint import encode_varint
 from bbformat.errors import BBFormatError
 from conftest import DAMAGE, damage
 
@@ -276,7 +277,7 @@ def test_the_decoder_builds_and_decodes_without_its_simd_code(tmp_path: Path) ->
 
 
 def _group(b: bytes) -> bytes:
-    return exponent._varint(len(b)) + b"\x00" + b
+    return encode_varint(len(b)) + b"\x00" + b
 
 
 Parts = tuple[int, int, int, list[tuple[int, int, int]], list[np.ndarray], rans.Tables]  # shift, bits, lanes, segs, maps, tables
@@ -312,15 +313,15 @@ def _direct_payload(rng: np.random.Generator, dtype: str) -> tuple[bytes, bytes,
             tabs.append((syms, f))
             pairs = np.empty(2 * m, np.uint64)
             pairs[0::2], pairs[1::2] = np.diff(syms, prepend=-1) - 1, f
-            raw += exponent._varint(m) + encode_varints(pairs)
+            raw += encode_varint(m) + encode_varints(pairs)
     tables = rans.Tables.of(tabs)
     ids = exponent._Layout(segs, maps).table_ids(0, total).astype(np.int64)
     ent = tables.first[ids] + (rng.random(total) * np.diff(tables.first)[ids]).astype(np.int64)
     stream = rans.encode(lambda lo, hi: ent[lo:hi], total, lanes, tables)
     rest = rng.integers(0, 1 << (w - bits), total).astype(np.uint64)
     low, high = exponent.pack_rest(rest, w - bits)
-    head = bytes([t]) + exponent._varint(len(segs)) + b"".join(exponent._varint(n) + exponent._varint(r) + bytes([k]) for n, r, k in segs)
-    head += exponent._varint(lanes) + _group(b"".join(m.tobytes() for m in maps)) + exponent._varint(len(raw)) + _group(raw)
+    head = bytes([t]) + encode_varint(len(segs)) + b"".join(encode_varint(n) + encode_varint(r) + bytes([k]) for n, r, k in segs)
+    head += encode_varint(lanes) + _group(b"".join(m.tobytes() for m in maps)) + encode_varint(len(raw)) + _group(raw)
     code = tables.symbol[ent].astype(np.uint64)
     sym = ((rest >> np.uint64(shift)) << np.uint64(w - 1)) | (code << np.uint64(shift)) | (rest & np.uint64((1 << shift) - 1))
     return head, stream, low + high, total, sym, (shift, bits, lanes, segs, maps, tables)
@@ -335,7 +336,7 @@ def test_arbitrary_payloads_and_their_damage(dtype: str, seed: int) -> None:
     rng = np.random.default_rng(seed)
     head, stream, rest, total, sym, _ = _direct_payload(rng, dtype)
     want = ("ok", sym.astype(f"<u{exponent.DTYPE_BITS[dtype] // 8}").tobytes())
-    assert _three(head + exponent._varint(len(stream)) + stream + rest, total, dtype) == [want] * 3
+    assert _three(head + encode_varint(len(stream)) + stream + rest, total, dtype) == [want] * 3
     for _ in range(4):
         s, r = bytearray(stream), bytearray(rest)
         how = int(rng.integers(0, 5))
@@ -349,7 +350,7 @@ def test_arbitrary_payloads_and_their_damage(dtype: str, seed: int) -> None:
             r[-1] ^= 1 << int(rng.integers(0, 8))
         else:
             s = bytearray(rng.integers(0, 256, len(s), dtype=np.uint8).tobytes())
-        numpy_, simd, scalar = _three(head + exponent._varint(len(s)) + bytes(s) + bytes(r), total, dtype)
+        numpy_, simd, scalar = _three(head + encode_varint(len(s)) + bytes(s) + bytes(r), total, dtype)
         assert simd == numpy_ and scalar == numpy_
 
 
@@ -424,10 +425,10 @@ def _table_bytes(rng: np.random.Generator, alphabet: int, k: int) -> bytes:
         m = int(rng.integers(1, min(alphabet, 40) + 1))
         codes = np.sort(rng.choice(alphabet, m, replace=False))
         freq = rans.quantize(rng.integers(1, 1000, m))
-        out += exponent._varint(m)
+        out += encode_varint(m)
         prev = -1
         for a, f in zip(codes, freq):
-            out += exponent._varint(int(a) - prev - 1) + exponent._varint(int(f))
+            out += encode_varint(int(a) - prev - 1) + encode_varint(int(f))
             prev = int(a)
     return bytes(out)
 

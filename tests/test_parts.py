@@ -17,6 +17,7 @@ from bbformat.codec import exponent
 from bbformat.codec.entropy import payload_segments
 from bbformat.codec.exponent import encode_exponent, table_count
 from bbformat.codec.parts import cut_runs, encode_parts, part_cuts, read_parts
+from bbformat.codec.varint import encode_varint
 from bbformat.codec.payload import COUNTS_REFERENCES, OutputBuffers, code_payload, decode_payload, in_turn, on_pool, part_threads
 from bbformat.constants import MAX_EXPONENT_TABLES, MAX_PAYLOAD_PARTS, PART_SYMBOLS, WRITER_PARTS, Codec, OpKind, RequiredFlag
 from bbformat.container.program import BlockProgram, Op, TensorEntry
@@ -144,17 +145,8 @@ def _refused(stored: bytes, code: str, flags: int = ALL, p: int = 64) -> str:
     return str(ei.value)
 
 
-def _varint(v: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((v & 0x7F) | (0x80 if v > 0x7F else 0))
-        v >>= 7
-        if not v:
-            return bytes(out)
-
-
 def _rec(codec: int, n: int, length: int) -> bytes:
-    return bytes([codec]) + _varint(n) + _varint(length)
+    return bytes([codec]) + encode_varint(n) + encode_varint(length)
 
 
 def test_four_codecs_in_one_payload_decode() -> None:
@@ -167,30 +159,30 @@ def test_four_codecs_in_one_payload_decode() -> None:
 
 @pytest.mark.parametrize("count", [0, 1, 65])
 def test_part_count_out_of_range(count: int) -> None:
-    _refused(_varint(count), "E_SECTION_CONTENT")
+    _refused(encode_varint(count), "E_SECTION_CONTENT")
 
 
 def test_part_count_over_the_limit_is_a_limit_error() -> None:
     with pytest.raises(LimitError) as ei:
-        decode_payload(Codec.PARTS, _varint(MAX_PAYLOAD_PARTS + 1), _prog_p(), ALL)
+        decode_payload(Codec.PARTS, encode_varint(MAX_PAYLOAD_PARTS + 1), _prog_p(), ALL)
     assert ei.value.code == "E_LIMIT_COUNT"
 
 
 @pytest.mark.parametrize("codec,flags", [(4, ALL), (5, ALL), (2, int(RequiredFlag.EXPONENT | RequiredFlag.PARTS)),
                                          (3, int(RequiredFlag.PLANES | RequiredFlag.PARTS))])
 def test_part_codecs_the_file_does_not_allow(codec: int, flags: int) -> None:
-    _refused(_varint(2) + _rec(codec, 32, 1) + _rec(0, 32, 64), "E_CODEC", flags)
+    _refused(encode_varint(2) + _rec(codec, 32, 1) + _rec(0, 32, 64), "E_CODEC", flags)
 
 
 def test_record_rules() -> None:
     s = _sym().tobytes()
-    _refused(_varint(2) + _rec(0, 0, 0) + _rec(0, 64, 128) + s, "E_SECTION_CONTENT")  # a part of 0 symbols
-    _refused(_varint(2) + _rec(0, 65, 130), "E_SECTION_CONTENT")  # more symbols than the payload
-    _refused(_varint(2) + _rec(0, 32, 64) + _rec(0, 31, 62) + s[:126], "E_SECTION_CONTENT")  # not covering P
-    _refused(_varint(2) + _rec(0, 32, 64) + _rec(0, 32, 65) + s, "E_SECTION_CONTENT")  # past the section
-    _refused(_varint(2) + _rec(0, 32, 64) + _rec(0, 32, 64) + s + b"\0", "E_SECTION_CONTENT")  # a byte after the parts
-    _refused(_varint(2) + _rec(0, 32, 62) + _rec(0, 32, 64) + s[:126], "E_SECTION_SIZE")  # raw length not p_k * W/8
-    _refused(_varint(2) + _rec(0, 32, 64), "E_SECTION_CONTENT")  # the records promise bytes that are missing
+    _refused(encode_varint(2) + _rec(0, 0, 0) + _rec(0, 64, 128) + s, "E_SECTION_CONTENT")  # a part of 0 symbols
+    _refused(encode_varint(2) + _rec(0, 65, 130), "E_SECTION_CONTENT")  # more symbols than the payload
+    _refused(encode_varint(2) + _rec(0, 32, 64) + _rec(0, 31, 62) + s[:126], "E_SECTION_CONTENT")  # not covering P
+    _refused(encode_varint(2) + _rec(0, 32, 64) + _rec(0, 32, 65) + s, "E_SECTION_CONTENT")  # past the section
+    _refused(encode_varint(2) + _rec(0, 32, 64) + _rec(0, 32, 64) + s + b"\0", "E_SECTION_CONTENT")  # a byte after the parts
+    _refused(encode_varint(2) + _rec(0, 32, 62) + _rec(0, 32, 64) + s[:126], "E_SECTION_SIZE")  # raw length not p_k * W/8
+    _refused(encode_varint(2) + _rec(0, 32, 64), "E_SECTION_CONTENT")  # the records promise bytes that are missing
 
 
 def test_part_errors_are_their_codecs_errors() -> None:
@@ -205,7 +197,7 @@ def test_part_errors_are_their_codecs_errors() -> None:
 def test_tables_of_all_codec3_parts_count_against_one_limit() -> None:
     """Two codec-3 parts of 520 tables each: each within 1,024, together over it; the count
     is checked before any part is decoded, so part 0's damage is not what is reported."""
-    head = bytes([0]) + _varint(33) + b"".join(_varint(1) + _varint(1) + b"\x10" for _ in range(32)) + _varint(1) + _varint(1) + b"\x10"
+    head = bytes([0]) + encode_varint(33) + b"".join(encode_varint(1) + encode_varint(1) + b"\x10" for _ in range(32)) + encode_varint(1) + encode_varint(1) + b"\x10"
     assert 33 * 16 > MAX_EXPONENT_TABLES // 2
     damaged = zstandard.ZstdCompressor().compress(b"\0" * 10)  # E_SECTION_SIZE, were it decoded
     parts = [(1, 30, damaged), (3, 33, head), (3, 33, head)]

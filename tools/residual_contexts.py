@@ -33,7 +33,7 @@ from bbformat.codec.dtypes import bits_to_f64  # noqa: E402
 from bbformat.codec.sections import StoredCorrector  # noqa: E402
 from bbformat.constants import SectionKind  # noqa: E402
 from bbformat.codec.section_kinds import decode_patches, decode_residuals, residual_contexts  # noqa: E402
-from bbformat.codec.varint import encode_varints, zigzag  # noqa: E402
+from bbformat.codec.varint import encode_varint, encode_varints, zigzag  # noqa: E402
 from bbformat.errors import BBFormatError  # noqa: E402
 from bbformat.reader import Reader  # noqa: E402
 
@@ -61,7 +61,7 @@ def _coded(r: np.ndarray, groups: list[np.ndarray]) -> int:
     for g in groups:
         raw = encode_varints(zigzag(r[g]))
         data = min(raw, ZSTD.compress(raw), key=len)
-        total += len(data) + len(encode_varints(np.array([len(data)], np.uint64))) + 1
+        total += len(data) + len(encode_varint(len(data))) + 1
     return total
 
 

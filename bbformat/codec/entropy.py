@@ -18,7 +18,7 @@ from ..zstdframe import PLANES_LEVEL, Buffer, Compressor, compressor, decompress
 from . import native
 from .dtypes import uint_dtype
 from ..container.program import BlockProgram
-from .varint import encode_group, encode_varints
+from .varint import encode_group, encode_varint
 
 SMALL_GROUP = 64  # groups up to this size are stored raw without trying zstd
 UNPERMUTE_BYTES = 1 << 22  # the decoder un-permutes a top plane in pieces of about this size
@@ -109,7 +109,7 @@ def encode_planes(symbols: np.ndarray, symbol_bits: int, runs: list[tuple[int, i
     z = compressor(PLANES_LEVEL)
     sym = np.asarray(symbols).astype(uint_dtype(symbol_bits), copy=False)
     top = (sym >> (symbol_bits - 8)).astype(np.uint8)
-    head = [encode_varints(np.array([len(runs)], np.uint64))]
+    head = [encode_varint(len(runs))]
     maps, tops = [], []
     pos = 0
     for n, r in runs:
@@ -122,7 +122,7 @@ def encode_planes(symbols: np.ndarray, symbol_bits: int, runs: list[tuple[int, i
                 best = (k, m, g)
         assert best is not None
         k, m, g = best
-        head.append(encode_varints(np.array([n, r], np.uint64)) + bytes([k]))
+        head.append(encode_varint(n) + encode_varint(r) + bytes([k]))
         maps.append(m)
         tops.append(g)
         pos += n

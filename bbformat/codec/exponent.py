@@ -23,7 +23,7 @@ from ..zstdframe import PLANES_LEVEL, Buffer, compressor
 from . import native, rans
 from .dtypes import uint_dtype
 from .entropy import MIN_CONTEXT_SEGMENT, SMALL_GROUP, rank_classes, read_segment_records, take_group
-from .varint import decode_varints, encode_group, encode_varints
+from .varint import decode_varints, encode_group, encode_varint, encode_varints
 
 _exponent_native = native.compiled  # the compiled coder, or None: the numpy code below (same bytes)
 NATIVE_DECODER = _exponent_native is not None  # and encoder: the same module
@@ -49,10 +49,6 @@ def max_joined(dtype: str) -> int:
     """The most mantissa bits a code may join (SPEC.md 8.7): all of them, and the code <= 12 bits."""
     shift, width = EXPONENT_FIELD[dtype]
     return min(shift, MAX_EXPONENT_CODE_BITS - width)
-
-
-def _varint(v: int) -> bytes:
-    return encode_varints(np.array([v], np.uint64))
 
 
 # ----------------------------------------------------------------------------- encoder
@@ -135,7 +131,7 @@ def _table_bytes(counts: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
     gaps = np.diff(symbols, prepend=-1) - 1
     pairs = np.empty(2 * symbols.size, np.uint64)
     pairs[0::2], pairs[1::2] = gaps, freq[symbols]
-    return _varint(symbols.size) + encode_varints(pairs), symbols, freq[symbols]
+    return encode_varint(symbols.size) + encode_varints(pairs), symbols, freq[symbols]
 
 
 def first_tables(segs: list[tuple[int, int, int]]) -> np.ndarray:
@@ -210,12 +206,12 @@ def encode_exponent(symbols: np.ndarray, dtype: str, runs: list[tuple[int, int]]
     sym = np.ascontiguousarray(np.asarray(symbols).astype(uint_dtype(DTYPE_BITS[dtype]), copy=False))  # native width
     t, seg_counts = _choose_joined(sym, dtype, runs, native)
     w, shift, bits = split_fields(dtype, t)
-    head = [bytes([t]), _varint(len(runs))]
+    head = [bytes([t]), encode_varint(len(runs))]
     segs, maps, tables, stored_tables = [], [], [], []
     pos = 0
     for (n, r), one in zip(runs, seg_counts):
         k, cls, counts = _segment_classes(sym[pos : pos + n], shift, bits, r, one, native)
-        head.append(_varint(n) + _varint(r) + bytes([k]))
+        head.append(encode_varint(n) + encode_varint(r) + bytes([k]))
         segs.append((n, r, k))
         if k > 1:
             maps.append(cls)
@@ -231,8 +227,8 @@ def encode_exponent(symbols: np.ndarray, dtype: str, runs: list[tuple[int, int]]
     rest = (_rest_native if native else _rest_numpy)(sym, w, shift)
     z = compressor(PLANES_LEVEL)
     table_raw = b"".join(stored_tables)
-    return b"".join([*head, _varint(lanes), encode_group(b"".join(m.tobytes() for m in maps), z, SMALL_GROUP),
-                     _varint(len(table_raw)), encode_group(table_raw, z, SMALL_GROUP), _varint(len(stream)), stream, *rest])
+    return b"".join([*head, encode_varint(lanes), encode_group(b"".join(m.tobytes() for m in maps), z, SMALL_GROUP),
+                     encode_varint(len(table_raw)), encode_group(table_raw, z, SMALL_GROUP), encode_varint(len(stream)), stream, *rest])
 
 
 def _encode_numpy(sym: np.ndarray, shift: int, bits: int, lanes: int, segs: list[tuple[int, int, int]],

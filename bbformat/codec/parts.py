@@ -13,7 +13,7 @@ from ..bytecursor import ByteCursor
 from ..constants import MAX_PAYLOAD_PARTS, WRITER_PARTS, Codec
 from ..errors import FormatError, LimitError
 from ..zstdframe import Buffer
-from .varint import encode_varints
+from .varint import encode_varint
 
 
 class Part(NamedTuple):
@@ -58,9 +58,9 @@ def cut_runs(runs: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, i
 
 def encode_parts(parts: list[tuple[int, int, Buffer]]) -> bytes:
     """Codec-4 bytes of parts given as (codec, symbols, stored bytes), in payload order."""
-    head = [encode_varints(np.array([len(parts)], np.uint64))]
+    head = [encode_varint(len(parts))]
     for codec, symbols, stored in parts:
-        head.append(bytes([codec]) + encode_varints(np.array([symbols, len(stored)], np.uint64)))
+        head.append(bytes([codec]) + encode_varint(symbols) + encode_varint(len(stored)))
     return b"".join(head) + b"".join(stored for _, _, stored in parts)
 
 

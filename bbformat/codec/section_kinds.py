@@ -39,7 +39,7 @@ from ..errors import FormatError, LimitError
 from ..zstdframe import SECTION_LEVEL, Buffer, compressor, decompress, frame_content_size
 from .dtypes import bits_to_ordinal, ordinal_to_bits, uint_dtype
 from .simulate import SiteFix
-from .varint import decode_varints, encode_group, encode_varints, unzigzag, varint_bytes, zigzag
+from .varint import decode_varints, encode_group, encode_varint, encode_varints, unzigzag, varint_bytes, zigzag
 
 Array = npt.NDArray[Any]
 V = TypeVar("V")
@@ -283,7 +283,7 @@ class PatchesSection(SectionCodec[Patches]):
 
     def encode(self, ctx: SiteContext, value: Patches) -> bytes:
         bits = self.span(ctx)[1]
-        count = encode_varints(np.array([value.positions.size], np.uint64))
+        count = encode_varint(value.positions.size)
         return count + encode_varints(value.gaps().astype(np.uint64)) + value.values.astype(uint_dtype(bits)).tobytes()
 
     def decode(self, ctx: SiteContext, data: Buffer) -> Patches:

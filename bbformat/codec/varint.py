@@ -34,6 +34,18 @@ def varint_bytes(u: np.ndarray) -> int:
     return n
 
 
+def encode_varint(v: int) -> bytes:
+    """One value (0 <= v < 2^64) as a LEB128 varint: encode_varints of [v]."""
+    if not 0 <= v < 1 << 64:
+        raise ValueError(f"varint {v} not in 0 .. 2^64 - 1")
+    out = bytearray()
+    while v >= 0x80:
+        out.append(0x80 | (v & 0x7F))
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
 def encode_varints(u: np.ndarray) -> bytes:
     u = np.asarray(u, dtype=np.uint64).reshape(-1)
     if u.size == 0:
@@ -86,4 +98,4 @@ def encode_group(raw: bytes, z: Compressor, zstd_above: int = 0) -> bytes:
         comp = z.compress(raw)
         if len(comp) < len(raw):
             codec, data = Codec.ZSTD, comp
-    return encode_varints(np.array([len(data)], np.uint64)) + bytes([codec]) + data
+    return encode_varint(len(data)) + bytes([codec]) + data
