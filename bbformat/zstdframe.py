@@ -72,8 +72,9 @@ def decompress_frame(stored: Buffer) -> bytes:
 def decompress(stored: Buffer, codec: int, declared: int, limit: int) -> Buffer:
     """The decoded bytes of a raw or zstd field that declares `declared` decoded bytes, at most
     `limit` (SPEC.md 8.2 order: limit, E_LIMIT_SECTION; raw length or frame content size,
-    E_SECTION_SIZE; one frame and its data, E_ZSTD; the decoded size, E_SECTION_SIZE). A raw
-    field is returned as given (a view stays a view)."""
+    E_SECTION_SIZE; one frame and its data, E_ZSTD, which includes data decoding to another
+    size than the frame declares: libzstd refuses it, and the check below only restates it). A
+    raw field is returned as given (a view stays a view)."""
     if declared > limit:
         raise LimitError(f"section declares {declared} decoded bytes, limit is {limit}", "E_LIMIT_SECTION")
     if codec == Codec.RAW:
@@ -86,5 +87,5 @@ def decompress(stored: Buffer, codec: int, declared: int, limit: int) -> Buffer:
         raise FormatError("zstd frame content size differs from the declared size", "E_SECTION_SIZE")
     data = decompress_frame(stored)
     if len(data) != declared:
-        raise FormatError("zstd section decodes to a size other than declared", "E_SECTION_SIZE")
+        raise FormatError("zstd frame decodes to a size other than its content size", "E_ZSTD")
     return data

@@ -364,6 +364,23 @@ def test_reject_zstd_size_lie(tmp_path: Path) -> None:
     assert _code(_rebuild_chunk(data, 0, edit), tmp_path) == "E_SECTION_SIZE"
 
 
+def test_a_frame_decoding_short_of_its_content_size_is_zstd() -> None:
+    """SPEC.md 8.2: data decoding to another size than the frame's Frame_Content_Size is
+    E_ZSTD (a damaged frame), after the content size has matched the declared length."""
+    import zstandard
+
+    from bbformat.zstdframe import decompress, frame_content_size
+
+    data = bytes(range(100)) * 3
+    frame = bytearray(zstandard.ZstdCompressor(level=3).compress(data))
+    assert frame[4] == 0x60  # single segment, a 2-byte content size (value - 256) at byte 5
+    frame[5] += 1
+    assert frame_content_size(bytes(frame)) == 301
+    with pytest.raises(FormatError) as e:
+        decompress(bytes(frame), Codec.ZSTD, 301, 1000)
+    assert e.value.code == "E_ZSTD"
+
+
 def test_zstd_payload_is_accepted(tmp_path: Path) -> None:
     import zstandard
 

@@ -65,6 +65,19 @@ uint8_t *zstd_decode(const uint8_t *src, size_t n, uint64_t cap, uint64_t *got, 
 /* The same into the caller's dst[0..cap); returns the decompressed size. */
 uint64_t zstd_decode_into(const uint8_t *src, size_t n, uint8_t *dst, uint64_t cap);
 
+/* ---- a payload's bytes (codecs 2 and 3: SPEC.md 8.6, 8.7); failures name `name` ---- */
+typedef struct {
+    const uint8_t *s;
+    uint64_t len, pos;
+    const char *name; /* "planes payload", "exponent payload", ... */
+} pcur_t;
+uint64_t pc_varint(pcur_t *c, const char *what);
+uint8_t pc_u8(pcur_t *c, const char *what);
+/* One group (8.6) decoding to exactly G bytes; *owned = 1 when the result was allocated. */
+const uint8_t *pc_group(pcur_t *c, uint64_t G, int *owned, const char *what);
+/* The segment count and records (8.6, 8.7); returns S, with n, r, K allocated. */
+uint64_t pc_segments(pcur_t *c, uint64_t P, uint64_t **n, uint64_t **r, uint8_t **K);
+
 /* ---- dtypes (SPEC.md 6.1) ---- */
 enum { DT_F16 = 1, DT_BF16 = 2, DT_F32 = 3 };
 int dtype_bits(int code); /* 0 if unknown */

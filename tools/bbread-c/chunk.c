@@ -193,7 +193,7 @@ static void apply_residuals(const uint8_t *s, uint64_t len, uint8_t *blk, uint64
             G = zstd_declared_size(data, (size_t)L);
             if (G > maxG) fail("E_LIMIT_SECTION", "x_residuals: group declares %llu bytes, over its limit", (unsigned long long)G);
             gbuf = zstd_decode(data, (size_t)L, G, &got, "E_LIMIT_SECTION");
-            if (got != G) fail("E_SECTION_CONTENT", "x_residuals: group decoded to %llu bytes, not %llu", (unsigned long long)got, (unsigned long long)G);
+            if (got != G) fail("E_ZSTD", "x_residuals: group decoded to %llu bytes, not %llu", (unsigned long long)got, (unsigned long long)G);
             g = gbuf;
         }
         for (k = 0; k < counts[c]; k++) {
@@ -223,76 +223,6 @@ uint32_t bb_required_flags;
 double bb_margin = INFINITY;
 int bb_have_margin;
 
-typedef struct {
-    const uint8_t *s;
-    uint64_t len, pos;
-    const char *name; /* "planes payload" or "exponent payload", for messages */
-} pcur_t;
-
-static uint64_t p_varint(pcur_t *c, const char *what)
-{
-    uint64_t v;
-    size_t u = varint_read(c->s + c->pos, (size_t)(c->len - c->pos), &v);
-    if (!u) fail("E_SECTION_CONTENT", "%s: %s is not a complete varint", c->name, what);
-    c->pos += u;
-    return v;
-}
-
-static uint8_t p_u8(pcur_t *c, const char *what)
-{
-    if (c->pos >= c->len) fail("E_SECTION_CONTENT", "%s: %s is missing", c->name, what);
-    return c->s[c->pos++];
-}
-
-/* one group decoding to exactly G bytes; *owned = 1 when the result is a new buffer */
-static const uint8_t *p_group(pcur_t *c, uint64_t G, int *owned)
-{
-    uint64_t L = p_varint(c, "group length"), fcs, got;
-    uint8_t codec = p_u8(c, "group codec");
-    const uint8_t *data;
-    uint8_t *out;
-    if (L > c->len - c->pos) fail("E_SECTION_CONTENT", "%s: group runs past the section", c->name);
-    data = c->s + c->pos;
-    c->pos += L;
-    *owned = 0;
-    if (codec == 0) {
-        if (L != G) fail("E_SECTION_SIZE", "%s: raw group of %llu bytes, %llu expected", c->name, (unsigned long long)L, (unsigned long long)G);
-        return data;
-    }
-    if (codec != 1) fail("E_CODEC", "%s: group codec %u", c->name, codec);
-    fcs = zstd_declared_size(data, (size_t)L);
-    if (fcs != G) fail("E_SECTION_SIZE", "%s: zstd group content size differs from %llu", c->name, (unsigned long long)G);
-    out = zstd_decode(data, (size_t)L, G, &got, "E_LIMIT_SECTION");
-    if (got != G) fail("E_SECTION_SIZE", "%s: zstd group decoded to another size", c->name);
-    *owned = 1;
-    return out;
-}
-
-/* The segment count and records of a codec-2 or codec-3 payload (8.6, 8.7); returns S. */
-static uint64_t p_segments(pcur_t *c, uint64_t P, uint64_t **n, uint64_t **r, uint8_t **K)
-{
-    uint64_t S, j, covered = 0;
-    S = p_varint(c, "segment count");
-    if (S > 65536) fail("E_LIMIT_COUNT", "%s: %llu segments", c->name, (unsigned long long)S);
-    if (S == 0 || S > P) fail("E_SECTION_CONTENT", "%s: %llu segments for %llu symbols", c->name, (unsigned long long)S, (unsigned long long)P);
-    *n = xalloc(S * sizeof **n, "E_LIMIT_COUNT");
-    *r = xalloc(S * sizeof **r, "E_LIMIT_COUNT");
-    *K = xalloc(S, "E_LIMIT_COUNT");
-    for (j = 0; j < S; j++) {
-        uint64_t nj = p_varint(c, "segment length"), rj = p_varint(c, "row length");
-        uint8_t kj = p_u8(c, "class count");
-        if (nj < 1 || nj > P - covered) fail("E_SECTION_CONTENT", "%s: segment %llu length out of range", c->name, (unsigned long long)j);
-        if (rj < 1 || rj > nj) fail("E_SECTION_CONTENT", "%s: segment %llu row length out of range", c->name, (unsigned long long)j);
-        if (kj < 1 || kj > 16) fail("E_SECTION_CONTENT", "%s: segment %llu class count %u", c->name, (unsigned long long)j, kj);
-        covered += nj;
-        (*n)[j] = nj;
-        (*r)[j] = rj;
-        (*K)[j] = kj;
-    }
-    if (covered != P) fail("E_SECTION_CONTENT", "%s: segments cover %llu of %llu symbols", c->name, (unsigned long long)covered, (unsigned long long)P);
-    return S;
-}
-
 /* The P symbols (W-bit LE, P*W/8 bytes) of a codec-2 payload, into out (NULL: allocated). */
 uint8_t *decode_planes(const uint8_t *s, uint64_t len, uint64_t P, int W, uint8_t *out)
 {
@@ -302,15 +232,15 @@ uint8_t *decode_planes(const uint8_t *s, uint64_t len, uint64_t P, int W, uint8_
     uint8_t *K;
     const uint8_t *maps, *g;
     int mowned, owned, b;
-    S = p_segments(&c, P, &n, &r, &K);
+    S = pc_segments(&c, P, &n, &r, &K);
     for (j = 0; j < S; j++)
         if (K[j] > 1) mapsz += (n[j] + r[j] - 1) / r[j] + r[j];
-    maps = p_group(&c, mapsz, &mowned);
+    maps = pc_group(&c, mapsz, &mowned, "class-map");
     if (!out) out = xalloc(P * B, "E_LIMIT_TENSOR");
     for (j = 0; j < S; j++) {
         uint8_t *top = out + pos * B + (B - 1);
         if (K[j] == 1) {
-            g = p_group(&c, n[j], &owned);
+            g = pc_group(&c, n[j], &owned, "top-plane");
             for (i = 0; i < n[j]; i++) top[i * B] = g[i];
             if (owned) xfree((void *)g);
         } else {
@@ -326,7 +256,7 @@ uint8_t *decode_planes(const uint8_t *s, uint64_t len, uint64_t P, int W, uint8_
             memset(counts, 0, sizeof counts);
             memset(next, 0, sizeof next);
             for (i = 0; i < n[j]; i++) counts[rc[i / r[j]] * k + cc[i % r[j]]]++;
-            for (ctx = 0; ctx < k * k; ctx++) grp[ctx] = p_group(&c, counts[ctx], &gown[ctx]);
+            for (ctx = 0; ctx < k * k; ctx++) grp[ctx] = pc_group(&c, counts[ctx], &gown[ctx], "context");
             for (i = 0; i < n[j]; i++) {
                 ctx = rc[i / r[j]] * k + cc[i % r[j]];
                 top[i * B] = grp[ctx][next[ctx]++];
@@ -337,7 +267,7 @@ uint8_t *decode_planes(const uint8_t *s, uint64_t len, uint64_t P, int W, uint8_
         pos += n[j];
     }
     for (b = (int)B - 2; b >= 0; b--) {
-        g = p_group(&c, P, &owned);
+        g = pc_group(&c, P, &owned, "plane");
         for (i = 0; i < P; i++) out[i * B + (uint64_t)b] = g[i];
         if (owned) xfree((void *)g);
     }
@@ -801,7 +731,7 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
             if (fcs == UINT64_MAX || fcs != dl) fail("E_SECTION_SIZE", "chunk %u: section %u zstd content size differs from decoded_length", ci, k);
             dec = zstd_decode(buf + so, (size_t)sl, dl, &got, "E_LIMIT_SECTION");
             owned = 1;
-            if (got != dl) fail("E_SECTION_SIZE", "chunk %u: section %u decompressed size differs", ci, k);
+            if (got != dl) fail("E_ZSTD", "chunk %u: section %u decompressed to another size than its frame declares", ci, k);
         }
         if (kind == K_SIGNS && dl != (s->D + 7) / 8) fail("E_SECTION_SIZE", "chunk %u: signs section is not ceil(D/8) bytes", ci);
         if (kind == K_BAND)

@@ -45,57 +45,6 @@ static double ex_now(void)
 #define EX_M ((uint32_t)1 << EX_MBITS) /* frequencies sum to 2^14 */
 #define EX_L ((uint32_t)1 << 16)       /* lower bound of a state; 16-bit words */
 
-/* ------------------------------------------------------------ cursor and groups */
-
-typedef struct {
-    const uint8_t *s;
-    uint64_t len, pos;
-    const char *what;
-} ex_cur;
-
-static uint64_t ex_varint(ex_cur *c, const char *field)
-{
-    uint64_t v;
-    size_t u = varint_read(c->s + c->pos, (size_t)(c->len - c->pos), &v);
-    if (!u) fail("E_SECTION_CONTENT", "%s: %s is not a complete varint", c->what, field);
-    c->pos += u;
-    return v;
-}
-
-static uint8_t ex_u8(ex_cur *c, const char *field)
-{
-    if (c->pos >= c->len) fail("E_SECTION_CONTENT", "%s: %s is missing", c->what, field);
-    return c->s[c->pos++];
-}
-
-/* One group (8.6): varint L, codec byte, L bytes decoding to exactly G bytes. Checked in
-   8.6's order: L complete -> codec byte present -> L <= bytes left -> codec value ->
-   raw: L = G / zstd: header, content size = G, one frame, decompression.
-   *owned = 1 when the result was allocated (zstd). */
-static const uint8_t *ex_group(ex_cur *c, uint64_t G, int *owned, const char *name)
-{
-    uint64_t L = ex_varint(c, "group length"), fcs, got;
-    uint8_t codec = ex_u8(c, "group codec");
-    const uint8_t *data;
-    uint8_t *out;
-    if (L > c->len - c->pos) fail("E_SECTION_CONTENT", "%s: %s group runs past the section", c->what, name);
-    data = c->s + c->pos;
-    c->pos += L;
-    *owned = 0;
-    if (codec > 1) fail("E_CODEC", "%s: %s group codec %u", c->what, name, codec);
-    if (codec == 0) {
-        if (L != G) fail("E_SECTION_SIZE", "%s: raw %s group of %llu bytes, %llu expected", c->what, name,
-                         (unsigned long long)L, (unsigned long long)G);
-        return data;
-    }
-    fcs = zstd_declared_size(data, (size_t)L);
-    if (fcs != G) fail("E_SECTION_SIZE", "%s: zstd %s group does not declare %llu bytes", c->what, name, (unsigned long long)G);
-    out = zstd_decode(data, (size_t)L, G, &got, "E_LIMIT_SECTION");
-    if (got != G) fail("E_ZSTD", "%s: zstd %s group decoded to another size", c->what, name);
-    *owned = 1;
-    return out;
-}
-
 /* ------------------------------------------------------------ tables */
 
 /* The decoding lookup of one table: the code of each of the 2^14 slots, and for each code
@@ -111,14 +60,14 @@ typedef struct {
    E_SECTION_CONTENT, so the order within a table is not observable. */
 static void ex_check_table(const uint8_t *tb, uint64_t T, uint64_t *pos, unsigned B, uint64_t id)
 {
-    ex_cur c = {tb, T, *pos, "exponent payload tables"};
+    pcur_t c = {tb, T, *pos, "exponent payload tables"};
     uint64_t m, i, a = 0, sum = 0, A = (uint64_t)1 << B;
-    m = ex_varint(&c, "table entry count");
+    m = pc_varint(&c, "table entry count");
     if (m < 1 || m > A)
         fail("E_SECTION_CONTENT", "exponent payload: table %llu has %llu entries (1 .. %llu)", (unsigned long long)id,
              (unsigned long long)m, (unsigned long long)A);
     for (i = 0; i < m; i++) {
-        uint64_t gap = ex_varint(&c, "table gap"), f = ex_varint(&c, "table frequency");
+        uint64_t gap = pc_varint(&c, "table gap"), f = pc_varint(&c, "table frequency");
         if (gap >= A) fail("E_SECTION_CONTENT", "exponent payload: table %llu gap %llu >= 2^%u", (unsigned long long)id, (unsigned long long)gap, B);
         a = (i == 0 ? 0 : a + 1) + gap; /* a_(-1) = -1 */
         if (a >= A) fail("E_SECTION_CONTENT", "exponent payload: table %llu symbol %llu >= 2^%u", (unsigned long long)id, (unsigned long long)a, B);
@@ -363,7 +312,7 @@ static void ex_head_free(ex_head *h)
 
 /* joined t: t <= min(s, 12 - e), with (s, e) = (mantissa bits, exponent bits) of the
    symbol dtype */
-static void ex_joined(ex_cur *c, int sym_dtype, ex_head *h)
+static void ex_joined(pcur_t *c, int sym_dtype, ex_head *h)
 {
     unsigned s, e, t;
     switch (sym_dtype) {
@@ -371,44 +320,31 @@ static void ex_joined(ex_cur *c, int sym_dtype, ex_head *h)
     case DT_BF16: s = 7; e = 8; break;
     default: s = 23; e = 8; break;
     }
-    t = ex_u8(c, "joined bit count t");
-    if (t > s || e + t > 12) fail("E_SECTION_CONTENT", "%s: t = %u joined bits, at most %u", c->what, t, (s < 12 - e ? s : 12 - e));
+    t = pc_u8(c, "joined bit count t");
+    if (t > s || e + t > 12) fail("E_SECTION_CONTENT", "%s: t = %u joined bits, at most %u", c->name, t, (s < 12 - e ? s : 12 - e));
     h->B = e + t;       /* code bits */
     h->cbits = s - t;   /* shift of the code */
     h->R = 1 + h->cbits; /* rest bits = W - B */
 }
 
-/* The leading fields, checked in reading order: joined t, the segment count (as 8.6), the
-   records, their cover of P, then sum K_j <= 1,024. */
-static void ex_leading(ex_cur *c, uint64_t P, int sym_dtype, ex_head *h)
+/* The leading fields: joined t, the segment count and records with their cover of P (read
+   and checked as 8.6's, pc_segments), then sum K_j <= 1,024. */
+static void ex_leading(pcur_t *c, uint64_t P, int sym_dtype, ex_head *h)
 {
-    uint64_t j, covered = 0;
+    uint64_t j;
     ex_joined(c, sym_dtype, h);
-    h->N = ex_varint(c, "segment count");
-    if (h->N > 65536) fail("E_LIMIT_COUNT", "%s: %llu segments, at most 65536", c->what, (unsigned long long)h->N);
-    if (h->N < 1 || h->N > P) fail("E_SECTION_CONTENT", "%s: %llu segments for %llu symbols", c->what, (unsigned long long)h->N, (unsigned long long)P);
-    h->n = xalloc(h->N * sizeof *h->n, "E_LIMIT_COUNT");
-    h->r = xalloc(h->N * sizeof *h->r, "E_LIMIT_COUNT");
-    h->K = xalloc(h->N, "E_LIMIT_COUNT");
+    h->N = pc_segments(c, P, &h->n, &h->r, &h->K);
     h->ksum = h->mapsz = 0;
     for (j = 0; j < h->N; j++) {
-        h->n[j] = ex_varint(c, "segment length");
-        if (h->n[j] < 1 || h->n[j] > P - covered) fail("E_SECTION_CONTENT", "%s: segment %llu length out of range", c->what, (unsigned long long)j);
-        h->r[j] = ex_varint(c, "row length");
-        if (h->r[j] < 1 || h->r[j] > h->n[j]) fail("E_SECTION_CONTENT", "%s: segment %llu row length out of range", c->what, (unsigned long long)j);
-        h->K[j] = ex_u8(c, "class count");
-        if (h->K[j] < 1 || h->K[j] > 16) fail("E_SECTION_CONTENT", "%s: segment %llu has %u classes", c->what, (unsigned long long)j, h->K[j]);
-        covered += h->n[j];
         h->ksum += h->K[j];
         if (h->K[j] > 1) h->mapsz += h->r[j]; /* <= P */
     }
-    if (covered != P) fail("E_SECTION_CONTENT", "%s: segments cover %llu of %llu symbols", c->what, (unsigned long long)covered, (unsigned long long)P);
-    if (h->ksum > 1024) fail("E_LIMIT_COUNT", "%s: %llu tables, at most 1024", c->what, (unsigned long long)h->ksum);
+    if (h->ksum > 1024) fail("E_LIMIT_COUNT", "%s: %llu tables, at most 1024", c->name, (unsigned long long)h->ksum);
 }
 
 uint64_t exponent_tables(const uint8_t *sec, uint64_t len, uint64_t P, int sym_dtype)
 {
-    ex_cur c = {sec, len, 0, "exponent payload"};
+    pcur_t c = {sec, len, 0, "exponent payload"};
     ex_head h;
     uint64_t ksum;
     ex_leading(&c, P, sym_dtype, &h);
@@ -420,15 +356,15 @@ uint64_t exponent_tables(const uint8_t *sec, uint64_t len, uint64_t P, int sym_d
 /* ------------------------------------------------------------ the fields after them */
 
 /* class maps: r_j column-class bytes per segment with K_j > 1, each < K_j */
-static const uint8_t *ex_class_maps(ex_cur *c, const ex_head *h, int *owned)
+static const uint8_t *ex_class_maps(pcur_t *c, const ex_head *h, int *owned)
 {
-    const uint8_t *maps = ex_group(c, h->mapsz, owned, "class-map");
+    const uint8_t *maps = pc_group(c, h->mapsz, owned, "class-map");
     uint64_t j, i, mpos = 0;
     for (j = 0; j < h->N; j++) {
         if (h->K[j] == 1) continue;
         for (i = 0; i < h->r[j]; i++)
             if (maps[mpos + i] >= h->K[j])
-                fail("E_SECTION_CONTENT", "%s: segment %llu column %llu class %u >= K = %u", c->what, (unsigned long long)j,
+                fail("E_SECTION_CONTENT", "%s: segment %llu column %llu class %u >= K = %u", c->name, (unsigned long long)j,
                      (unsigned long long)i, maps[mpos + i], h->K[j]);
         mpos += h->r[j];
     }
@@ -437,13 +373,13 @@ static const uint8_t *ex_class_maps(ex_cur *c, const ex_head *h, int *owned)
 
 /* tables_length, the tables group and every table in it (segment-major); *at receives the
    offset of each table in the group */
-static const uint8_t *ex_tables(ex_cur *c, const ex_head *h, int *owned, uint64_t **at)
+static const uint8_t *ex_tables(pcur_t *c, const ex_head *h, int *owned, uint64_t **at)
 {
-    uint64_t T = ex_varint(c, "tables length"), Tmax, j, pos = 0, tid = 0;
+    uint64_t T = pc_varint(c, "tables length"), Tmax, j, pos = 0, tid = 0;
     const uint8_t *tb;
     Tmax = h->ksum * 10 * (1 + 2 * ((uint64_t)1 << h->B)); /* <= 1024 * 10 * 8193 */
-    if (T > Tmax) fail("E_SECTION_CONTENT", "%s: tables length %llu over %llu", c->what, (unsigned long long)T, (unsigned long long)Tmax);
-    tb = ex_group(c, T, owned, "tables");
+    if (T > Tmax) fail("E_SECTION_CONTENT", "%s: tables length %llu over %llu", c->name, (unsigned long long)T, (unsigned long long)Tmax);
+    tb = pc_group(c, T, owned, "tables");
     *at = xalloc(h->ksum * sizeof **at, "E_LIMIT_COUNT");
     for (j = 0; j < h->N; j++) {
         unsigned k;
@@ -452,21 +388,21 @@ static const uint8_t *ex_tables(ex_cur *c, const ex_head *h, int *owned, uint64_
             ex_check_table(tb, T, &pos, h->B, tid);
         }
     }
-    if (pos != T) fail("E_SECTION_CONTENT", "%s: %llu bytes after the last table", c->what, (unsigned long long)(T - pos));
+    if (pos != T) fail("E_SECTION_CONTENT", "%s: %llu bytes after the last table", c->name, (unsigned long long)(T - pos));
     return tb;
 }
 
 /* stream_length, then the stream's Q lane states into L (its words are read later) */
-static void ex_stream(ex_cur *c, uint64_t P, uint64_t Q, ex_lanes *L)
+static void ex_stream(pcur_t *c, uint64_t P, uint64_t Q, ex_lanes *L)
 {
-    uint64_t S = ex_varint(c, "stream length"), i;
+    uint64_t S = pc_varint(c, "stream length"), i;
     const uint8_t *stream;
-    if (S > 4 * Q + 2 * P) fail("E_SECTION_CONTENT", "%s: stream length %llu over 4Q + 2P", c->what, (unsigned long long)S);
-    if (S > c->len - c->pos) fail("E_SECTION_CONTENT", "%s: the stream runs past the section", c->what);
+    if (S > 4 * Q + 2 * P) fail("E_SECTION_CONTENT", "%s: stream length %llu over 4Q + 2P", c->name, (unsigned long long)S);
+    if (S > c->len - c->pos) fail("E_SECTION_CONTENT", "%s: the stream runs past the section", c->name);
     stream = c->s + c->pos;
     c->pos += S;
     if (S < 4 * Q || (S - 4 * Q) % 2)
-        fail("E_SECTION_CONTENT", "%s: stream length %llu does not fit %llu lanes and 16-bit words", c->what, (unsigned long long)S,
+        fail("E_SECTION_CONTENT", "%s: stream length %llu does not fit %llu lanes and 16-bit words", c->name, (unsigned long long)S,
              (unsigned long long)Q);
     L->Q = Q;
     L->lane = 0;
@@ -476,7 +412,7 @@ static void ex_stream(ex_cur *c, uint64_t P, uint64_t Q, ex_lanes *L)
     L->x = xalloc(Q * sizeof *L->x, "E_LIMIT_COUNT");
     for (i = 0; i < Q; i++) {
         L->x[i] = ld32(stream + 4 * i);
-        if (L->x[i] < EX_L) fail("E_SECTION_CONTENT", "%s: lane %llu starts at %u, below 2^16", c->what, (unsigned long long)i, L->x[i]);
+        if (L->x[i] < EX_L) fail("E_SECTION_CONTENT", "%s: lane %llu starts at %u, below 2^16", c->name, (unsigned long long)i, L->x[i]);
     }
 }
 
@@ -484,11 +420,11 @@ static void ex_stream(ex_cur *c, uint64_t P, uint64_t Q, ex_lanes *L)
    its length after the stream is decoded; it is checked before, before the output is
    allocated, so that the output (P * W/8 bytes) is bounded by the section's own size (every
    rest field has R >= 4 bits); 8.7 allows this (the code is the same, E_SECTION_CONTENT). */
-static void ex_rest_length(const ex_cur *c, const ex_head *h, uint64_t P)
+static void ex_rest_length(const pcur_t *c, const ex_head *h, uint64_t P)
 {
     uint64_t need = P * (h->R / 8) + (P / 8 + (P % 8 != 0)) * (h->R % 8);
     if (c->len - c->pos != need)
-        fail("E_SECTION_CONTENT", "%s: %llu bytes after the stream, the rest fields need %llu", c->what,
+        fail("E_SECTION_CONTENT", "%s: %llu bytes after the stream, the rest fields need %llu", c->name,
              (unsigned long long)(c->len - c->pos), (unsigned long long)need);
 }
 
@@ -536,7 +472,7 @@ static void ex_codes(const ex_head *h, const uint8_t *maps, const uint8_t *tb, c
 
 /* ORs the rest fields (at c->pos, their length checked) into out, then checks the padding:
    fields of positions past P - 1 in the last group are zero */
-static void ex_apply_rest(const ex_cur *c, const ex_head *h, uint64_t P, uint8_t *out)
+static void ex_apply_rest(const pcur_t *c, const ex_head *h, uint64_t P, uint8_t *out)
 {
     const uint8_t *lo = c->s + c->pos, *hi = lo + P * (h->R / 8);
     unsigned rhi = h->R % 8;
@@ -548,14 +484,14 @@ static void ex_apply_rest(const ex_cur *c, const ex_head *h, uint64_t P, uint8_t
     default: v = ex_rest3_32(out, lo, hi, P, rhi, h->cbits); break;
     }
     if (rhi && P % 8 && (v >> (rhi * (P % 8))) != 0)
-        fail("E_SECTION_CONTENT", "%s: padding bits after the last rest field are not zero", c->what);
+        fail("E_SECTION_CONTENT", "%s: padding bits after the last rest field are not zero", c->name);
 }
 
 /* ------------------------------------------------------------ the payload */
 
 uint8_t *exponent_decode(const uint8_t *sec, uint64_t len, uint64_t P, int sym_dtype, int W, uint8_t *out)
 {
-    ex_cur c = {sec, len, 0, "exponent payload"};
+    pcur_t c = {sec, len, 0, "exponent payload"};
     ex_head h;
     ex_lanes L;
     uint64_t Q, *tab_at;
@@ -564,7 +500,7 @@ uint8_t *exponent_decode(const uint8_t *sec, uint64_t len, uint64_t P, int sym_d
 
     EX_TICK(t0);
     ex_leading(&c, P, sym_dtype, &h);
-    Q = ex_varint(&c, "lane count");
+    Q = pc_varint(&c, "lane count");
     if (Q < 1 || Q > P || Q > 65536) fail("E_SECTION_CONTENT", "exponent payload: %llu lanes for %llu symbols", (unsigned long long)Q, (unsigned long long)P);
     maps = ex_class_maps(&c, &h, &mowned);
     tb = ex_tables(&c, &h, &towned, &tab_at);

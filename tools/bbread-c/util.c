@@ -352,6 +352,73 @@ size_t varint_read(const uint8_t *p, size_t n, uint64_t *out)
     return 0; /* unterminated or longer than 10 bytes */
 }
 
+/* ------------------------------------------------------------------ payload cursor */
+
+uint64_t pc_varint(pcur_t *c, const char *what)
+{
+    uint64_t v;
+    size_t u = varint_read(c->s + c->pos, (size_t)(c->len - c->pos), &v);
+    if (!u) fail("E_SECTION_CONTENT", "%s: %s is not a complete varint", c->name, what);
+    c->pos += u;
+    return v;
+}
+
+uint8_t pc_u8(pcur_t *c, const char *what)
+{
+    if (c->pos >= c->len) fail("E_SECTION_CONTENT", "%s: %s is missing", c->name, what);
+    return c->s[c->pos++];
+}
+
+/* Checked in 8.6's order: L complete -> codec byte present -> L <= bytes left -> codec value
+   -> raw: L = G / zstd: header, content size = G, one frame, decompression. */
+const uint8_t *pc_group(pcur_t *c, uint64_t G, int *owned, const char *what)
+{
+    uint64_t L = pc_varint(c, "group length"), fcs, got;
+    uint8_t codec = pc_u8(c, "group codec");
+    const uint8_t *data;
+    uint8_t *out;
+    if (L > c->len - c->pos) fail("E_SECTION_CONTENT", "%s: %s group runs past the section", c->name, what);
+    data = c->s + c->pos;
+    c->pos += L;
+    *owned = 0;
+    if (codec > 1) fail("E_CODEC", "%s: %s group codec %u", c->name, what, codec);
+    if (codec == 0) {
+        if (L != G) fail("E_SECTION_SIZE", "%s: raw %s group of %llu bytes, %llu expected", c->name, what,
+                         (unsigned long long)L, (unsigned long long)G);
+        return data;
+    }
+    fcs = zstd_declared_size(data, (size_t)L);
+    if (fcs != G) fail("E_SECTION_SIZE", "%s: zstd %s group does not declare %llu bytes", c->name, what, (unsigned long long)G);
+    out = zstd_decode(data, (size_t)L, G, &got, "E_LIMIT_SECTION");
+    if (got != G) fail("E_ZSTD", "%s: zstd %s group decoded to another size", c->name, what);
+    *owned = 1;
+    return out;
+}
+
+uint64_t pc_segments(pcur_t *c, uint64_t P, uint64_t **n, uint64_t **r, uint8_t **K)
+{
+    uint64_t S, j, covered = 0;
+    S = pc_varint(c, "segment count");
+    if (S > 65536) fail("E_LIMIT_COUNT", "%s: %llu segments, at most 65536", c->name, (unsigned long long)S);
+    if (S == 0 || S > P) fail("E_SECTION_CONTENT", "%s: %llu segments for %llu symbols", c->name, (unsigned long long)S, (unsigned long long)P);
+    *n = xalloc(S * sizeof **n, "E_LIMIT_COUNT");
+    *r = xalloc(S * sizeof **r, "E_LIMIT_COUNT");
+    *K = xalloc(S, "E_LIMIT_COUNT");
+    for (j = 0; j < S; j++) {
+        uint64_t nj = pc_varint(c, "segment length"), rj = pc_varint(c, "row length");
+        uint8_t kj = pc_u8(c, "class count");
+        if (nj < 1 || nj > P - covered) fail("E_SECTION_CONTENT", "%s: segment %llu length out of range", c->name, (unsigned long long)j);
+        if (rj < 1 || rj > nj) fail("E_SECTION_CONTENT", "%s: segment %llu row length out of range", c->name, (unsigned long long)j);
+        if (kj < 1 || kj > 16) fail("E_SECTION_CONTENT", "%s: segment %llu has %u classes", c->name, (unsigned long long)j, kj);
+        covered += nj;
+        (*n)[j] = nj;
+        (*r)[j] = rj;
+        (*K)[j] = kj;
+    }
+    if (covered != P) fail("E_SECTION_CONTENT", "%s: segments cover %llu of %llu symbols", c->name, (unsigned long long)covered, (unsigned long long)P);
+    return S;
+}
+
 /* ------------------------------------------------------------------ zstd */
 
 static int zstd_magic_ok(const uint8_t *src, size_t n)
