@@ -8,6 +8,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -346,7 +347,8 @@ def test_bench_entropy_writes_its_table(tmp_path: Path) -> None:
     text = report.read_text()
     assert "is the best of 2 passes" in text
     assert text.count("| `--scheme none` (entropy auto, format 1.5) |") == 3 and "bits per weight" in text
-    res = json.loads((tmp_path / "b.json").read_text())
+    saved = json.loads((tmp_path / "b.json").read_text())
+    res = saved["inputs"]
     for inp in res:
         rows = {x["key"]: x for x in inp["rows"]}
         assert set(rows) >= {"none", "sym_raw", "sym", "zstd", "ideal"} and rows["none"]["codecs"]
@@ -361,6 +363,17 @@ def test_bench_entropy_writes_its_table(tmp_path: Path) -> None:
         assert text.count("both decoding from compressed bytes in memory") == 3
     else:
         assert all(inp["head_to_head"] == {} for inp in res)
+    # --from-json states the run's machine, date and command, not those of the rewrite
+    saved["run"].update(machine="Elsewhere CPU, 3 cores", date="2001-02-03")
+    (tmp_path / "c.json").write_text(json.dumps(saved))
+    r = _tool(str(TOOLS / "bench_entropy.py"), "--from-json", str(tmp_path / "c.json"), "--report", str(report))
+    assert r.returncode == 0, r.stderr
+    again = report.read_text()
+    assert "Machine: Elsewhere CPU, 3 cores. Command: `python tools/bench_entropy.py --f16 " in again and "(2001-02-03)" in again
+    assert again.count("| `--scheme none` (entropy auto, format 1.5) |") == 3 and time.strftime("(%Y-%m-%d)") not in again
+    (tmp_path / "d.json").write_text(json.dumps(res))  # measurements without their run record
+    r = _tool(str(TOOLS / "bench_entropy.py"), "--from-json", str(tmp_path / "d.json"))
+    assert r.returncode == 2 and "no run record" in r.stderr
 
 
 def test_bench_parts_writes_its_table(tmp_path: Path) -> None:

@@ -337,16 +337,23 @@ def _repeats_text(results: list[dict[str, Any]]) -> str:
             "passes in a row; pack and compress times are one measurement. ")
 
 
-def section(results: list[dict[str, Any]], argv: list[str]) -> str:
+def this_run(argv: list[str]) -> dict[str, Any]:
+    """What the section says of the run besides its measurements (kept in --json, so that
+    --from-json states the machine, the date and the decoder of the run, not of the rewrite)."""
+    return {"machine": f"{cpu_and_memory()}; {python_and_numpy()}, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d"),
+            "decoder": DECODER, "argv": argv}
+
+
+def section(results: list[dict[str, Any]], run: dict[str, Any]) -> str:
     lines = [SECTION, "",
-             f"Machine: {cpu_and_memory()}; {python_and_numpy()}, torch {torch.__version__}. Command: "
-             f"`python tools/bench_entropy.py {' '.join(argv)}` ({time.strftime('%Y-%m-%d')}). One run; every container was "
+             f"Machine: {run['machine']}. Command: "
+             f"`python tools/bench_entropy.py {' '.join(run['argv'])}` ({run['date']}). One run; every container was "
              "decoded by `verify` and every digest verified. Bytes are the weights only: a container minus its metadata header "
              "(config and tokenizer files), so they compare with ZipNN and zstd, which compress the weights alone. Pack and decode "
              "are wall times in this process (decode = `verify`: entropy stage, linear algebra and digests; the entropy column "
              "times reading and entropy-decoding every payload alone: on one thread; chunk after chunk with each payload's parts "
              f"(format 1.5) on {THREADS} threads; and {THREADS} chunks at a time, each payload's parts in turn). "
-             f"{_repeats_text(results)}Payload codec 3 is decoded by {DECODER}.", ""]
+             f"{_repeats_text(results)}Payload codec 3 is decoded by {run['decoder']}.", ""]
     for res in results:
         plain, values = res["plain_bytes"], res["values"]
         lines += [f"### {res['input']}: `{res['src']}` ({res['dtype']}, {values:,} weights, plain {plain:,} B)", "",
@@ -386,9 +393,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--repeats and --rounds must be at least 1")
     shown = [x for x in argv if x not in ("--quick",)] + (["--quick"] if a.quick else [])
     if a.from_json is not None:
-        results = json.loads(a.from_json.read_text())
-        shown = json.loads(a.from_json.with_suffix(".argv").read_text()) if a.from_json.with_suffix(".argv").exists() else shown
+        saved = json.loads(a.from_json.read_text())
+        if not isinstance(saved, dict) or "run" not in saved:
+            ap.error(f"{a.from_json} has no run record (machine, date, decoder, command): not a --json of this tool")
+        run, results = saved["run"], saved["inputs"]
     else:
+        run = this_run(shown)
         with tempfile.TemporaryDirectory() as tmp:
             work = a.work or Path(tmp)
             inputs = [("float16", a.f16), ("bfloat16 (cast from the float32 slice)", cast_slice(a.f32, work / "bf16_src", "bfloat16")),
@@ -398,13 +408,12 @@ def main(argv: list[str] | None = None) -> int:
                 (work / str(k)).mkdir(parents=True, exist_ok=True)
                 results.append(measure(name, src, work / str(k), a.quick, a.repeats, a.rounds))
                 print(f"bench_entropy: {name} done", file=sys.stderr)
-    text = section(results, shown)
+    text = section(results, run)
     if a.notes is not None:
         text += "\n" + a.notes.read_text()
     print(text)
     if a.json is not None:
-        a.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
-        a.json.with_suffix(".argv").write_text(json.dumps(shown) + "\n")
+        a.json.write_text(json.dumps({"run": run, "inputs": results}, indent=1, default=str) + "\n")
     if a.report is not None:
         write_section(a.report, text, SECTION)
     return 0
