@@ -2,6 +2,8 @@
 bytecursor.ByteCursor.group reads back (SPEC.md 8.4, 8.6)."""
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from ..constants import MAX_VARINT_BYTES, Codec
@@ -35,7 +37,8 @@ def varint_bytes(u: np.ndarray) -> int:
 
 
 def encode_varint(v: int) -> bytes:
-    """One value (0 <= v < 2^64) as a LEB128 varint: encode_varints of [v]."""
+    """One value (0 <= v < 2^64; an int or a numpy integer) as a LEB128 varint: encode_varints of [v]."""
+    v = operator.index(v)
     if not 0 <= v < 1 << 64:
         raise ValueError(f"varint {v} not in 0 .. 2^64 - 1")
     out = bytearray()

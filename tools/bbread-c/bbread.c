@@ -286,7 +286,7 @@ static void check_metadata(const uint8_t *meta, uint32_t M, int codec)
         uint64_t declared = zstd_declared_size(meta, M), got;
         if (declared > ((uint64_t)1 << 26)) fail("E_LIMIT_METADATA", "metadata declares %llu decoded bytes", (unsigned long long)declared);
         dec = zstd_decode(meta, M, declared, &got, "E_LIMIT_METADATA");
-        if (got != declared) fail("E_SECTION_SIZE", "metadata decompressed to %llu bytes, not %llu", (unsigned long long)got, (unsigned long long)declared);
+        if (got != declared) fail("E_ZSTD", "metadata decompressed to %llu bytes, not %llu", (unsigned long long)got, (unsigned long long)declared);
         text = dec;
         tlen = got;
     }
