@@ -103,22 +103,18 @@ def test_native_equals_numpy_and_the_input(dtype: str, runs: list[tuple[int, int
 
 @needs_native
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_every_rest_width_and_length_decodes_alike(dtype: str) -> None:
+def test_every_rest_width_and_length_decodes_alike(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every joined width t (so every rest layout: R = 1 + shift bits, R div 8 bytes and R mod 8
     bits) at payload lengths around the SIMD rest loops' strides (8 and 16 symbols) and their
     end tests: numpy, the scalar loop and the SIMD steps give the input's symbols."""
-    orig = exponent.JOINED_BITS_TRIED
-    try:
-        for t in range(exponent.max_joined(dtype) + 1):
-            exponent.JOINED_BITS_TRIED = (t,)
-            for total in (*range(1, 41), 63, 64, 65, 127, 128, 129, 255, 1000, 1031):
-                sym = _symbols(dtype, total, 1000 * t + total)
-                data = encode_exponent(sym, dtype, [(total, min(total, 7))])
-                assert data is not None
-                want = ("ok", sym.astype(f"<u{exponent.DTYPE_BITS[dtype] // 8}").tobytes())
-                assert _three(data, total, dtype) == [want] * 3, (t, total)
-    finally:
-        exponent.JOINED_BITS_TRIED = orig
+    for t in range(exponent.max_joined(dtype) + 1):
+        monkeypatch.setattr(exponent, "JOINED_BITS_TRIED", (t,))
+        for total in (*range(1, 41), 63, 64, 65, 127, 128, 129, 255, 1000, 1031):
+            sym = _symbols(dtype, total, 1000 * t + total)
+            data = encode_exponent(sym, dtype, [(total, min(total, 7))])
+            assert data is not None
+            want = ("ok", sym.astype(f"<u{exponent.DTYPE_BITS[dtype] // 8}").tobytes())
+            assert _three(data, total, dtype) == [want] * 3, (t, total)
 
 
 @needs_native
@@ -241,7 +237,7 @@ def test_the_simd_steps_run_where_the_cpu_has_them() -> None:
 
 
 @needs_native
-def test_the_decoder_builds_and_decodes_without_its_simd_code(tmp_path: Path) -> None:
+def test_the_decoder_builds_and_decodes_without_its_simd_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Built as on a CPU without AVX2 code paths (non-x86 hosts, MSVC): BBFORMAT_NO_SIMD leaves
     out every x86 intrinsic, so nothing outside that section may use one. The build decodes a
     writer-made payload of each dtype to its symbols."""
@@ -262,18 +258,16 @@ def test_the_decoder_builds_and_decodes_without_its_simd_code(tmp_path: Path) ->
     plain = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plain)
     assert plain.SIMD == 0 and plain.ABI == exponent._exponent_native.ABI
-    native = exponent._exponent_native
-    try:
-        for dtype in DTYPES:
-            sym = _symbols(dtype, 5000, 7)
-            data = encode_exponent(sym, dtype, [(3000, 40), (2000, 7)])
-            assert data is not None
-            exponent._exponent_native = plain  # type: ignore[assignment]
-            got = decode_exponent(data, sym.size, dtype)
-            exponent._exponent_native = native
-            assert got.tobytes() == sym.astype(got.dtype).tobytes()
-    finally:
-        exponent._exponent_native = native
+    payloads = []
+    for dtype in DTYPES:  # written by the installed build
+        sym = _symbols(dtype, 5000, 7)
+        data = encode_exponent(sym, dtype, [(3000, 40), (2000, 7)])
+        assert data is not None
+        payloads.append((dtype, sym, data))
+    monkeypatch.setattr(exponent, "_exponent_native", plain)
+    for dtype, sym, data in payloads:
+        got = decode_exponent(data, sym.size, dtype)
+        assert got.tobytes() == sym.astype(got.dtype).tobytes()
 
 
 def _group(b: bytes) -> bytes:

@@ -228,15 +228,14 @@ def decode_payload(codec: int, stored: Buffer, program: BlockProgram, flags: int
     return out
 
 
-def _decode_into(codec: int, stored: Buffer, program: BlockProgram, total: int, out: np.ndarray | None) -> np.ndarray:
-    """`total` symbols of one codec (into `out` where given): a payload, or a part of one."""
+def _decode_into(codec: int, stored: Buffer, program: BlockProgram, total: int, out: np.ndarray) -> np.ndarray:
+    """`total` symbols of one codec into `out`: a payload, or a part of one."""
     if codec == Codec.EXPONENT:
         return decode_exponent(stored, total, program.symbol_dtype, out=out)
     if codec == Codec.PLANES:
         return decode_planes(stored, total, program.symbol_bits, out=out)
     size = total * program.symbol_bits // 8  # raw or zstd: only as a part (a whole payload of these is not passed here)
     raw = decompress(stored, codec, size, size)
-    assert out is not None
     out[:] = np.frombuffer(raw, out.dtype)
     return out
 
