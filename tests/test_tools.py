@@ -442,3 +442,76 @@ def test_pop_precision_study_measures_a_symmetric_container_and_refuses_one_with
     for bad, why in ((plain, "no rotation site"), (tmp_path / "missing.bb", "no such file")):
         r = _tool(str(TOOLS / "pop_precision_study.py"), str(bad))
         assert r.returncode == 2 and why in r.stderr and "Traceback" not in r.stderr
+
+
+DATA_FILES = ("calib.txt", "eval.txt", "README.md", "LICENSE-PSF.txt", "SHA256SUMS")
+
+
+def test_text_data_is_in_the_repository_with_its_licence_and_checksums() -> None:
+    """tools/data/ holds the texts the real-model tools read, their PSF licence, and sha256 sums
+    that match both the files and the README's table (expected values from the source's README)."""
+    import hashlib
+
+    data = TOOLS / "data"
+    expected = {"eval.txt": ("8b156b176e2c3eabb6ea86afea29302078cea08b96d85d52bff5b8093851487f", 1_000_048),
+                "calib.txt": ("5b00cbbdfbf5fcbe636f8da4833127e9cdd6fe3910225cb0b50802d94fa32cb6", 200_008)}
+    sums = dict(reversed(line.split()) for line in (data / "SHA256SUMS").read_text().splitlines())
+    readme = (data / "README.md").read_text(encoding="utf-8")
+    for name, (digest, size) in expected.items():
+        raw = (data / name).read_bytes()
+        assert len(raw) == size and hashlib.sha256(raw).hexdigest() == digest == sums[name]
+        assert digest in readme and f"{size:,}" in readme
+        raw.decode("utf-8")  # the tools read it as UTF-8
+    assert "PYTHON SOFTWARE FOUNDATION LICENSE VERSION 2" in (data / "LICENSE-PSF.txt").read_text(encoding="utf-8")
+    assert "Python Software Foundation License" in readme and "LICENSE-PSF.txt" in readme
+
+
+def test_text_data_is_not_gitignored() -> None:
+    """A fresh clone gets tools/data/: git ignores none of its files."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    r = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", *(f"tools/data/{n}" for n in DATA_FILES)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stdout == "", r.stdout  # 1: no path is ignored
+
+
+def test_real_model_tools_default_to_the_repositorys_texts() -> None:
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import slice, evaluate, bench_hf, tc_interop; "
+            "print(slice.build_parser().get_default('calib')); print(evaluate.build_parser().get_default('text')); "
+            "print(tc_interop.build_parser().get_default('smol_text')); print(bench_hf.DATA)")
+    r = subprocess.run([sys.executable, "-c", code, str(TOOLS)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    data = (TOOLS / "data").resolve()
+    assert r.stdout.split("\n")[:4] == [str(data / "calib.txt"), str(data / "eval.txt"), str(data / "eval.txt"), str(data)]
+
+
+@pytest.mark.parametrize("tool, args, option", [
+    ("slice.py", ["smollm2", "--sparsity", "0.25", "--out", "{tmp}/out", "--calib", "{missing}"], "--calib"),
+    ("evaluate.py", ["smollm2", "--text", "{missing}"], "--text"),
+    ("bench_hf.py", ["--work", "{tmp}/out", "--text", "{missing}"], "--text"),
+    ("tc_interop.py", ["--tc-src", "{tmp}", "--tc-python", "python", "--work", "{tmp}/out", "--smol-text", "{missing}"], "--smol-text"),
+])
+def test_real_model_tools_refuse_a_missing_text_in_one_line(tmp_path: Path, tool: str, args: list[str], option: str) -> None:
+    """A missing text file is one line on stderr and exit status 1, before any model loads or output is made."""
+    missing = tmp_path / "none.txt"
+    r = _tool(str(TOOLS / tool), *(s.format(tmp=tmp_path, missing=missing) for s in args))
+    assert r.returncode == 1, r.stderr
+    assert r.stderr == f"{tool[:-3]}: {option} {missing} does not exist\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_text_reader_refuses_a_directory_and_non_utf8_in_one_line(tmp_path: Path) -> None:
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import textdata
+    finally:
+        sys.path.remove(str(TOOLS))
+    with pytest.raises(SystemExit, match=rf"^t: --x {tmp_path} is not a file$"):
+        textdata.read_text(tmp_path, "t", "--x")
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(b"caf\xe9\n")
+    with pytest.raises(SystemExit, match=r"^t: cannot read --x .*latin1\.txt: 'utf-8' codec can't decode"):
+        textdata.read_text(bad, "t", "--x")
+    good = tmp_path / "ok.txt"
+    good.write_text("prose\n", encoding="utf-8")
+    assert textdata.read_text(good, "t", "--x") == "prose\n"

@@ -7,7 +7,7 @@ from_pretrained with no bbformat importable, against bbformat.load_model of the 
 
 DIR is a tools/slice.py output (default: slice SmolLM2 at --sparsity 0.25 into --work). The
 slice is packed (`bbformat pack`, its defaults: symmetric, exact), unpacked to an HF directory,
-and perplexity is computed on the first --tokens tokens of ../shared/data/eval.txt in
+and perplexity is computed on the first --tokens tokens of --text (default tools/data/eval.txt) in
 1024-token windows (loss over each window's predictions, float32 compute) by:
   - `bbformat.load_model(container, torch.float32)` in this process;
   - `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)` in float32, in a
@@ -34,8 +34,8 @@ from typing import Any
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS))
 from mdsection import write_section  # noqa: E402
+from textdata import DATA, read_text, require_text  # noqa: E402  (tools/data/: eval.txt)
 
-DATA = TOOLS.parent.parent / "shared" / "data"
 SECTION = "## 16. Hugging Face directories: `unpack --format hf` and `from_pretrained` (issue 25)"
 WINDOW = 1024
 
@@ -120,7 +120,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     res["container_bytes"] = container.stat().st_size
     res["hf_files"] = {p.name: p.stat().st_size for p in sorted(hf.iterdir())}
     tok = AutoTokenizer.from_pretrained(str(hf))  # the tokenizer files the container carried
-    text = (DATA / "eval.txt").read_text(encoding="utf-8")
+    text = read_text(a.text, "bench_hf", "--text")
     ids = tok(text, return_tensors="pt").input_ids[0]
     n = min(a.tokens, ids.numel()) // WINDOW * WINDOW
     wins = ids[:n].reshape(-1, WINDOW)
@@ -188,11 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slice-note", default=None, help="how --slice was made, for the report")
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench_hf"))
     ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--text", type=Path, default=DATA / "eval.txt", help="evaluation text (default: tools/data/eval.txt)")
     ap.add_argument("--python441", default=None, help="python of a venv with transformers 4.41 (tools/tc_interop.py --help)")
     ap.add_argument("--json", type=Path, default=TOOLS / "bench_hf_results.json")
     ap.add_argument("--report", type=Path, default=None)
     argv = sys.argv[1:] if argv is None else argv
     a = ap.parse_args(argv)
+    require_text(a.text, "bench_hf", "--text")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import transformers

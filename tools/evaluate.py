@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Perplexity on ../shared/data/eval.txt, and agreement between two models.
+"""Perplexity on a text (default tools/data/eval.txt), and agreement between two models.
 
-    python tools/evaluate.py MODEL --tokens 65536 [--compare MODEL2] [--json]
+    python tools/evaluate.py MODEL --tokens 65536 [--text FILE] [--compare MODEL2] [--json]
 
 MODEL is `smollm2` (the original), a sliced checkpoint directory, or a .bb container.
 Non-overlapping 1024-token windows over the first N tokens; loss over the 1023
@@ -23,10 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from textdata import DATA, read_text, require_text  # noqa: E402  (tools/data/: eval.txt)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 WINDOW = 1024
 
 
@@ -54,8 +55,8 @@ def load_any(spec: str):  # type: ignore[no-untyped-def]
         return model, AutoTokenizer.from_pretrained(d)
 
 
-def windows(tok, n_tokens: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    text = (DATA / "eval.txt").read_text(encoding="utf-8")
+def windows(tok, n_tokens: int, path: Path = DATA / "eval.txt") -> torch.Tensor:  # type: ignore[no-untyped-def]
+    text = read_text(path, "evaluate", "--text")
     ids = tok(text, return_tensors="pt").input_ids[0]
     n = (min(n_tokens, ids.numel()) // WINDOW) * WINDOW
     if n == 0:
@@ -84,17 +85,24 @@ def run(model, wins: torch.Tensor, other=None) -> dict:  # type: ignore[no-untyp
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
     ap.add_argument("--tokens", type=int, default=65536)
+    ap.add_argument("--text", type=Path, default=DATA / "eval.txt",
+                    help="evaluation text, UTF-8 (default: the repository's tools/data/eval.txt)")
     ap.add_argument("--compare", default=None, help="second model: report top-1 agreement and max |logit diff|")
     ap.add_argument("--json", action="store_true")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    require_text(a.text, "evaluate", "--text")  # before the models load
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     model, tok = load_any(a.model)
     other = load_any(a.compare)[0] if a.compare else None
-    res = {"model": a.model, "compare": a.compare, **run(model, windows(tok, a.tokens), other)}
+    res = {"model": a.model, "compare": a.compare, **run(model, windows(tok, a.tokens, a.text), other)}
     if a.json:
         print(json.dumps(res, indent=2))
     else:

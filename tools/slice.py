@@ -21,11 +21,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from textdata import DATA, read_text, require_text  # noqa: E402  (tools/data/: calib.txt)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -57,7 +59,7 @@ def load_source(src: str, dtype: torch.dtype = torch.float64):  # type: ignore[n
 
 
 def calibration_batches(tok, path: Path, nsamples: int, seqlen: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    ids = tok(path.read_text(encoding="utf-8"), return_tensors="pt").input_ids[0]
+    ids = tok(read_text(path, "slice", "--calib"), return_tensors="pt").input_ids[0]
     need = nsamples * seqlen
     if ids.numel() < need:
         raise SystemExit(f"slice: {path} has {ids.numel()} tokens, fewer than {nsamples} x {seqlen}")
@@ -235,21 +237,28 @@ def write_layout(out: Path, stem: str, sd: dict[str, torch.Tensor], slicing: dic
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("src", help="'smollm2' or a local Hugging Face Llama directory")
     ap.add_argument("--sparsity", type=float, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--calib", type=Path, default=DATA / "calib.txt")
+    ap.add_argument("--calib", type=Path, default=DATA / "calib.txt",
+                    help="calibration text, UTF-8 (default: the repository's tools/data/calib.txt)")
     ap.add_argument("--nsamples", type=int, default=64)
     ap.add_argument("--seqlen", type=int, default=512)
     ap.add_argument("--batch", type=int, default=8, help="calibration sequences per forward step")
     ap.add_argument("--layers", type=int, default=None, help="keep only the first N layers (tests)")
     ap.add_argument("--slice-head", action="store_true", help="also slice the last layer's output and the head")
     ap.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
     if not 0 <= a.sparsity < 1:
         ap.error("--sparsity must be in [0, 1)")
+    require_text(a.calib, "slice", "--calib")  # before the model loads
     torch.set_grad_enabled(False)
     t0 = time.time()
     model, tok, stem = load_source(a.src)

@@ -48,7 +48,7 @@ and dtype (fp16, fp32):
 Then SmolLM2-135M-Instruct sliced by tools/slice.py is loaded by TC's load_sliced_model
 (model name `meta-llama/Llama-2/../SmolLM2-135M-Instruct`: a Llama-2 prefix for the adapter
 and SmolLM2-135M-Instruct as the file name, so no renaming) and by bbformat.load_model, and
-both compute perplexity on the same tokens of ../shared/data/eval.txt.
+both compute perplexity on the same tokens of --smol-text (default tools/data/eval.txt).
 
 Results go to --json (default tools/tc_interop_results.json) and, with --report, to section
 "## 11. TransformerCompression interop" of that markdown file (replaced if present, else
@@ -69,10 +69,10 @@ from pathlib import Path
 from typing import Any
 
 from mdsection import write_section  # tools/ is on sys.path (this script's folder)
+from textdata import DATA, read_text, require_text
 
 TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent
-DATA = ROOT.parent / "shared" / "data"
 SECTION = "## 11. TransformerCompression interop"
 DEFAULT_JSON = TOOLS / "tc_interop_results.json"
 
@@ -115,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--smol-sparsity", type=float, default=0.25)
     ap.add_argument("--smol-nsamples", type=int, default=16, help="tools/slice.py --nsamples (default 16)")
     ap.add_argument("--smol-seqlen", type=int, default=256, help="tools/slice.py --seqlen (default 256)")
+    ap.add_argument("--smol-text", type=Path, default=DATA / "eval.txt", help="perplexity text (default: tools/data/eval.txt)")
     ap.add_argument("--smol-tokens", type=int, default=8192, help="perplexity tokens of eval.txt, in 1024-token windows (default 8192)")
     ap.add_argument("--smol-logit-positions", type=int, default=256,
                     help="positions per window whose full logits are kept for max |dlogit| (default 256)")
@@ -144,6 +145,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--tc-src and --tc-python are required (see the setup in --help)")
     if not 0 <= a.sparsity < 1 or not 0 <= a.smol_sparsity < 1:
         ap.error("sparsities must be in [0, 1)")
+    if not a.no_smollm2:
+        require_text(a.smol_text, "tc_interop", "--smol-text")
     return a
 
 
@@ -802,7 +805,7 @@ def run_smol(a: argparse.Namespace) -> Json:
         shutil.rmtree(unp)
     pack_and_unpack(sl, bb, unp, pt.name, s, log)
     ids_path = work / "ids.npy"
-    common = ["--tc-src", str(a.tc_src), "--model-name", s["tc_model_name"], "--sparsity", sparsity, "--text", str(DATA / "eval.txt"),
+    common = ["--tc-src", str(a.tc_src), "--model-name", s["tc_model_name"], "--sparsity", sparsity, "--text", str(a.smol_text),
               "--tokens", str(a.smol_tokens), "--logit-positions", str(a.smol_logit_positions)]
     models: list[Json] = []
     try:
@@ -835,7 +838,7 @@ def run_smol(a: argparse.Namespace) -> Json:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(sl))
-        ours = tok((DATA / "eval.txt").read_text(encoding="utf-8"), return_tensors="np").input_ids[0][: ids.size]
+        ours = tok(read_text(a.smol_text, "tc_interop", "--smol-text"), return_tensors="np").input_ids[0][: ids.size]
         s["same_token_ids"] = bool(ours.shape[0] == ids.size and (ours == ids.reshape(-1)).all())
     except Exception as e:
         s["errors"].append(f"tokenizing with bbformat's transformers: {type(e).__name__}: {e}")

@@ -27,7 +27,7 @@ Sections:
 Timings are medians of --repeats runs (default 3). `--merge tools/bench_results.json`
 re-runs only the named sections and keeps the rest of an earlier run. The sliced models and
 containers go to --work; the calibration text (--calib) and the evaluation text that
-tools/evaluate.py reads come from ../shared/data next to the repository, as for tools/slice.py.
+tools/evaluate.py reads come from tools/data/ (tools/data/README.md: source, licence, checksums).
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ RUN_ORDER: tuple[tuple[str, Callable[[Run], Json], bool], ...] = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from slice import DATA  # ../shared/data next to the repository, as tools/slice.py and tools/evaluate.py read it
+    from slice import DATA  # tools/data/, as tools/slice.py and tools/evaluate.py read it
 
     ap = argparse.ArgumentParser(prog="tools/bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, default=DEFAULT_WORK, help=f"sliced models and containers (default {DEFAULT_WORK})")
