@@ -147,7 +147,7 @@ def decode_parsed(chunk: ParsedChunk, allow_inexact: bool = False, la: Linalg = 
     (a 1.4 file's band sections) on backend `la`, also for a chunk that fell back: it is
     how close that backend's arithmetic came, which a missed digest makes the question.
     share: tensors may be views of the chunk's payload (decode_program)."""
-    corrector = StoredCorrector(chunk.program, chunk.side, margins)
+    corrector = StoredCorrector(chunk.program, chunk.side, margins, digests=chunk.content_crc is not None)
     fell_back = False
     if fallback and not la.is_reference and chunk.content_crc is not None:
         tensors = _device_decode(chunk, corrector, la, share)

@@ -509,7 +509,7 @@ CODES = {
     "E_VERSION": ("major version not 1 (header or footer), or header and footer versions differ", "§4, §10.2", 3),
     "E_REQUIRED_FLAG": ("a required_flags bit is set that the reader does not know (1.1 defines bit 0, PLANES; 1.2 bits 1, DIGESTS, and 2, MIXED_CORRECTIONS; 1.3 bit 3, EXPONENT; 1.4 bit 4, BANDS; 1.5 bit 5, PARTS; a 1.1 reader rejects a 1.2 file with either), or BANDS without DIGESTS", "§4", 4),
     "E_RESERVED": ("a reserved field or bit is not zero, including chunk offset 4 in a file without DIGESTS, site flag bits 2-7 and sign bitmap padding", "§1, §4, §5, §5.1, §5.3, §8.3, §10", 5),
-    "E_SCHEME": ("header scheme byte not 1 (paper), 2 (symmetric) or 3 (none: no sites, since 1.2; a 1.1 reader rejects 3)", "§4", 6),
+    "E_SCHEME": ("header scheme byte not 1 (paper), 2 (symmetric) or 3 (none: no sites, since 1.2; a 1.1 reader rejects 3); scheme 3 without DIGESTS (1.5)", "§4", 6),
     "E_CODEC": ("metadata, section, residual-group or planes-group codec not 0 (raw) or 1 (zstd); section codec 2 (planes) except on the payload of a file with PLANES; a band section not raw (1.4); codec 4 (parts) except on the payload of a file with PARTS, or a part's codec not allowed (1.5)", "§4, §5.3, §8.2, §8.4, §8.6, §8.9", 7),
     "E_ZSTD": ("a zstd field that is not exactly one valid zstd frame (unparseable header, damaged data, several or skippable frames, bytes after the frame)", "§4.1, §8.2, §8.4", 8),
     "E_METADATA": ("metadata not UTF-8, not JSON, or not a JSON object", "§4.1", 9),
@@ -538,7 +538,7 @@ CODES = {
     "E_LIMIT_SECTION": ("a section or residual group declaring more decoded bytes than its kind allows (decompression bombs)", "§8.2, §8.4, §11.1", 27),
     "E_LIMIT_MEMORY": ("(a reader's own limit, MAY) a chunk whose declared working set exceeds the reader's memory budget", "§11.4, §11.5", None),
     "E_TRAILING": ("bytes after the footer when reading forward from a stream", "§2, §10.3", 28),
-    "E_DIGEST": ("(1.2, DIGESTS) a chunk's decoded tensors' CRC32C differs from its content_crc: the reader did not decode what the encoder's own decoding produced (the one outcome that depends on the reader's arithmetic; a reader within the band of SPEC.md §9 never meets it on a file the reference wrote)", "§5.4, §7.1, §9", 29),
+    "E_DIGEST": ("(1.2, DIGESTS) a chunk's decoded tensors' CRC32C differs from its content_crc: the reader did not decode what the encoder's own decoding produced (the one outcome that depends on the reader's arithmetic; a reader within the band of SPEC.md §9 never meets it on a file a conforming writer wrote); also an x_residuals section that does not fit the contexts of the reader's own regenerated values, at a site with a residual position (1.5)", "§5.4, §7.1, §8.4, §9", 29),
     # not about container validity (bbformat/errors.py)
     "E_INPUT": ("bad input to the tools: paths, options, checkpoint files", "§11.2 (closing note)", None),
     "E_EXISTS": ("an output exists and was not named for replacement (pack/unpack/demo --force, overwrite=True); nothing is written", "§11.2 (closing note)", None),
@@ -2440,10 +2440,10 @@ def add_v12(S: Suite) -> None:  # noqa: C901 - one list of vectors
             "payloads and signed zeros (digested as stored), and a chunk with no tensors, whose content_crc is 0", eig=False, since=V)
 
     bs = base_sym()
-    S.optional("o_scheme_3_with_sites", mod(bs, scheme=3).build(), "§4, §11.4",
-               "header scheme 3 (none) in a 1.0 file whose chunks have sites: the scheme disagrees with the sites, which a "
-               "reader MAY reject (the byte is informative only; the reference accepts, decoding follows each site's flags); "
-               "1.0/1.1 readers must reject it (it was x_scheme_3)", "accept", "E_SCHEME")
+    S.invalid("x_scheme_3_without_digests_sites", mod(bs, scheme=3).build(), "§4",
+              "header scheme 3 (none) in a 1.0 file (no DIGESTS) whose chunks have sites: scheme 3 without DIGESTS is E_SCHEME "
+              "(1.5), as a 1.0/1.1 reader reports it (it was x_scheme_3, then, from 1.2 to 1.5, the optional o_scheme_3_with_sites)",
+              "E_SCHEME", 6, since="1.5")
 
     # ---- 29 E_DIGEST ----------------------------------------------------------------------------
     S.invalid("x_digest_flag_set_crc_zero", mod(bs, hdr={"required_flags": DIGESTS_FLAG}).build(), "§4, §5.4",
@@ -2498,8 +2498,9 @@ def add_v12(S: Suite) -> None:  # noqa: C901 - one list of vectors
     x.chunks[0].secs = [s for s in x.chunks[0].secs if s.kind != SectionKind.X_RESIDUALS] + [raw_sec(SectionKind.X_RESIDUALS, 0, residual_section(ap, "float32", r))]
     S.invalid("x_mixed_residuals_over_patched", x.build(), "§8.4",
               f"v_mixed_sym_f32 with its x_residuals rebuilt over every block position, the {pos.size} patched ones included (with "
-              "residual 0): groups hold more varints than their residual positions; a reader MAY report it as E_DIGEST "
-              "(SPEC.md 8.4: its contexts come from its own values)", "E_SECTION_CONTENT", 25, also=("E_DIGEST",), since=V)
+              "residual 0): groups hold more varints than their residual positions. In a file with DIGESTS such a failure is "
+              "E_DIGEST on every reader (1.5; it was E_SECTION_CONTENT, E_DIGEST allowed): the groups follow the contexts of the "
+              "reader's own values", "E_DIGEST", 29, since="1.5")
 
     # ---- SPEC.md 8.4's edge cases (settled in 1.3; the rules are 1.2's) ---------------------------
     c0, enc0 = no_correction_chunk("symmetric", 4, 0.0)  # its reference approx is the block itself
@@ -2519,9 +2520,8 @@ def add_v12(S: Suite) -> None:  # noqa: C901 - one list of vectors
     x.secs += [raw_sec(SectionKind.X_PATCHES, 0, every), raw_sec(SectionKind.X_RESIDUALS, 0, b"\x01\x00\x00")]
     S.invalid("x_mixed_residuals_no_positions", v12([x]).build(), "§8.4",
               "v_mixed_residuals_empty with a one-group x_residuals section (1 raw byte, a 0 varint) where no residual position "
-              "is left: the section does not fill exactly zero groups (no contexts here, so a reader has no reason for E_DIGEST, "
-              "which is allowed all the same as for every x_residuals failure in a DIGESTS file)", "E_SECTION_CONTENT", 25,
-              also=("E_DIGEST",), since=V)
+              "is left: the section does not fill exactly zero groups. No regenerated value is involved, so it is the file's "
+              "error on every reader, DIGESTS or not (1.5; E_DIGEST was allowed before)", "E_SECTION_CONTENT", 25, since="1.5")
 
 
 def add_phi(S: Suite) -> None:
@@ -3186,6 +3186,50 @@ def add_v15(S: Suite) -> None:  # noqa: C901 - one list of vectors
               "required_flags PLANES, EXPONENT, PARTS and bit 6 (unknown in 1.5)", "E_REQUIRED_FLAG", 4, since=V)
 
 
+def add_v15_rules(S: Suite) -> None:
+    """1.5's settled questions (issue 41): x_residuals that do not fit the reader's own contexts
+    in a file with DIGESTS are E_DIGEST on every reader (SPEC.md 8.4); scheme 3 needs DIGESTS (§4)."""
+    V = "1.5"
+    bs = base_sym()
+    ap0 = approx_of(bs.chunks[0])[0]
+    dig = mod(bs, hdr={"required_flags": DIGESTS_FLAG, "minor": 2})
+    with Reader(io.BytesIO(bs.build())) as r:  # tolerance 0: the reference decoding is the encoder's
+        for i, c in enumerate(dig.chunks):
+            c.head["reserved0"] = content_crc(r.read_chunk(i).program, r.decode_block(i).tensors)
+    with Reader(io.BytesIO(dig.build())) as r:
+        assert all(r.decode_block(i).exact for i in range(len(r)))
+
+    def res(sec_bytes: bytes) -> bytes:
+        x = dig.copy()
+        x.chunks[0].secs = [x.chunks[0].secs[0], raw_sec(SectionKind.X_RESIDUALS, 0, sec_bytes)]
+        return x.build()
+
+    good = residual_section(ap0, "float16")
+    groups = np.unique(residual_contexts(ap0, "float16"), return_counts=True)[1]
+    r = np.zeros(ap0.size, np.int64)
+    r[0] = 1 << 16
+    base = ("base_sym with DIGESTS (each content_crc the reference decoding's) and its x_residuals section ")
+    for vid, data, what, old in (
+        ("x_digest_residual_ordinal_high", res(residual_section(ap0, "float16", r)), "moving value 0's ordinal above 2^15 - 1",
+         "x_content_residual_ordinal_high"),
+        ("x_digest_residual_missing_group", res(good[: -(2 + int(groups[-1]))]), "without its last group", "x_content_residual_missing_group"),
+        ("x_digest_residual_bytes_after_groups", res(good + b"\x00"), "with one byte after its last group",
+         "x_content_residual_bytes_after_groups"),
+        ("x_digest_residual_group_codec_2", res(patch(good, 1, b"\x02")), "with group 0's codec 2", "x_codec_residual_group_2"),
+    ):
+        S.invalid(vid, data, "§8.4, §5.4", base + what + f": the groups follow the contexts of the reader's own regenerated values, so "
+                  f"in a file with DIGESTS the failure is E_DIGEST on every reader, the reference included (without DIGESTS: {old})",
+                  "E_DIGEST", 29, since=V)
+    one = BB([f32_chunk(11, "bias_only")], scheme=3, meta=meta("none", 0.0))
+    S.invalid("x_scheme_3_without_digests", one.build(), "§4",
+              "header scheme 3 (none), chunks without sites, required_flags 0 (no DIGESTS): a writer MUST NOT write it and a reader "
+              "rejects it as E_SCHEME, the code a 1.0/1.1 reader gives scheme 3", "E_SCHEME", 6, eig=False, since=V)
+    ok = mod(one, hdr={"required_flags": DIGESTS_FLAG, "minor": 2})
+    ok.chunks[0].head["reserved0"] = sealed(mod(one, scheme=2)).chunks[0].head["reserved0"]  # sealed reads without flags: scheme 2
+    S.valid("v_scheme_3_digests_minimal", ok.build(), "§4, §5.4",
+            "x_scheme_3_without_digests with DIGESTS set (minor 2) and the chunk's content_crc: valid", eig=False, since=V)
+
+
 def add_all(S: Suite) -> None:
     add_valid(S)
     add_invalid(S)
@@ -3196,6 +3240,7 @@ def add_all(S: Suite) -> None:
     add_exponent(S)
     add_v14(S)
     add_v15(S)
+    add_v15_rules(S)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -177,3 +177,17 @@ def test_scheme_none_gives_back_the_input_bits(tmp_path: Path) -> None:
                    for k in sd)
     with pytest.raises(InputError, match="needs format 1.2 or later"):
         pack(src, tmp_path / "x.bb", scheme="none", format_version="1.1")
+
+
+def test_writer_refuses_scheme_none_without_digests() -> None:
+    """SPEC.md 4: scheme 3 needs DIGESTS; a reader rejects it without (E_SCHEME, 1.5), so the
+    Writer refuses to start one, before anything is written."""
+    import io
+
+    from bbformat.errors import InputError
+    from bbformat.writer import Writer
+
+    buf = io.BytesIO()
+    with pytest.raises(InputError, match="needs DIGESTS"):
+        Writer(buf, "none", 1, {"format": "bbformat", "scheme": "none"}, format_version="1.1")
+    assert buf.getvalue() == b""

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from bbformat.cli import main
 from bbformat.container.chunks import parse_chunk, working_set_bytes
-from bbformat.errors import BBFormatError, LimitError
+from bbformat.errors import BBFormatError, FormatError, LimitError
 from bbformat.fuzz import check, crc_coverage, mutate, read_random, read_stream, verdict
 from bbformat.reader import Reader, iter_stream
 
@@ -138,3 +138,33 @@ def test_default_budget_is_half_the_physical_memory() -> None:
     for bad in (0, -1, "lots", 1.5):
         with pytest.raises(BBFormatError):
             resolve_budget(bad)  # type: ignore[arg-type]
+
+
+def test_budget_is_checked_at_entry_0_whatever_its_kind() -> None:
+    """SPEC.md 11.3 (1.5 wording): the working set is checked once, at section entry 0, after its
+    kind and the other table checks and before its limit check, also where entry 0 is neither
+    the payload nor a band (here x_residuals: v_mixed_sections_reordered's reversed table)."""
+    import struct
+
+    from bbformat.constants import SectionKind
+
+    data = (CONF / "valid" / "v_mixed_sections_reordered.bb").read_bytes()
+    with Reader(io.BytesIO(data)) as r:
+        raw, flags = bytearray(r.read_chunk_bytes(0)), r.header.required_flags
+    entry0 = 32 + struct.unpack_from("<I", raw, 20)[0]
+    assert raw[entry0] == SectionKind.X_RESIDUALS
+    with pytest.raises(LimitError) as info:
+        parse_chunk(bytes(raw), max_block_bytes=1, required_flags=flags, check_crc=False)
+    assert info.value.code == "E_LIMIT_MEMORY"
+    over = bytearray(raw)
+    struct.pack_into("<Q", over, entry0 + 24, 1 << 40)  # entry 0's decoded_length over its limit: the budget comes first
+    with pytest.raises(LimitError) as info:
+        parse_chunk(bytes(over), max_block_bytes=1, required_flags=flags, check_crc=False)
+    assert info.value.code == "E_LIMIT_MEMORY"
+    with pytest.raises(LimitError) as info:
+        parse_chunk(bytes(over), required_flags=flags, check_crc=False)
+    assert info.value.code == "E_LIMIT_SECTION"
+    raw[entry0] = 9  # an unknown kind at entry 0 is reported before the budget
+    with pytest.raises(FormatError) as err:
+        parse_chunk(bytes(raw), max_block_bytes=1, required_flags=flags, check_crc=False)
+    assert err.value.code == "E_SECTION_KIND"

@@ -10,7 +10,7 @@ import numpy as np
 from ..constants import SECTION_ENTRY_SIZE, Codec
 from ..container.program import BlockProgram
 from ..container.section_rules import rules_of
-from ..errors import FormatError
+from ..errors import DigestError, FormatError
 from ..zstdframe import SECTION_LEVEL, compressor
 from . import band
 from .dtypes import RawTensor
@@ -84,11 +84,16 @@ class StoredCorrector:
 
     margins=True (format 1.4): each site with a band section gets its margin in `margins`: the
     smallest distance from a rounding boundary of this decoder's float64 values that the file
-    does not store explicitly, in units of the site's band width (SPEC.md 8.8, 9)."""
+    does not store explicitly, in units of the site's band width (SPEC.md 8.8, 9).
 
-    def __init__(self, program: BlockProgram, sections: dict[tuple[int, int], bytes], margins: bool = False) -> None:
+    digests=True (a file with DIGESTS): an x_residuals section that cannot be read against this
+    decoder's contexts, at a site with a residual position, is DigestError (SPEC.md 8.4)."""
+
+    def __init__(self, program: BlockProgram, sections: dict[tuple[int, int], bytes], margins: bool = False,
+                 digests: bool = False) -> None:
         self.program = program
         self.sections = sections
+        self.digests = digests
         self.margins_wanted = margins
         self.margins: dict[int, float] = {}
         for s_idx, s in enumerate(program.sites):
@@ -130,10 +135,22 @@ class StoredCorrector:
                 keep = np.ones(approx.size, dtype=bool)
                 keep[patches.positions] = False
         if res is not None:
-            at = replace(at, approx=approx, keep=keep)
-            corrected = X_RESIDUALS.corrected(at, X_RESIDUALS.decode(at, res))
+            positions = approx.size if keep is None else int(np.count_nonzero(keep))
+            corrected = self._residuals(replace(at, approx=approx, keep=keep), res, positions)
             out = corrected if keep is None else np.where(keep, corrected, out).astype(out.dtype)
         return out
+
+    def _residuals(self, at: SiteContext, res: bytes, positions: int) -> np.ndarray:
+        """The block corrected by x_residuals. Its groups follow contexts of this decoder's own
+        values: with DIGESTS and a residual position, a failure is E_DIGEST (SPEC.md 8.4)."""
+        try:
+            return X_RESIDUALS.corrected(at, X_RESIDUALS.decode(at, res))
+        except FormatError as exc:
+            if not self.digests or positions == 0 or isinstance(exc, DigestError):
+                raise
+            raise DigestError(f"site {self.program.sites[at.site].name!r}: x_residuals do not fit the contexts of this reader's "
+                              f"regenerated values ({exc.code}: {exc}); its numerics left the band, or the section does "
+                              "not match the writer's own decoding") from None
 
     def correct_anchor(self, site: int, approx: RawTensor, unrotated: np.ndarray | None = None) -> RawTensor:
         pat = self.sections.get((ANCHOR_PATCHES.kind, site))

@@ -31,6 +31,7 @@ from ..constants import (
     SCHEME_NAMES,
     Codec,
     RequiredFlag,
+    Scheme,
     minor_for,
     required_flags_for,
 )
@@ -83,6 +84,8 @@ def check_header(scheme: str, chunk_count: int, metadata: dict[str, Any], requir
         raise InputError("required flag BANDS needs DIGESTS (SPEC.md 4)")
     if scheme not in SCHEME_CODES:
         raise InputError(f"unknown scheme {scheme!r} (choose {', '.join(sorted(SCHEME_CODES))})")
+    if SCHEME_CODES[scheme] == Scheme.NONE and not required_flags & RequiredFlag.DIGESTS:
+        raise InputError("scheme 'none' needs DIGESTS, format 1.2 or later (SPEC.md 4)")
     if not 0 <= chunk_count <= MAX_CHUNKS:
         raise InputError(f"{chunk_count} chunks: a container holds 0 to {MAX_CHUNKS}")
     try:
@@ -141,6 +144,8 @@ def parse_header_fixed(data: Buffer) -> construct.Container:
         raise FormatError("reserved header field is not zero", "E_RESERVED")
     if h.scheme not in SCHEME_NAMES:
         raise FormatError(f"unknown scheme code {h.scheme}", "E_SCHEME")
+    if h.scheme == Scheme.NONE and not h.required_flags & RequiredFlag.DIGESTS:
+        raise FormatError("scheme 3 (none) without required flag DIGESTS (SPEC.md 4)", "E_SCHEME")
     if h.chunk_count > MAX_CHUNKS:
         raise LimitError(f"{h.chunk_count} chunks exceeds the limit {MAX_CHUNKS}", "E_LIMIT_COUNT")
     if h.metadata_length > MAX_METADATA:

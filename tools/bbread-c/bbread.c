@@ -20,9 +20,16 @@ static char err_msg[512];
 static int err_is_io;
 static char err_ctx[64];
 
+static int err_numerics; /* set by fail_numerics_scope: a failure is this reader's numerics' (E_DIGEST) */
+
 void fail_context(const char *ctx)
 {
     snprintf(err_ctx, sizeof err_ctx, "%s", ctx ? ctx : "");
+}
+
+void fail_numerics_scope(int on)
+{
+    err_numerics = on;
 }
 
 void fail(const char *code, const char *fmt, ...)
@@ -30,10 +37,15 @@ void fail(const char *code, const char *fmt, ...)
     va_list ap;
     size_t n = 0;
     if (err_ctx[0]) n = (size_t)snprintf(err_msg, sizeof err_msg, "%s: ", err_ctx);
+    if (err_numerics && n < sizeof err_msg) /* SPEC.md 8.4: with DIGESTS, x_residuals that do not fit are E_DIGEST */
+        n += (size_t)snprintf(err_msg + n, sizeof err_msg - n, "x_residuals do not fit the contexts of this reader's "
+                              "regenerated values (its numerics left the band, or the section does not match the writer's decoding): %s ", code);
+    if (n > sizeof err_msg - 1) n = sizeof err_msg - 1;
     va_start(ap, fmt);
     vsnprintf(err_msg + n, sizeof err_msg - n, fmt, ap);
     va_end(ap);
-    err_code = code;
+    err_code = err_numerics ? "E_DIGEST" : code;
+    err_numerics = 0;
     longjmp(unwind, 1);
 }
 
@@ -323,6 +335,7 @@ static void read_container(void)
     if (ld16(hdr + 22) != 0) fail("E_RESERVED", "header reserved field not 0");
     /* 1 paper, 2 symmetric, 3 none (1.2: no sites); informative only, decoding uses each site's flags */
     if (hdr[20] < 1 || hdr[20] > 3) fail("E_SCHEME", "scheme %u", hdr[20]);
+    if (hdr[20] == 3 && !(bb_required_flags & BB_FLAG_DIGESTS)) fail("E_SCHEME", "scheme 3 (none) without required flag DIGESTS");
     N = ld32(hdr + 24);
     M = ld32(hdr + 28);
     if (N > 65536) fail("E_LIMIT_COUNT", "chunk_count %u over 65536", N);

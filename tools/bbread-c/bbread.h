@@ -18,6 +18,9 @@ void fail(const char *code, const char *fmt, ...);
 void fail_io(const char *fmt, ...); /* exit 2: not a container problem */
 /* fail() messages start with "CTX: " while ctx is set (NULL or "" clears it) */
 void fail_context(const char *ctx);
+/* while on, fail() reports E_DIGEST naming the code it was given (SPEC.md 8.4: x_residuals
+   read against this reader's own contexts in a file with DIGESTS); fail() clears it */
+void fail_numerics_scope(int on);
 
 /* ---- tracked allocator: everything is freed by xfree_all() ---- */
 void *xalloc(uint64_t size, const char *limit_code);

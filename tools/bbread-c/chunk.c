@@ -167,6 +167,10 @@ static void apply_residuals(const uint8_t *s, uint64_t len, uint8_t *blk, uint64
     for (i = 0; i < n; i++)
         if (!patched || !patched[i]) order[starts[ctx[i]]++] = (uint32_t)i;
     for (c = 0; c < nctx; c++) starts[c] -= counts[c];
+    /* 8.4: with DIGESTS, groups read against this reader's contexts (some residual position)
+       that do not fit are E_DIGEST; with no residual position no value is involved */
+    for (c = 0, i = 0; c < nctx; c++) i += counts[c];
+    fail_numerics_scope((bb_required_flags & BB_FLAG_DIGESTS) && i > 0);
 
     for (c = 0; c < nctx; c++) {
         uint64_t L, G, maxG, k, gpos = 0, got;
@@ -213,6 +217,7 @@ static void apply_residuals(const uint8_t *s, uint64_t len, uint8_t *blk, uint64
         xfree(gbuf);
     }
     if (pos != len) fail("E_SECTION_CONTENT", "x_residuals: bytes after the last group");
+    fail_numerics_scope(0);
     xfree(order);
     xfree(ctx);
 }
