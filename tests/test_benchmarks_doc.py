@@ -80,6 +80,7 @@ def test_summary_is_short_and_each_figure_is_in_a_section_it_links_to() -> None:
 RENDERS = [
     ("bench.py", ["--from-json", "tools/bench_results.json", "--out", "{report}"]),
     ("bench_scale.py", ["--from-json", "tools/bench_scale_results.json", "--notes", "tools/bench_scale_notes.md", "--report", "{report}"]),
+    ("crosscheck.py", ["--from-json", "tools/crosscheck_results.json", "--report", "{report}"]),
     ("tc_interop.py", ["--render-only", "--json", "tools/tc_interop_results.json", "--report", "{report}"]),
     ("bench_gpu.py", ["--render", "tools/bench_gpu_results.json", "--notes", "tools/bench_gpu_notes.md", "--report", "{report}"]),
     ("bench_entropy.py", ["--from-json", "tools/bench_entropy_results.json", "--notes", "tools/bench_entropy_notes.md", "--report", "{report}"]),
