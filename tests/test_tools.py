@@ -164,19 +164,25 @@ def test_bench_refuses_an_unknown_section_from_the_package_entry_point(tmp_path:
 
 
 def test_bench_report_keeps_other_tools_sections(tmp_path: Path) -> None:
-    """The committed results rewrite sections 1 to 6 and the goals; sections the tool does not
-    write (7 onward) stay, after the goals."""
+    """The committed results rewrite sections 1 to 6 and the goals, with the run's machine and
+    command under section 1's heading; a section before them (the summary) stays first, and
+    sections the tool does not write (7 onward) stay, after the goals."""
     report = _bench("report")
     res = json.loads((TOOLS / "bench_results.json").read_text())
     out = tmp_path / "B.md"
-    out.write_text("# Benchmarks\n\nold header\n\n## 1. Old\n\ngone\n\n## 7. Scale\n\nkept 7\n## 8. Other\n\nkept 8\n")
+    out.write_text("# Benchmarks\n\nold header\n\n## Summary\n\nkept s\n\n## 1. Old\n\ngone\n\n## 7. Scale\n\nkept 7\n## 8. Other\n\nkept 8\n")
     report.write_report(out, res, res["argv"])
     text = out.read_text()
     headings = [line for line in text.splitlines() if line.startswith("## ")]
-    assert [h[:5] for h in headings] == ["## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6.", "## Go", "## 7.", "## 8."]
+    assert [h[:5] for h in headings] == ["## Su", "## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6.", "## Go", "## 7.", "## 8."]
     assert "gone" not in text and "old header" not in text
     assert text.rstrip("\n").endswith("\n\n## 7. Scale\n\nkept 7\n\n## 8. Other\n\nkept 8")
-    assert text.startswith(f"# Benchmarks\n\nMachine: {res['machine']}.\n\nCommand: `python tools/bench.py {' '.join(res['argv'])}`")
+    assert text.startswith("# Benchmarks\n\n## Summary\n\nkept s\n\n## 1. ")
+    first = text.index("## 1. ")
+    assert text[text.index("\n\n", first) + 2:].startswith(
+        f"Machine: {res['machine']}.\n\nCommand: `python tools/bench.py {' '.join(res['argv'])}`")
+    report.write_report(out, res, res["argv"])  # a second rewrite changes nothing
+    assert out.read_text() == text
 
 
 def test_linalg_clock_times_pack_and_changes_no_byte(tmp_path: Path) -> None:

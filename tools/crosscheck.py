@@ -724,20 +724,19 @@ def write_section(res: dict[str, Any]) -> list[str]:
     L.append("")
     L.append(f"Command: `{res['command']}` ({res['date']}; {res['cell_minutes']:.0f} min of cells, {len(res['results'])} cells, up to "
              f"{res['jobs']} at a time). Raw results: `tools/crosscheck_results.json`. A cell's result is kept in `--work` and reused while "
-             "its container and reference decode are unchanged (`--fresh` runs every cell again). " + res.get("run_note", ""))
+             "its container and reference decode are unchanged (`--fresh` runs every cell again)."
+             + ("" if not res.get("run_note") or res["run_note"] in res["command"] else " " + res["run_note"]))
     L.append("")
     L.append("**Containers.** Everything is packed on this machine under its default numerics (OpenBLAS kernel "
              f"{res['default_kernel']}). " + " ".join(res["container_notes"]))
     L.append("")
     L.append("**Cells.** One cell is one reader configuration decoding one whole container, in a fresh process (`python tools/crosscheck.py "
-             "--decode-one FILE --ref DIR`; the C reader as `bbread FILE --out DIR`). *ref* is the reference decode: this machine's "
-             "default (numpy `eigh`, OpenBLAS's own kernel choice, 1 BLAS thread); every other cell's bit patterns are compared with it "
-             "element by element. Kernel cells set `OPENBLAS_CORETYPE` (threadpoolctl's `architecture` of numpy's OpenBLAS in the cell: "
-             f"{res['kernel_seen']}{'; OpenBLAS reports its Prescott kernel table under the name Katmai' if 'Katmai' in res['kernel_seen'] else ''}); thread cells use `--device numpy:numpy:2` and `numpy:numpy:unpinned` (with `OPENBLAS_NUM_THREADS=2`); "
-             "solver cells choose the backend with `--device numpy:SOLVER` (the Gram matrix and products stay numpy's), `solver-torch` "
-             "with `--device torch:cpu` (torch's Gram, eigensolver and products), `gpu-cuda` with `--device cuda`; no cell falls back to "
-             "the reference. The C reader sums the Gram matrix and "
-             "E·diag(μ)·Eᵀ in its own loops and calls reference LAPACK's `dsyevd`, so it shares no floating-point code with the others.")
+             "--decode-one FILE --ref DIR`; the C reader as `bbread FILE --out DIR`), its bit patterns compared element by element "
+             "with *ref*, this machine's default decode (numpy `eigh`, OpenBLAS's own kernel choice, 1 BLAS thread). Kernel cells set "
+             f"`OPENBLAS_CORETYPE` (the kernel threadpoolctl saw: {res['kernel_seen']}); thread cells run BLAS on 2 threads, pinned or "
+             "not; solver cells change the eigensolver (the Gram matrix and products stay numpy's), `torch` runs torch's Gram, "
+             "eigensolver and products on the CPU. The C reader sums the Gram matrix and E·diag(μ)·Eᵀ in its own loops and calls "
+             "reference LAPACK's `dsyevd`, so it shares no floating-point code with the others.")
     L.append("")
     L.append("Legend: ✓ every chunk's content digest verified (format 1.2); **✗ k ch, v v** k chunks failed their digest and v values "
              "differ from ref; = the same bits as ref (1.1 files have no digests); v v / k ch: v values in k chunks differ from ref; – not run.")
@@ -890,9 +889,7 @@ def verdict_lines(res: dict[str, Any], by: dict) -> list[str]:
         L.append(f"- Format 1.1 (no band): {len(differ11)} of {len(v11)} non-reference cells decoded values that differ from the reference; "
                  f"{sum(r.get('values_differ', 0) for r in differ11):,} values in all, and no reader could tell. Dtypes of the files "
                  f"that differed: {', '.join(sorted({containers[r['container']]['dtype'] for r in differ11})) or 'none'}; of those that "
-                 f"decoded the same in every cell: {', '.join(sorted({containers[r['container']]['dtype'] for r in v11} - {containers[r['container']]['dtype'] for r in differ11})) or 'none'}. The "
-                 "issue that asked for 1.2 measured its own float32 1.1 file at 11 differing values under Haswell, 50 in the C reader, "
-                 "28 with scipy evr and 5 with scipy ev; the SmolLM2 float32 files here, from another slice, give the figures in the table.")
+                 f"decoded the same in every cell: {', '.join(sorted({containers[r['container']]['dtype'] for r in v11} - {containers[r['container']]['dtype'] for r in differ11})) or 'none'}.")
     L.append("")
     if res.get("missed"):
         L.append("Missed or not run: " + "; ".join(res["missed"]) + ".")
@@ -924,6 +921,7 @@ def main(argv: list[str] | None = None) -> int:
                     "container and reference are unchanged)")
     ap.add_argument("--json", type=Path, default=None, help="raw results (default: tools/crosscheck_results.json; --quick: none)")
     ap.add_argument("--report", type=Path, default=None, help="Markdown file whose section 8 to write (default: BENCHMARKS.md; --quick: print)")
+    ap.add_argument("--from-json", type=Path, default=None, help="write section 8 from an earlier run's --json, running nothing")
     # internal (children)
     ap.add_argument("--decode-one", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--ref", type=Path, help=argparse.SUPPRESS)
@@ -935,6 +933,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
 
+    if a.from_json:
+        mdsection.write_section(a.report or ROOT / "BENCHMARKS.md", "\n".join(write_section(json.loads(a.from_json.read_text()))), SECTION_TITLE)
+        return 0
     if a.decode_one:
         print(json.dumps(decode_one(a.decode_one, a.ref, a.write_ref, a.device)))
         return 0

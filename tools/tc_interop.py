@@ -212,17 +212,14 @@ def render_section(res: Json) -> str:
          "The two never share a process (`tools/tc_interop.py --help`).", "",
          f"Each tiny model (transformers 4.41's own config class; hidden {res.get('hidden', HIDDEN)}, {res.get('layers', LAYERS)} "
          f"layers, vocab {res.get('vocab', VOCAB)}, random weights with non-trivial norm weights and biases) is sliced by TC's "
-         f"`experiments/run_slicegpt.py` `slicing_main` at `--sparsity {res.get('sparsity', '?')}` (its own model loading, "
-         "`replace_layers`, `fuse_modules`, `rotate_and_slice` with `ConstSlicingScheduler`, random final orientation, and its "
-         "own save: `<name>_<sparsity>.pt`, `.json`, the model directory's `*.json`); only its dataset loader (the HF hub) is "
-         "replaced by local synthetic text, and wandb is off. Reference: the in-memory sliced model's logits on "
-         f"{res.get('ids_shape', '?')} fixed token ids. Cells are max |Δlogit| / top-1 agreement against it. `bbformat pack "
-         "--verify` (default: symmetric, exact), then `bbformat unpack` to TC's `.pt` layout. TC's `load_sliced_model` always "
-         "builds a float16 model (hf_utils.get_model_and_tokenizer's default dtype), so its fp32 rows carry float16 rounding; "
-         "the next column casts the model TC built to the checkpoint's dtype and loads the same `.pt` into it. The last "
-         "column: `bbformat unpack --format hf` of the same container, loaded in TC's venv (its transformers, no bbformat "
-         "importable) by `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True, torch_dtype=\"auto\")` (the "
-         "checkpoint's dtype), then a greedy `generate()` of 4 tokens with the cache.", "",
+         f"`experiments/run_slicegpt.py` `slicing_main` at `--sparsity {res.get('sparsity', '?')}` (its own loading, fusing, "
+         "rotation and save; only its dataset loader is replaced by local synthetic text). Cells are max |Δlogit| / top-1 "
+         f"agreement against the in-memory sliced model's logits on {res.get('ids_shape', '?')} fixed token ids. `bbformat pack "
+         "--verify` (symmetric, exact), then `bbformat unpack` to TC's `.pt` layout. TC's `load_sliced_model` always builds a "
+         "float16 model, so its fp32 rows carry float16 rounding; the next column casts TC's model to the checkpoint's dtype "
+         "first. The last column: `bbformat unpack --format hf`, loaded in TC's venv (no bbformat importable) by "
+         "`AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True, torch_dtype=\"auto\")`, then a greedy `generate()` "
+         "of 4 tokens with the cache.", "",
          "| arch | TC `--model` | dtype | pack --verify | container B | TC .pt B | container/.pt | side files | max \\|logit\\| "
          "| TC reload of TC's .pt | TC reload of unpacked | same, in ckpt dtype | `load_model(.bb)` | `from_pretrained` of "
          "`unpack --format hf`, TC's venv |",
@@ -284,8 +281,9 @@ def render_section(res: Json) -> str:
             L += ["", line + "."]
         fails += [f"- SmolLM2: {e}" for e in s.get("errors", [])]
     L += ["", "Failures: none." if not fails else "Failures:", *fails]
-    for n in res.get("notes", []):
-        L += ["", n]
+    for n in res.get("notes", []):  # a --note is in the command already
+        if n not in res.get("command", ""):
+            L += ["", n]
     return "\n".join(L).rstrip() + "\n"
 
 

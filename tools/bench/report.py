@@ -1,6 +1,7 @@
-"""BENCHMARKS.md from the results: the header, sections 1 to 6 (each section's module writes its
-own), the goals, the run's notes, then every section of the existing report that other tools
-write (7 onward: tools/bench_scale.py, crosscheck.py, ...), kept as they are."""
+"""BENCHMARKS.md from the results: sections 1 to 6 (each section's module writes its own; the
+run's machine and command open section 1), the goals, the run's notes, and every section of the
+existing report that other tools write (7 onward: tools/bench_scale.py, crosscheck.py, ...) or
+that opens it before section 1 (the summary), kept as they are and where they are."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,7 +28,8 @@ WHY_EXACT = (
 
 
 def header(res: Json, argv: list[str]) -> list[str]:
-    return ["# Benchmarks", "", f"Machine: {res['machine']}.", "",
+    """The run's machine and command, under the first section's heading."""
+    return [f"Machine: {res['machine']}.", "",
             f"Command: `python tools/bench.py {' '.join(argv)}` ({res['date']}, {res['elapsed_min']:.0f} min). "
             f"Every timing is the median of {res['repeats']} runs in this one run.", ""]
 
@@ -38,19 +40,14 @@ def later_run_note(res: Json, argv: list[str]) -> list[str]:
     run = res.get("speed", {}).get("run", {})
     if "speed" not in res or not run.get("date") or run["argv"] == " ".join(argv):
         return []
-    text = (f"Sections 4 to 6 come from a later run ({run['date']}, command given there), after the encoder and "
-            "decoder were pinned to one BLAS thread and pack and decoding were parallelised, on another machine of the "
-            "same kind (described there), which sliced SmolLM2 again with `tools/slice.py`. Section 5 has the current times.")
+    text = (f"Sections 4 to 6 come from a later run ({run['date']}, command given there) on another machine of the same kind, "
+            "which sliced SmolLM2 again with `tools/slice.py`.")
     old = [m["container_bytes"] for row in res.get("smollm2", {}).get("rows", []) if row["sparsity"] == 0.25
            for m in row["modes"] if m["mode"] == "symmetric exact"]
     new = [m["container_bytes"] for m in res.get("entropy", {}).get("modes", []) if m["entropy"] == "none"]
-    if old and new:
-        text += " " + ("Sizes did not move: the s=0.25 exact container of section 4 (`--entropy none`) is the same size as "
-                       "section 1's." if old[0] == new[0] else
-                       f"The s=0.25 exact container of section 4 (`--entropy none`) is {new[0]:,} B against section 1's "
-                       f"{old[0]:,} B ({100 * (new[0] - old[0]) / old[0]:+.3f}%): the slice made on that machine is not bit-identical "
-                       "to section 1's (same shapes and plain size; its weights differ in the last bits, the cause not "
-                       "traced), while on one slice the current encoder writes the same bytes as the previous commit's (checked on this slice).")
+    if old and new and old[0] != new[0]:
+        text += (f" Its s=0.25 exact container (`--entropy none`) is {new[0]:,} B against section 1's {old[0]:,} B "
+                 f"({100 * (new[0] - old[0]) / old[0]:+.3f}%): that slice differs from section 1's in the last bits.")
     return [text, ""]
 
 
@@ -60,29 +57,35 @@ def goals(res: Json) -> list[str]:
     for _, module in SECTION_MODULES:
         out += module.goals(res)
     missed = [line.split(" | ")[0].lstrip("| ") for line in out[4:] if line.endswith("| NO |")]
-    out += ["", ("Missed: " + "; ".join(missed) + ". "
+    out += ["", (f"Missed: {len(missed)} of {len(out) - 4} (the rows marked NO). "
                  + ("Every calibrated exact row meets the fidelity goal; the nearest-rounding exact rows are what miss it."
                     if any("calibrated" in line for line in out) and all("calibrated" not in m and "exact" in m for m in missed) else "")).strip()
             if missed else "Every goal is met."]
     return out + ["", WHY_EXACT, ""]
 
 
-def other_sections(path: Path) -> list[str]:
-    """The sections of the report at `path` that this tool does not write (section 7, which
-    tools/bench_scale.py owns, and those after it), in their order."""
+def other_sections(path: Path) -> tuple[list[str], list[str]]:
+    """The sections of the report at `path` that this tool does not write, in their order: those
+    before its first own section (the summary), and the rest (section 7 onward)."""
     lines = path.read_text().splitlines() if path.is_file() else []
     starts = [i for i, line in enumerate(lines) if line.startswith("## ")] + [len(lines)]
-    out: list[str] = []
+    lead: list[str] = []
+    rest: list[str] = []
+    own_seen = False
     for start, end in zip(starts, starts[1:]):
-        if not lines[start].startswith(OWN_HEADINGS):
-            out += lines[start:end] + ([""] if lines[end - 1] != "" and end < len(lines) else [])
-    return out
+        if lines[start].startswith(OWN_HEADINGS):
+            own_seen = True
+            continue
+        (rest if own_seen else lead).extend(lines[start:end] + ([""] if lines[end - 1] != "" and end < len(lines) else []))
+    return lead, rest
 
 
 def write_report(path: Path, res: Json, argv: list[str]) -> None:
-    L = header(res, argv) + later_run_note(res, argv)
+    lead, rest = other_sections(path)
+    body: list[str] = []
     for key, module in SECTION_MODULES:
         if key in res:
-            L += module.report(res)
-    L += goals(res) + res.get("notes", []) + other_sections(path)
+            body += module.report(res)
+    body = body[:2] + header(res, argv) + later_run_note(res, argv) + body[2:]
+    L = ["# Benchmarks", ""] + lead + body + goals(res) + res.get("notes", []) + rest
     path.write_text("\n".join(L) + "\n")

@@ -19,20 +19,6 @@ def measure(run: Run) -> Json:
 
 # ---------------------------------------------------------------- report
 
-TRIED = ("not coding it better. Tried while designing the planes coding, with throw-away scripts on this container (so no "
-         "figures here): order-0 statistics over a whole chunk instead of per tensor (worse: zstd's adaptive blocks beat "
-         "them), row/column contexts shared across the tensors of a chunk (worse than per tensor), 2 or 8 classes per axis "
-         "(4 is the best of the three), and zstd level 19 for the planes (no smaller than level 3). Tried later against "
-         "the destroyed information itself, with throw-away scripts on four sites of this slice (so no figures here either): "
-         "(1) rounding the rotated anchor against a first-order model of the decoder's eigenvector error, flipping the "
-         "rounding of entries near a tie along the model's gradient (an encoder-only change): flips in batches overshoot, "
-         "since every flip moves every eigenvector pair at once, and batches small enough to descend cut the modelled error "
-         "by a few percent after tens of iterations at seconds per site, far from what 90% needs; (2) taking the canonical "
-         "direction from the Gram of the anchor together with the followers already decoded in its chunk (a format change): "
-         "attention sites' residual entropy fell by about a tenth, and MLP sites have no sizeable follower in their chunk, "
-         "so the whole container would gain under a point. Neither shipped.")
-
-
 def _table(r: Json) -> list[str]:
     bound, saved = r["gross_bound_bits"], r["saved_bits"]
     pct = lambda coded: 100.0 * (saved + 8 * (r["stored"] - coded)) / bound  # noqa: E731
@@ -61,8 +47,7 @@ def _gap(r: Json) -> list[str]:
             f"eigenvalues) add {pct(r['both_entropy']) - pct(r['exp_entropy']):.1f} more, because the exponent context "
             "already captures most of the spread (residuals are counted in ulps of the value). The residuals are the "
             "information the fp16 rounding of the rotated anchor destroys; closing the gap means destroying less of it "
-            "(an encoder that rounds the anchor to keep its Gram's eigenvectors, or a rANS residual coder for the last points), "
-            + TRIED, ""]
+            "(an encoder that rounds the anchor to keep its Gram's eigenvectors), not coding it better.", ""]
 
 
 def report(res: Json) -> list[str]:

@@ -142,8 +142,7 @@ INTRO = ("Floor = the linear algebra a decoder cannot avoid (one symmetric eigen
          "and keeps every tensor, in a fresh process, after warming up LAPACK and zstd on a 64×64 problem; measured with "
          "glibc's mmap threshold fixed at 1 MiB (`MALLOC_MMAP_THRESHOLD_=1048576`, so freed blocks go back to the OS and "
          "the figure is the decoder's live memory) and with the default, dynamic threshold (whose retained free memory "
-         "moves the figure between runs with allocation history; calling malloc_trim after every block narrowed that but did "
-         "not close it in a throw-away trial, so no figures here and nothing shipped).")
+         "moves the figure between runs with allocation history).")
 
 
 def _mib(b: float) -> float:
@@ -180,24 +179,14 @@ def _where_time_goes(r0: Json) -> list[str]:
     return ["", f"Where the time goes (`--entropy {r0['entropy']}`). Decoding: the blocks decode on {r0['workers']} threads, "
             f"{r0['decode_s']:.2f} s against a floor of {r0['floor_decode_s']:.2f} s; the rest is each site's Gram matrix "
             "(a D×D product over the anchor's rows, which the floor leaves out), reading the file, the residual sections and "
-            "the float conversions. unpack turns each block into torch tensors as it arrives (sharing the decoded arrays, no "
-            "copy), then writes the checkpoint with `torch.save` (a zip of every tensor, CRC-32 and "
-            "fsync included) after the last block, which the `.pt` layout cannot overlap with decoding; load_model fills the "
-            "model while the next blocks decode and builds the model while the first ones do. Encoding: pack's own linear "
-            f"algebra takes {r0['pack_linalg_s']:.1f} s summed over its threads (timed inside each call, so it includes "
-            "waiting for a core while the compression thread runs), against the floor's "
-            f"{r0['floor_pack_s']:.2f} s: besides its three eigendecompositions per site it rotates every weight "
-            "(one product with a D×D rotation per rotated axis; from the shapes, about 3 GFLOP per layer and 33 GFLOP for the "
-            "head) and forms "
-            "the Gram matrices, which the floor leaves out and no encoder can skip. This run's pack overlaps its chain "
-            "with everything that does not depend on it: the canonical directions of the anchors no site rotates (computed "
-            "two chunks ahead on a second thread), the zstd-19 of the side sections (decided with a bound on their raw size, "
-            "then compressed on a worker) and of the metadata (its tokenizer files, on a third thread, the "
-            "chunks waiting in memory for the header), and the entropy stage. What is left on the chain's thread besides "
-            "the linear algebra: float16 ↔ float64 conversions, the stack's copies, and the decoder's simulation "
-            "(residuals). Closing the rest would need the rotations themselves off the chain: each site's rotated "
-            "tensors are independent products that a second core could compute while the chain pops the next block; "
-            "with both cores already busy (compression) that gains little on this 2-core machine."]
+            "the float conversions. unpack also writes the checkpoint with `torch.save` after the last block, which the `.pt` "
+            "layout cannot overlap with decoding; load_model builds and fills the model while blocks decode. Encoding: pack's "
+            f"own linear algebra takes {r0['pack_linalg_s']:.1f} s summed over its threads (timed inside each call, so it "
+            f"includes waiting for a core), against the floor's {r0['floor_pack_s']:.2f} s: besides its three "
+            "eigendecompositions per site it rotates every weight (about 3 GFLOP per layer and 33 GFLOP for the head) and forms "
+            "the Gram matrices, which no encoder can skip. The rest of the chain is float16 ↔ float64 conversions, the stack's "
+            "copies and the decoder's simulation (residuals); everything else (canonical directions, zstd of the side "
+            "sections and metadata, the entropy stage) overlaps it on the second core."]
 
 
 def report(res: Json) -> list[str]:
