@@ -233,7 +233,8 @@ def _version() -> str:
             f"container format: writes {', '.join(written)} (pack --format-version {'|'.join(FORMAT_VERSIONS)}, "
             f"default {FORMAT_VERSIONS[0]}); reads {FORMAT_MAJOR}.0 to {FORMAT_MAJOR}.{FORMAT_MINOR} "
             f"(and any later {FORMAT_MAJOR}.x whose required flags it knows)\n"
-            f"payload codec 3 coder: {_codec3_coder()}")
+            f"payload codec 3 coder: {_codec3_coder()}\n"
+            f"host path (rounding, widening, band distances, x_residuals): {_host_path()}")
 
 
 def _codec3_coder() -> str:
@@ -241,6 +242,14 @@ def _codec3_coder() -> str:
     if NATIVE_DECODER:
         return "compiled (bbformat/codec/_exponent_native.c)"
     return "numpy (the compiled coder is not built, or not usable on this host; several times slower)"
+
+
+def _host_path() -> str:
+    from .codec import host_native
+
+    if host_native.active():
+        return "compiled (bbformat/codec/_host_native.c)"
+    return "numpy (the compiled path is not built, or not usable on this host; the same bits, slower)"
 
 
 class _VersionAction(argparse.Action):
@@ -269,19 +278,23 @@ def build_parser() -> argparse.ArgumentParser:
                     help="UTF-8 text: round rotated tensors with error feedback under the model's input statistics (Llama; needs transformers)")
     pk.add_argument("--calibration-samples", type=int, default=16, metavar="N", help="calibration sequences (default 16)")
     pk.add_argument("--calibration-seqlen", type=int, default=512, metavar="T", help="tokens per calibration sequence (default 512)")
-    pk.add_argument("--entropy", choices=ENTROPY_MODES, default=None,
-                    help="entropy stage on each payload after bits-back (SPEC.md 8.6, 8.7): none (the default, except with "
-                         "--scheme none), zstd, planes (byte planes, top byte coded per tensor and context), exponent (each "
-                         "float's exponent and top mantissa bits as one rANS symbol per tensor and column class; format 1.3), "
-                         "auto (smallest per chunk among those the format version allows; the default with --scheme none)")
+    pk.add_argument("--entropy", choices=ENTROPY_MODES, default="auto",
+                    help="entropy stage on each payload after bits-back (SPEC.md 8.6, 8.7): auto (the default: the "
+                         "smallest per chunk among those the format version allows), none (payloads raw: about 96%% of "
+                         "plain with bits-back alone), zstd, planes (byte planes, top byte coded per tensor and context), "
+                         "exponent (each float's exponent and top mantissa bits as one rANS symbol per tensor and column "
+                         "class; format 1.3)")
     pk.add_argument("--format-version", choices=FORMAT_VERSIONS, default=FORMAT_VERSIONS[0],
-                    help="1.4 (default): as 1.3, and each rotated site stores the band widths it was encoded with, from "
-                         "which verify reports this reader's margin (1.3 readers refuse it; --scheme none files have no sites "
-                         "and are written as 1.3 or 1.2). 1.3: as 1.2, and payloads may use the exponent codec (a file that "
-                         "does not is written as 1.2). 1.2: every chunk records a digest of its decoded values and the encoder stores every value "
-                         "another reader's floating point could round differently, so every conforming reader decodes the same "
-                         "bits and checks it; 1.1 readers refuse it. 1.1: readable by 1.0/1.1 readers, exact only on readers "
-                         "whose floating point matches this machine's, with nothing to check it by")
+                    help="1.5 (default): as 1.4, and a payload of more than 2^21 symbols is cut into parts that a reader "
+                         "decodes on several cores (1.4 readers refuse it; a file whose payloads are all raw, --entropy "
+                         "none, is written as 1.4). 1.4: as 1.3, and each rotated site stores the band widths it was "
+                         "encoded with, from which verify reports this reader's margin (1.3 readers refuse it; --scheme "
+                         "none files have no sites and are written as 1.3 or 1.2). 1.3: as 1.2, and payloads may use the "
+                         "exponent codec (a file that does not is written as 1.2). 1.2: every chunk records a digest of its "
+                         "decoded values and the encoder stores every value another reader's floating point could round "
+                         "differently, so every conforming reader decodes the same bits and checks it; 1.1 readers refuse "
+                         "it. 1.1: readable by 1.1 readers (1.0 readers too with --entropy none or zstd), exact only on "
+                         "readers whose floating point matches this machine's, with nothing to check it by")
     pk.add_argument("-f", "--force", action="store_true", help="replace OUT if it exists (without: refused, exit 2, E_EXISTS)")
     pk.add_argument("--quiet", action="store_true")
     pk.add_argument("--json", action="store_true", help="print the size totals as JSON")

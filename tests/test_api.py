@@ -179,6 +179,27 @@ def test_scheme_none_gives_back_the_input_bits(tmp_path: Path) -> None:
         pack(src, tmp_path / "x.bb", scheme="none", format_version="1.1")
 
 
+@pytest.mark.parametrize("scheme", ["symmetric", "paper", "none"])
+def test_entropy_auto_is_the_default_for_every_scheme(tmp_path: Path, scheme: str) -> None:
+    """pack without --entropy writes the entropy stage (issue 39): the same bytes as
+    entropy="auto", smaller than entropy="none", and decodes exactly."""
+    from bbformat.api import pack
+    from bbformat.cli import main
+    from bbformat.reader import Reader
+
+    src = tmp_path / "src"
+    write_checkpoint(make_tiny_checkpoint("llama", seed=3, layers=2, dtype="bfloat16"), src)
+    default = pack(src, tmp_path / "d.bb", scheme=scheme).path
+    auto = pack(src, tmp_path / "a.bb", scheme=scheme, entropy="auto").path
+    raw = pack(src, tmp_path / "r.bb", scheme=scheme, entropy="none").path
+    assert main(["pack", str(src), str(tmp_path / "c.bb"), "--scheme", scheme, "--quiet"]) == 0
+    assert Path(default).read_bytes() == Path(auto).read_bytes() == (tmp_path / "c.bb").read_bytes()
+    assert Path(default).stat().st_size < Path(raw).stat().st_size
+    with Reader(default) as r:
+        assert {r.read_chunk(i).sections[0]["codec"] for i in range(len(r))} - {0}  # an entropy codec somewhere
+        assert all(b.exact for b in r.iter_blocks())
+
+
 def test_writer_refuses_scheme_none_without_digests() -> None:
     """SPEC.md 4: scheme 3 needs DIGESTS; a reader rejects it without (E_SCHEME, 1.5), so the
     Writer refuses to start one, before anything is written."""

@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..checkpoint import Checkpoint, MappedWeights
+from ..codec import host_native
 from ..codec.layout import ChunkLayout, ModelLayout, SiteSpec
 from ..container.program import AxisRef
 from ..errors import InputError, UnsupportedModelError
@@ -203,7 +205,13 @@ class Extras:
 
 
 def _nonfinite(t: torch.Tensor) -> tuple[int, int]:
-    """(NaN count, ±Inf count), a block of rows at a time (views, so TC's sliced views are not copied)."""
+    """(NaN count, ±Inf count): compiled from the bit patterns where the tensor is contiguous
+    (codec/host_native.py), else a block of rows at a time (views, so TC's sliced views are not
+    copied)."""
+    dtype = str(t.dtype).removeprefix("torch.")
+    if host_native.active() and dtype in host_native.DTYPE_CODES and t.is_contiguous():
+        ints, uints = (torch.int32, np.uint32) if dtype == "float32" else (torch.int16, np.uint16)
+        return host_native.nonfinite(t.reshape(-1).view(ints).numpy().view(uints), dtype)
     if t.dim() == 0 or t.numel() == 0:
         return int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
     step = max(1, (1 << 22) // max(1, t.numel() // t.shape[0]))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import host_native
 from .dtypes import bits_to_f64, f64_to_bits
 from ..container.program import bits_of
 
@@ -30,7 +31,10 @@ def boundary_distance(x: np.ndarray, dtype: str) -> np.ndarray:
     midpoints between neighbouring values, 0 between -0 and +0, and the overflow threshold);
     0 for values that are not finite or round to an infinity. The neighbours of a value are
     the next patterns in value order (the ordinal order of dtypes.bits_to_ordinal): from +0
-    down is -0, from -0 up is +0, from the largest finite value up is the infinity."""
+    down is -0, from -0 up is +0, from the largest finite value up is the infinity.
+    Compiled where host_native is active; the numpy below is the reference."""
+    if host_native.active():
+        return host_native.boundary_distance(x, dtype)
     x = np.asarray(x, dtype=np.float64)
     w = bits_of(dtype)
     b = f64_to_bits(x, dtype).astype(np.int64)
@@ -57,6 +61,8 @@ BLOCK = 1 << 16  # values per step of in_band and min_distance: their temporarie
 def in_band(x: np.ndarray, dtype: str, delta: float) -> np.ndarray:
     """True where another reader's result within `delta` of x could round differently (x's
     shape; computed in blocks, so a large anchor costs one bool per value, not ten float64s)."""
+    if host_native.active():
+        return host_native.in_band(x, dtype, delta)
     flat = np.asarray(x, dtype=np.float64).reshape(-1)
     out = np.empty(flat.size, dtype=bool)
     for i in range(0, flat.size, BLOCK):
@@ -67,6 +73,8 @@ def in_band(x: np.ndarray, dtype: str, delta: float) -> np.ndarray:
 def min_distance(x: np.ndarray, dtype: str, skip: np.ndarray | None = None) -> float:
     """The smallest boundary_distance of the values of x (flat) at positions not in `skip`
     (flat indexes: the values stored explicitly); inf when none is left. In blocks, as in_band."""
+    if host_native.active():
+        return host_native.min_distance(x, dtype, skip)
     flat = np.asarray(x, dtype=np.float64).reshape(-1)
     keep = np.ones(flat.size, dtype=bool)
     if skip is not None:

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..container.program import bits_of
 from ..errors import InputError
+from . import host_native
 
 _UINT: dict[int, np.dtype] = {16: np.dtype("<u2"), 32: np.dtype("<u4")}
 
@@ -53,6 +54,8 @@ class RawTensor:
 
 
 def bits_to_f64(bits: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype in host_native.DTYPE_CODES and host_native.active():
+        return host_native.widen(bits, dtype)
     with np.errstate(invalid="ignore"):
         return _bits_to_f64(bits, dtype)
 
@@ -85,7 +88,10 @@ def _f64_to_f32_round_to_odd(x: np.ndarray) -> np.ndarray:
 
 
 def f64_to_bits(x: np.ndarray, dtype: str) -> np.ndarray:
-    """Round float64 values to `dtype` (IEEE round-to-nearest-even), returning bit patterns."""
+    """Round float64 values to `dtype` (IEEE round-to-nearest-even), returning bit patterns.
+    Compiled where host_native is active; the numpy below is the reference."""
+    if dtype in host_native.DTYPE_CODES and host_native.active():
+        return host_native.round_to(x, dtype)
     x = np.asarray(x, dtype=np.float64)
     if dtype == "float16":
         with np.errstate(over="ignore", invalid="ignore"):

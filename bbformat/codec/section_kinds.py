@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass, replace
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -37,6 +38,7 @@ from ..container.section_rules import (
 )
 from ..errors import FormatError, LimitError
 from ..zstdframe import SECTION_LEVEL, Buffer, compressor, decompress, frame_content_size
+from . import host_native
 from .dtypes import bits_to_ordinal, ordinal_to_bits, uint_dtype
 from .simulate import SiteFix
 from .varint import decode_varints, encode_group, encode_varint, encode_varints, unzigzag, varint_bytes, zigzag
@@ -178,14 +180,14 @@ def context_groups(approx_bits: Array, dtype: str, keep: Array | None = None) ->
     return [(int(c), order[ends[c] - counts[c] : ends[c]]) for c in np.flatnonzero(counts)]
 
 
-def decode_residuals(data: Buffer, approx_bits: Array, dtype: str, keep: Array | None = None) -> Array:
-    """The residual of every block position (0 where keep is False: a patched position)."""
-    per_value = residual_bytes_per_value(bits_of(dtype))
-    out = np.zeros(approx_bits.size, dtype=np.int64)
+def read_residual_groups(data: Buffer, counts: list[int], per_value: int, take: Callable[[int, Buffer], None]) -> None:
+    """Read an x_residuals section's groups, one per count (the contexts in ascending order),
+    with SPEC.md 8.4's checks in its order: take(j, decoded bytes) checks group j's varints
+    before group j + 1 is read; bytes after the last group are refused at the end."""
     cur = ByteCursor(data, "x_residuals")
-    for _, where in context_groups(approx_bits, dtype, keep):
+    for j, count in enumerate(counts):
         codec, stored = cur.group("residual group")
-        limit = where.size * per_value
+        limit = count * per_value
         raw: Buffer
         if codec == Codec.RAW:
             raw = stored
@@ -198,10 +200,56 @@ def decode_residuals(data: Buffer, approx_bits: Array, dtype: str, keep: Array |
             if declared > limit:
                 raise LimitError("residual group declares more bytes than its values allow", "E_LIMIT_SECTION")
             raw = decompress(stored, Codec.ZSTD, declared, limit)
-        out[where] = unzigzag(decode_varints(raw, where.size))
+        take(j, raw)
     if not cur.done:
         raise FormatError("bytes after the last residual group", "E_SECTION_CONTENT")
+
+
+def decode_residuals(data: Buffer, approx_bits: Array, dtype: str, keep: Array | None = None) -> Array:
+    """The residual of every block position (0 where keep is False: a patched position)."""
+    out = np.zeros(approx_bits.size, dtype=np.int64)
+    groups = context_groups(approx_bits, dtype, keep)
+
+    def take(j: int, raw: Buffer) -> None:
+        where = groups[j][1]
+        out[where] = unzigzag(decode_varints(raw, where.size))
+
+    read_residual_groups(data, [where.size for _, where in groups], residual_bytes_per_value(bits_of(dtype)), take)
     return out
+
+
+def apply_residuals(approx: Array, value: Array, width: int) -> Array:
+    """approx moved by its residuals, in ordinal steps (SPEC.md 8.4); out of range is E_SECTION_CONTENT."""
+    o = bits_to_ordinal(approx, width)
+    o += value  # a residual too large for int64 arithmetic lands far out of range, and is refused
+    lim = 1 << (width - 1)
+    if o.size and (int(o.min()) < -lim or int(o.max()) >= lim):
+        raise FormatError("residual moves a value out of range", "E_SECTION_CONTENT")
+    return ordinal_to_bits(o, width)
+
+
+def correct_residuals(data: Buffer, approx: Array, base: Array, dtype: str, keep: Array | None = None) -> Array:
+    """The block corrected by an x_residuals section (SPEC.md 8.4): base where keep is False (a
+    patched position), approx moved by its residual elsewhere. Compiled where host_native is
+    active, with the same checks in the same order; decode_residuals and apply_residuals are
+    the reference."""
+    if not host_native.active():
+        corrected = apply_residuals(approx, decode_residuals(data, approx, dtype, keep), bits_of(dtype))
+        return corrected if keep is None else np.where(keep, corrected, base).astype(base.dtype)
+    counts = host_native.context_counts(approx, dtype, keep)
+    contexts = [int(c) for c in np.flatnonzero(counts)]
+    groups: list[Buffer] = [b""] * counts.size
+
+    def take(j: int, raw: Buffer) -> None:
+        if not host_native.varints_ok(raw, int(counts[contexts[j]])):
+            raise FormatError("varint stream does not hold the declared number of values", "E_SECTION_CONTENT")
+        groups[contexts[j]] = raw
+
+    read_residual_groups(data, [int(counts[c]) for c in contexts], residual_bytes_per_value(bits_of(dtype)), take)
+    out = host_native.apply_residuals(approx, base, keep, dtype, groups)
+    if out is None:
+        raise FormatError("residual moves a value out of range", "E_SECTION_CONTENT")
+    return out.astype(base.dtype, copy=False).reshape(np.shape(base))
 
 
 class ResidualsSection(ResidualsRules, SectionCodec[Array]):
@@ -245,13 +293,7 @@ class ResidualsSection(ResidualsRules, SectionCodec[Array]):
     def corrected(self, ctx: SiteContext, value: Array) -> Array:
         """The block with the residuals applied (SPEC.md 8.4); out of range is E_SECTION_CONTENT."""
         assert ctx.approx is not None, "x_residuals needs the block before correction"
-        w = ctx.program.symbol_bits
-        o = bits_to_ordinal(ctx.approx, w)
-        o += value  # a residual too large for int64 arithmetic lands far out of range, and is refused
-        lim = 1 << (w - 1)
-        if o.size and (int(o.min()) < -lim or int(o.max()) >= lim):
-            raise FormatError("residual moves a value out of range", "E_SECTION_CONTENT")
-        return ordinal_to_bits(o, w)
+        return apply_residuals(ctx.approx, value, ctx.program.symbol_bits)
 
 
 def decode_patches(data: Buffer, n_total: int, value_bits: int) -> tuple[Array, Array]:

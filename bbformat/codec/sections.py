@@ -23,6 +23,7 @@ from .section_kinds import (
     X_RESIDUALS,
     PlannedSection,
     SiteContext,
+    correct_residuals,
     site_plan,
 )
 from .simulate import SiteFix
@@ -136,15 +137,16 @@ class StoredCorrector:
                 keep[patches.positions] = False
         if res is not None:
             positions = approx.size if keep is None else int(np.count_nonzero(keep))
-            corrected = self._residuals(replace(at, approx=approx, keep=keep), res, positions)
-            out = corrected if keep is None else np.where(keep, corrected, out).astype(out.dtype)
+            out = self._residuals(replace(at, approx=approx, keep=keep), res, out, positions)
         return out
 
-    def _residuals(self, at: SiteContext, res: bytes, positions: int) -> np.ndarray:
-        """The block corrected by x_residuals. Its groups follow contexts of this decoder's own
-        values: with DIGESTS and a residual position, a failure is E_DIGEST (SPEC.md 8.4)."""
+    def _residuals(self, at: SiteContext, res: bytes, base: np.ndarray, positions: int) -> np.ndarray:
+        """The block corrected by x_residuals (base at patched positions). Its groups follow
+        contexts of this decoder's own values: with DIGESTS and a residual position, a failure
+        is E_DIGEST (SPEC.md 8.4)."""
+        assert at.approx is not None
         try:
-            return X_RESIDUALS.corrected(at, X_RESIDUALS.decode(at, res))
+            return correct_residuals(res, at.approx, base, self.program.symbol_dtype, at.keep)
         except FormatError as exc:
             if not self.digests or positions == 0 or isinstance(exc, DigestError):
                 raise

@@ -1,0 +1,544 @@
+/* The host's per-value work between a block's linear algebra and its tensors, compiled, with
+ * the GIL released: widening bit patterns to float64, rounding float64 to a dtype (SPEC.md 7.4),
+ * the distance of a value to its dtype's nearest rounding boundary (SPEC.md 9 item 7, 12.6),
+ * and the x_residuals correction (SPEC.md 8.4). Each function is the exact counterpart of a
+ * numpy function that stays the reference (codec/dtypes.py, band.py, varint.py,
+ * section_kinds.py); tests/test_host_native.py proves the two give the same bits.
+ *
+ * Dtype codes: 0 float16, 1 bfloat16, 2 float32. Arrays are C-contiguous, native byte order;
+ * host_native.py checks shapes and types before calling, so a call here cannot read or write
+ * outside its buffers whatever a file holds (lengths are rechecked here all the same).
+ * Floating point: IEEE double with round-to-nearest; every product below is exact (halving),
+ * so contracting into an FMA cannot change a result. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define ABI 2
+
+enum { F16 = 0, BF16 = 1, F32 = 2 };
+enum { RES_OK = 0, RES_COUNT = 1, RES_LONG = 2, RES_BIG = 3, RES_RANGE = 4 };
+
+static int bits_of(int code) { return code == F32 ? 32 : 16; }
+
+/* floor(log2 m) for m > 0 */
+static inline int top_bit(uint64_t m)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    return 63 - __builtin_clzll(m);
+#else
+    int k = 0;
+    while (m >>= 1)
+        ++k;
+    return k;
+#endif
+}
+
+static inline double f32_bits_to_f64(uint32_t b)
+{
+    float f;
+    memcpy(&f, &b, 4);
+    return (double)f;
+}
+
+static inline uint64_t f64_bits(double x)
+{
+    uint64_t b;
+    memcpy(&b, &x, 8);
+    return b;
+}
+
+static inline double bits_f64(uint64_t b)
+{
+    double x;
+    memcpy(&x, &b, 8);
+    return x;
+}
+
+/* float16 -> float64, exactly; NaN keeps sign and payload (numpy's npy_halfbits_to_doublebits) */
+static inline double f16_to_f64(uint16_t h)
+{
+    uint64_t s = (uint64_t)(h >> 15) << 63;
+    uint32_t e = (h >> 10) & 0x1F, f = h & 0x3FF;
+    if (e == 0x1F)
+        return bits_f64(s | 0x7FF0000000000000ull | ((uint64_t)f << 42));
+    if (e == 0) {
+        if (f == 0)
+            return bits_f64(s);
+        double v = ldexp((double)f, -24); /* subnormal: f * 2^-24, exact */
+        return (h >> 15) ? -v : v;
+    }
+    return bits_f64(s | ((uint64_t)(e - 15 + 1023) << 52) | ((uint64_t)f << 42));
+}
+
+static inline double widen_one(int code, const void *src, size_t i)
+{
+    if (code == F16)
+        return f16_to_f64(((const uint16_t *)src)[i]);
+    if (code == BF16)
+        return f32_bits_to_f64((uint32_t)((const uint16_t *)src)[i] << 16);
+    return f32_bits_to_f64(((const uint32_t *)src)[i]);
+}
+
+/* SPEC.md Appendix C: float64 bits -> the format with P fraction and EW exponent bits, for
+ * values that are not NaN, directly and with ties to even */
+static inline uint32_t round_int(uint64_t xb, int P, int EW)
+{
+    uint32_t s = (uint32_t)(xb >> 63) << (P + EW);
+    int e = (int)((xb >> 52) & 0x7FF);
+    uint64_t f = xb & ((1ull << 52) - 1);
+    uint32_t inf = s | (((1u << EW) - 1) << P);
+    if (e == 0x7FF)
+        return inf;
+    if (e == 0 && f == 0)
+        return s;
+    uint64_t m = e == 0 ? f : (f | (1ull << 52));
+    int q = e == 0 ? -1074 : e - 1075;
+    int bias = (1 << (EW - 1)) - 1;
+    int E = q + top_bit(m);
+    int Q = (E > 1 - bias ? E : 1 - bias) - P;
+    int shift = Q - q;
+    uint64_t r = shift < 64 ? m >> shift : 0;
+    if (shift <= 64) {
+        uint64_t rem = m - (shift < 64 ? r << shift : 0), half = 1ull << (shift - 1);
+        if (rem > half || (rem == half && (r & 1)))
+            r += 1;
+    }
+    if (r == (1ull << (P + 1))) {
+        r >>= 1;
+        Q += 1;
+    }
+    if (r < (1ull << P))
+        return s | (uint32_t)r;
+    int biased = Q + P + bias;
+    if (biased >= (1 << EW) - 1)
+        return inf;
+    return s | ((uint32_t)biased << P) | (uint32_t)(r - (1ull << P));
+}
+
+/* round(x, dtype) of SPEC.md 7.4, NaN as the reference (numpy) produces it */
+static inline uint32_t round_one(int code, double x)
+{
+    uint64_t xb = f64_bits(x);
+    int nan = ((xb >> 52) & 0x7FF) == 0x7FF && (xb & ((1ull << 52) - 1)) != 0;
+    if (code == F32) {
+        float r = (float)x; /* the hardware conversion: nearest, ties to even; NaN quieted */
+        uint32_t b;
+        memcpy(&b, &r, 4);
+        return b;
+    }
+    if (code == BF16)
+        return nan ? 0x7FC0u : round_int(xb, 7, 8);
+    if (nan) {
+        uint32_t frac = (uint32_t)((xb & ((1ull << 52) - 1)) >> 42);
+        return (uint32_t)((xb >> 63) << 15) | 0x7C00u | (frac ? frac : 1u);
+    }
+    return round_int(xb, 10, 5);
+}
+
+/* the neighbours of pattern b in value order (band.boundary_distance): up and down */
+static inline void neighbours(uint32_t b, int w, uint32_t *up, uint32_t *down)
+{
+    uint32_t sign = 1u << (w - 1), mag = b & (sign - 1);
+    int neg = b >= sign, edge = mag == sign - 1;
+    *up = neg ? (mag == 0 ? 0 : b - 1) : (edge ? b : b + 1);
+    *down = neg ? (edge ? b : b + 1) : (mag == 0 ? sign : b - 1);
+}
+
+static inline double widen_bits(int code, uint32_t b)
+{
+    if (code == F16)
+        return f16_to_f64((uint16_t)b);
+    if (code == BF16)
+        return f32_bits_to_f64(b << 16);
+    return f32_bits_to_f64(b);
+}
+
+/* band.boundary_distance of one value */
+static inline double distance_one(int code, double x)
+{
+    int w = bits_of(code);
+    uint32_t b = round_one(code, x), up, down;
+    neighbours(b, w, &up, &down);
+    double v = widen_bits(code, b), lo = widen_bits(code, down), hi = widen_bits(code, up);
+    double mid_lo = isinf(lo) ? v - (hi - v) / 2 : (v + lo) / 2;
+    double mid_hi = isinf(hi) ? v + (v - lo) / 2 : (v + hi) / 2;
+    double a = x - mid_lo, c = mid_hi - x;
+    if (isnan(a) || isnan(c))
+        return 0.0;
+    double d = a < c ? a : c;
+    return (isfinite(x) && isfinite(v) && isfinite(d)) ? fabs(d) : 0.0;
+}
+
+static int check_code(int code)
+{
+    if (code < F16 || code > F32) {
+        PyErr_SetString(PyExc_ValueError, "_host_native: dtype code not in 0..2");
+        return -1;
+    }
+    return 0;
+}
+
+static int check_len(Py_buffer *b, Py_ssize_t n, Py_ssize_t itemsize, const char *what)
+{
+    if (b->len != n * itemsize) {
+        PyErr_Format(PyExc_ValueError, "_host_native: %s holds %zd bytes, not %zd", what, b->len, n * itemsize);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *widen(PyObject *self, PyObject *args)
+{
+    Py_buffer src, out;
+    int code;
+    if (!PyArg_ParseTuple(args, "y*iw*", &src, &code, &out))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = out.len / 8;
+    if (check_code(code) == 0 && check_len(&src, n, bits_of(code) / 8, "source") == 0 && check_len(&out, n, 8, "out") == 0) {
+        double *o = out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; ++i)
+            o[i] = widen_one(code, src.buf, (size_t)i);
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static PyObject *round_to(PyObject *self, PyObject *args)
+{
+    Py_buffer src, out;
+    int code;
+    if (!PyArg_ParseTuple(args, "y*iw*", &src, &code, &out))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = src.len / 8;
+    if (check_code(code) == 0 && check_len(&src, n, 8, "source") == 0 && check_len(&out, n, bits_of(code) / 8, "out") == 0) {
+        const double *x = src.buf;
+        Py_BEGIN_ALLOW_THREADS
+        if (code == F32) {
+            uint32_t *o = out.buf;
+            for (Py_ssize_t i = 0; i < n; ++i)
+                o[i] = round_one(F32, x[i]);
+        } else {
+            uint16_t *o = out.buf;
+            for (Py_ssize_t i = 0; i < n; ++i)
+                o[i] = (uint16_t)round_one(code, x[i]);
+        }
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* distance(x, code, out): every value's distance (band.boundary_distance) */
+static PyObject *distance(PyObject *self, PyObject *args)
+{
+    Py_buffer src, out;
+    int code;
+    if (!PyArg_ParseTuple(args, "y*iw*", &src, &code, &out))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = src.len / 8;
+    if (check_code(code) == 0 && check_len(&src, n, 8, "source") == 0 && check_len(&out, n, 8, "out") == 0) {
+        const double *x = src.buf;
+        double *o = out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; ++i)
+            o[i] = distance_one(code, x[i]);
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* min_distance(x, code, skip) -> float: the smallest distance at positions whose skip byte is 0
+ * (skip empty: none skipped); inf when none is left */
+static PyObject *min_distance(PyObject *self, PyObject *args)
+{
+    Py_buffer src, skip;
+    int code;
+    if (!PyArg_ParseTuple(args, "y*iy*", &src, &code, &skip))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = src.len / 8;
+    if (check_code(code) == 0 && check_len(&src, n, 8, "source") == 0 && (skip.len == 0 || check_len(&skip, n, 1, "skip") == 0)) {
+        const double *x = src.buf;
+        const uint8_t *sk = skip.len ? skip.buf : NULL;
+        double best = INFINITY;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; ++i) {
+            if (sk != NULL && sk[i])
+                continue;
+            double d = distance_one(code, x[i]);
+            if (d < best)
+                best = d;
+        }
+        Py_END_ALLOW_THREADS
+        result = PyFloat_FromDouble(best);
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&skip);
+    return result;
+}
+
+/* in_band(x, code, delta, out): out[i] = distance <= delta (one byte a value) */
+static PyObject *in_band(PyObject *self, PyObject *args)
+{
+    Py_buffer src, out;
+    int code;
+    double delta;
+    if (!PyArg_ParseTuple(args, "y*idw*", &src, &code, &delta, &out))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = src.len / 8;
+    if (check_code(code) == 0 && check_len(&src, n, 8, "source") == 0 && check_len(&out, n, 1, "out") == 0) {
+        const double *x = src.buf;
+        uint8_t *o = out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; ++i)
+            o[i] = distance_one(code, x[i]) <= delta;
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static inline uint32_t load_sym(const void *p, int w, Py_ssize_t i)
+{
+    return w == 16 ? ((const uint16_t *)p)[i] : ((const uint32_t *)p)[i];
+}
+
+/* context_counts(approx, w, shift, nbits, keep, counts): counts[c] += residual positions of
+ * context c (SPEC.md 8.4); keep empty: every position */
+static PyObject *context_counts(PyObject *self, PyObject *args)
+{
+    Py_buffer approx, keep, counts;
+    int w, shift, nbits;
+    if (!PyArg_ParseTuple(args, "y*iiiy*w*", &approx, &w, &shift, &nbits, &keep, &counts))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = approx.len / (w / 8);
+    if ((w != 16 && w != 32) || nbits < 1 || nbits > 8 || shift < 0 || shift + nbits > w)
+        PyErr_SetString(PyExc_ValueError, "_host_native.context_counts: bad field");
+    else if (check_len(&approx, n, w / 8, "approx") == 0 && (keep.len == 0 || check_len(&keep, n, 1, "keep") == 0) &&
+             check_len(&counts, (Py_ssize_t)1 << nbits, 8, "counts") == 0) {
+        int64_t *c = counts.buf;
+        const uint8_t *k = keep.len ? keep.buf : NULL;
+        uint32_t mask = (1u << nbits) - 1;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; ++i)
+            if (k == NULL || k[i])
+                c[(load_sym(approx.buf, w, i) >> shift) & mask] += 1;
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&approx);
+    PyBuffer_Release(&keep);
+    PyBuffer_Release(&counts);
+    return result;
+}
+
+/* the checks of varint.decode_varints: exactly `count` varints filling the bytes, none longer
+ * than 10 bytes, none 2^64 or more */
+static int varints_ok(const uint8_t *b, size_t len, uint64_t count)
+{
+    uint64_t seen = 0;
+    size_t run = 0;
+    for (size_t i = 0; i < len; ++i) {
+        run += 1;
+        if (b[i] & 0x80)
+            continue;
+        if (run > 10)
+            return RES_LONG;
+        if (run == 10 && b[i] > 1)
+            return RES_BIG;
+        seen += 1;
+        run = 0;
+    }
+    if (run != 0 || seen != count)
+        return RES_COUNT;
+    return RES_OK;
+}
+
+static PyObject *check_varints(PyObject *self, PyObject *args)
+{
+    Py_buffer raw;
+    unsigned long long count;
+    if (!PyArg_ParseTuple(args, "y*K", &raw, &count))
+        return NULL;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = varints_ok(raw.buf, (size_t)raw.len, count);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&raw);
+    return PyLong_FromLong(err);
+}
+
+/* the next varint before `end` (check_varints has checked that it ends there and has at
+ * most 10 bytes; a stream that was not checked stops at `end`) */
+static inline uint64_t next_varint(const uint8_t **p, const uint8_t *end)
+{
+    uint64_t v = 0;
+    unsigned k = 0;
+    const uint8_t *q = *p;
+    while (q < end && k < 10) {
+        uint8_t byte = *q++;
+        v |= (uint64_t)(byte & 0x7F) << (7 * k);
+        if (!(byte & 0x80))
+            break;
+        ++k;
+    }
+    *p = q;
+    return v;
+}
+
+/* apply_residuals(approx, base, keep, w, shift, nbits, groups, out) -> code: out[i] =
+ * unord(ord(approx[i]) + r_i) at residual positions (keep[i], or all when keep is empty), the
+ * r_i read in position order from the group of approx[i]'s context; base[i] elsewhere. groups:
+ * a tuple of 2^nbits bytes-like objects, each already checked by check_varints against its
+ * context's count (an empty one where the context does not occur). RES_RANGE: a corrected
+ * ordinal out of range (nothing of `out` is then to be used). */
+static PyObject *apply_residuals(PyObject *self, PyObject *args)
+{
+    Py_buffer approx, base, keep, out;
+    int w, shift, nbits;
+    PyObject *groups;
+    if (!PyArg_ParseTuple(args, "y*y*y*iiiO!w*", &approx, &base, &keep, &w, &shift, &nbits, &PyTuple_Type, &groups, &out))
+        return NULL;
+    PyObject *result = NULL;
+    Py_buffer g[256];
+    Py_ssize_t ng = 0, n = approx.len / (w / 8);
+    if ((w != 16 && w != 32) || nbits < 1 || nbits > 8 || shift < 0 || shift + nbits > w ||
+        PyTuple_GET_SIZE(groups) != ((Py_ssize_t)1 << nbits)) {
+        PyErr_SetString(PyExc_ValueError, "_host_native.apply_residuals: bad field or group count");
+        goto done;
+    }
+    if (check_len(&approx, n, w / 8, "approx") || check_len(&base, n, w / 8, "base") || check_len(&out, n, w / 8, "out") ||
+        (keep.len != 0 && check_len(&keep, n, 1, "keep")))
+        goto done;
+    for (; ng < PyTuple_GET_SIZE(groups); ++ng)
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(groups, ng), &g[ng], PyBUF_SIMPLE) < 0)
+            goto done;
+    const uint8_t *cur[256], *end[256];
+    for (Py_ssize_t c = 0; c < ng; ++c) {
+        cur[c] = g[c].buf;
+        end[c] = (const uint8_t *)g[c].buf + g[c].len;
+    }
+    int err = RES_OK;
+    const uint8_t *k = keep.len ? keep.buf : NULL;
+    const uint32_t mask = (1u << nbits) - 1, sign = 1u << (w - 1);
+    const int64_t lim = (int64_t)1 << (w - 1);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && err == RES_OK; ++i) {
+        uint32_t a = load_sym(approx.buf, w, i), res = load_sym(base.buf, w, i);
+        if (k == NULL || k[i]) {
+            uint32_t c = (a >> shift) & mask;
+            if (cur[c] >= end[c]) { /* fewer varints than positions: check_varints was not run */
+                err = RES_COUNT;
+                break;
+            }
+            uint64_t u = next_varint(&cur[c], end[c]);
+            int64_t r = (int64_t)(u >> 1) ^ -(int64_t)(u & 1);
+            int64_t o = (a & sign) ? -(int64_t)(a & (sign - 1)) - 1 : (int64_t)a;
+            if (r < -(lim << 2) || r > (lim << 2)) {
+                err = RES_RANGE;
+                break;
+            }
+            int64_t t = o + r;
+            if (t < -lim || t >= lim) {
+                err = RES_RANGE;
+                break;
+            }
+            res = t >= 0 ? (uint32_t)t : ((uint32_t)(-t - 1) | sign);
+        }
+        if (w == 16)
+            ((uint16_t *)out.buf)[i] = (uint16_t)res;
+        else
+            ((uint32_t *)out.buf)[i] = res;
+    }
+    for (Py_ssize_t c = 0; c < ng && err == RES_OK; ++c)
+        if (cur[c] != end[c])
+            err = RES_COUNT;
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromLong(err);
+done:
+    for (Py_ssize_t c = 0; c < ng; ++c)
+        PyBuffer_Release(&g[c]);
+    PyBuffer_Release(&approx);
+    PyBuffer_Release(&base);
+    PyBuffer_Release(&keep);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* nonfinite(bits, code) -> (NaN count, infinity count) of bit patterns */
+static PyObject *nonfinite(PyObject *self, PyObject *args)
+{
+    Py_buffer src;
+    int code;
+    if (!PyArg_ParseTuple(args, "y*i", &src, &code))
+        return NULL;
+    PyObject *result = NULL;
+    int w = bits_of(code);
+    Py_ssize_t n = src.len / (w / 8);
+    if (check_code(code) == 0 && check_len(&src, n, w / 8, "source") == 0) {
+        int fb = code == F16 ? 10 : code == BF16 ? 7 : 23; /* fraction bits */
+        uint32_t expo = ((1u << (w - 1 - fb)) - 1) << fb, frac = (1u << fb) - 1;
+        unsigned long long nan = 0, inf = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; ++i) {
+            uint32_t b = load_sym(src.buf, w, i);
+            if ((b & expo) == expo) {
+                nan += (b & frac) != 0;
+                inf += (b & frac) == 0;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        result = Py_BuildValue("(KK)", nan, inf);
+    }
+    PyBuffer_Release(&src);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"nonfinite", nonfinite, METH_VARARGS, "nonfinite(bits, code) -> (NaN count, infinity count)."},
+    {"widen", widen, METH_VARARGS, "widen(bits, code, out): bit patterns to float64, exactly (dtypes.bits_to_f64)."},
+    {"round_to", round_to, METH_VARARGS, "round_to(x, code, out): float64 to bit patterns, SPEC.md 7.4 (dtypes.f64_to_bits)."},
+    {"distance", distance, METH_VARARGS, "distance(x, code, out): band.boundary_distance of every value."},
+    {"min_distance", min_distance, METH_VARARGS, "min_distance(x, code, skip): band.min_distance."},
+    {"in_band", in_band, METH_VARARGS, "in_band(x, code, delta, out): band.in_band as one byte a value."},
+    {"context_counts", context_counts, METH_VARARGS, "context_counts(approx, w, shift, nbits, keep, counts): SPEC.md 8.4 counts."},
+    {"check_varints", check_varints, METH_VARARGS, "check_varints(raw, count) -> 0, or why varint.decode_varints refuses raw."},
+    {"apply_residuals", apply_residuals, METH_VARARGS, "apply_residuals(approx, base, keep, w, shift, nbits, groups, out) -> 0 or an error."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_host_native", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__host_native(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", ABI) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

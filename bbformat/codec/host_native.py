@@ -1,0 +1,148 @@
+"""The host's per-value work, compiled (bbformat/codec/_host_native.c), behind numpy-shaped
+functions: widening bit patterns, rounding float64 to a dtype (SPEC.md 7.4), boundary
+distances (the band, margins) and the x_residuals correction (SPEC.md 8.4). The GIL is
+released inside each call, so decoding threads run them side by side.
+
+Each function here is the counterpart of a numpy function that stays the reference
+(dtypes.bits_to_f64 and f64_to_bits, band.boundary_distance, in_band and min_distance,
+section_kinds' residual decoding); those call in here when `active()` and compute in numpy
+otherwise. tests/test_host_native.py proves both give the same bits and the same errors.
+
+`compiled` is None where the extension was not built (no C compiler at install), was built
+from another version of the C file, or the host is big-endian. `reference_only()` turns the
+compiled path off for a while (tests, benchmarks); it is process-wide.
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import ModuleType
+
+import numpy as np
+
+from ..constants import EXPONENT_FIELD
+
+ABI = 2  # the compiled module's functions and argument lists that this file passes
+
+compiled: ModuleType | None
+try:
+    from . import _host_native as compiled
+except ImportError:  # pragma: no cover - numpy is used instead
+    compiled = None
+if compiled is not None and (getattr(compiled, "ABI", None) != ABI or sys.byteorder != "little"):
+    compiled = None
+
+DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2}
+_UINT = {"float16": np.uint16, "bfloat16": np.uint16, "float32": np.uint32}
+_off = 0  # reference_only() depth
+
+
+def active() -> bool:
+    """Whether the compiled path runs (built, current, and not turned off)."""
+    return compiled is not None and not _off
+
+
+@contextmanager
+def reference_only() -> Iterator[None]:
+    """Compute in numpy (the reference) inside the block, in every thread."""
+    global _off
+    _off += 1
+    try:
+        yield
+    finally:
+        _off -= 1
+
+
+def _lib() -> ModuleType:
+    assert compiled is not None, "host_native used while inactive"
+    return compiled
+
+
+def _f64(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=np.float64)
+
+
+def widen(bits: np.ndarray, dtype: str) -> np.ndarray:
+    """dtypes.bits_to_f64: the exact float64 values of bit patterns, in bits' shape."""
+    src = np.ascontiguousarray(bits, dtype=_UINT[dtype])
+    out = np.empty(src.shape, np.float64)
+    _lib().widen(src, DTYPE_CODES[dtype], out)
+    return out
+
+
+def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
+    """dtypes.f64_to_bits: float64 rounded to dtype (SPEC.md 7.4), as bit patterns in x's shape."""
+    src = _f64(x)
+    out = np.empty(src.shape, _UINT[dtype])
+    _lib().round_to(src, DTYPE_CODES[dtype], out)
+    return out
+
+
+def boundary_distance(x: np.ndarray, dtype: str) -> np.ndarray:
+    src = _f64(x)
+    out = np.empty(src.shape, np.float64)
+    _lib().distance(src, DTYPE_CODES[dtype], out)
+    return out
+
+
+def in_band(x: np.ndarray, dtype: str, delta: float) -> np.ndarray:
+    src = _f64(x)
+    out = np.empty(src.shape, np.bool_)
+    _lib().in_band(src, DTYPE_CODES[dtype], float(delta), out.view(np.uint8))
+    return out
+
+
+def min_distance(x: np.ndarray, dtype: str, skip: np.ndarray | None = None) -> float:
+    """band.min_distance: skip holds flat positions that do not count."""
+    src = _f64(x).reshape(-1)
+    mask = np.zeros(0, np.uint8)
+    if skip is not None:
+        mask = np.zeros(src.size, np.uint8)
+        mask[skip] = 1
+    return float(_lib().min_distance(src, DTYPE_CODES[dtype], mask))
+
+
+def nonfinite(bits: np.ndarray, dtype: str) -> tuple[int, int]:
+    """(NaN count, infinity count) of bit patterns of dtype."""
+    src = np.ascontiguousarray(bits, dtype=_UINT[dtype])
+    nan, inf = _lib().nonfinite(src, DTYPE_CODES[dtype])
+    return int(nan), int(inf)
+
+
+def _keep_bytes(keep: np.ndarray | None, n: int) -> np.ndarray:
+    if keep is None:
+        return np.zeros(0, np.uint8)
+    return np.ascontiguousarray(keep, dtype=np.bool_).reshape(-1).view(np.uint8)
+
+
+def context_counts(approx: np.ndarray, dtype: str, keep: np.ndarray | None = None) -> np.ndarray:
+    """The number of residual positions of every context (SPEC.md 8.4), indexed by context."""
+    shift, nbits = EXPONENT_FIELD[dtype]
+    a = np.ascontiguousarray(approx, dtype=_UINT[dtype]).reshape(-1)
+    counts = np.zeros(1 << nbits, np.int64)
+    _lib().context_counts(a, a.itemsize * 8, shift, nbits, _keep_bytes(keep, a.size), counts)
+    return counts
+
+
+def varints_ok(raw: bytes | bytearray | memoryview, count: int) -> bool:
+    """Whether raw is exactly `count` varints as varint.decode_varints accepts them."""
+    return int(_lib().check_varints(raw, count)) == 0
+
+
+def apply_residuals(approx: np.ndarray, base: np.ndarray, keep: np.ndarray | None, dtype: str,
+                    groups: list[bytes | bytearray | memoryview]) -> np.ndarray | None:
+    """The corrected block (SPEC.md 8.4): base where keep is False, else approx moved by its
+    residual, read in position order from its context's group (groups: one per context,
+    indexed by context, each already checked by varints_ok). None if a corrected ordinal
+    is out of range."""
+    shift, nbits = EXPONENT_FIELD[dtype]
+    a = np.ascontiguousarray(approx, dtype=_UINT[dtype]).reshape(-1)
+    b = np.ascontiguousarray(base, dtype=_UINT[dtype]).reshape(-1)
+    out = np.empty(a.size, a.dtype)
+    err = int(_lib().apply_residuals(a, b, _keep_bytes(keep, a.size), a.itemsize * 8, shift, nbits, tuple(groups), out))
+    if err == 4:  # RES_RANGE
+        return None
+    if err:
+        raise AssertionError(f"apply_residuals: groups not checked (code {err})")
+    return out

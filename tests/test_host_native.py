@@ -1,0 +1,230 @@
+"""The compiled host path (bbformat/codec/_host_native.c through host_native.py) gives the
+reference's bits and errors: widening every 16-bit pattern, rounding values next to every
+rounding boundary (SPEC.md 7.4), boundary distances (the band and margins), and x_residuals
+(SPEC.md 8.4), valid and damaged, in the same check order."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bbformat.codec import band, host_native
+from bbformat.codec.dtypes import bits_to_f64, f64_to_bits
+from bbformat.codec.section_kinds import correct_residuals, encode_group
+from bbformat.codec.varint import encode_varints, zigzag
+from bbformat.errors import BBFormatError
+from bbformat.zstdframe import compressor
+
+pytestmark = pytest.mark.skipif(not host_native.active(), reason="the compiled host path is not built")
+
+DTYPES = ["float16", "bfloat16", "float32"]
+UINT = {"float16": np.uint16, "bfloat16": np.uint16, "float32": np.uint32}
+
+
+def reference(fn, *args):
+    with host_native.reference_only():
+        assert not host_native.active()
+        return fn(*args)
+
+
+def f64_bits(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, np.float64).view(np.uint64)
+
+
+def all_patterns(dtype: str, rng: np.random.Generator) -> np.ndarray:
+    """Every pattern of a 16-bit dtype; for float32 every exponent with random and edge fractions."""
+    if dtype != "float32":
+        return np.arange(1 << 16, dtype=np.uint16)
+    exps = np.arange(256, dtype=np.uint32) << np.uint32(23)
+    fracs = np.concatenate([np.array([0, 1, 2, 0x400000, 0x400001, 0x7FFFFE, 0x7FFFFF], np.uint32),
+                            rng.integers(0, 1 << 23, 200, dtype=np.uint32)])
+    mags = (exps[:, None] | fracs[None, :]).reshape(-1)
+    return np.concatenate([mags, mags | np.uint32(1 << 31)])
+
+
+def near_boundaries(dtype: str, rng: np.random.Generator) -> np.ndarray:
+    """float64 values at, just below and just above every midpoint between neighbouring finite
+    values (and the overflow threshold), the values themselves, and f64 specials."""
+    bits = all_patterns(dtype, rng)
+    v = reference(bits_to_f64, bits, dtype)
+    v = np.unique(v[np.isfinite(v)])
+    mids = (v[:-1] + v[1:]) / 2  # exact: both fit a float64 with room
+    top = v[-1] + (v[-1] - v[-2]) / 2  # the overflow threshold (SPEC.md 7.4)
+    pts = np.concatenate([v, mids, [top, -top]])
+    near = np.concatenate([pts, np.nextafter(pts, np.inf), np.nextafter(pts, -np.inf)])
+    nans = np.array([0x7FF8000000000000, 0xFFF8000000000000, 0x7FF0000000000001, 0x7FF4000000000000,
+                     0xFFFFFFFFFFFFFFFF, 0x7FF0040000000000], np.uint64).view(np.float64)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, 5e-324, -5e-324, 2.2250738585072014e-308, 1e300, -1e300,
+                         np.finfo(np.float64).max, -np.finfo(np.float64).max])
+    return np.concatenate([near, nans, specials, rng.standard_normal(20000) * 10.0 ** rng.integers(-45, 40, 20000)])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_widen_matches_reference(dtype):
+    bits = all_patterns(dtype, np.random.default_rng(1))
+    got, want = bits_to_f64(bits, dtype), reference(bits_to_f64, bits, dtype)
+    finite = ~np.isnan(want)
+    assert np.array_equal(np.isnan(got), ~finite)
+    assert np.array_equal(f64_bits(got)[finite], f64_bits(want)[finite])  # -0, subnormals, infinities too
+    # NaN payloads only feed a Gram matrix, where any NaN makes E NaN (SPEC.md 7.5); sign kept
+    assert np.array_equal(np.signbit(got), np.signbit(want))
+    assert bits_to_f64(bits.reshape(-1, 2)[:4].T, dtype).shape == (2, 4)  # any shape, any layout
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rounding_next_to_every_boundary(dtype):
+    x = near_boundaries(dtype, np.random.default_rng(2))
+    got, want = f64_to_bits(x, dtype), reference(f64_to_bits, x, dtype)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    diff = np.flatnonzero(got != want)
+    assert diff.size == 0, [(float(x[i]), int(got[i]), int(want[i])) for i in diff[:5]]
+
+
+def test_rounding_keeps_shape_and_takes_any_layout():
+    x = np.random.default_rng(3).standard_normal((6, 5))
+    for dtype in DTYPES:
+        assert np.array_equal(f64_to_bits(x.T, dtype), reference(f64_to_bits, x.T, dtype))
+        assert np.array_equal(f64_to_bits(x.astype(np.float32), dtype), reference(f64_to_bits, x.astype(np.float32), dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_boundary_distances_match_reference(dtype):
+    x = near_boundaries(dtype, np.random.default_rng(4))
+    got, want = band.boundary_distance(x, dtype), reference(band.boundary_distance, x, dtype)
+    assert np.array_equal(f64_bits(got), f64_bits(want))
+    for delta in (0.0, 1e-30, 1e-6, 1.0):
+        assert np.array_equal(band.in_band(x, dtype, delta), reference(band.in_band, x, dtype, delta))
+    skip = np.flatnonzero(want == want.min())
+    for s in (None, skip, np.arange(x.size)):
+        assert band.min_distance(x, dtype, s) == reference(band.min_distance, x, dtype, s)
+
+
+def residual_section(approx: np.ndarray, values: np.ndarray, dtype: str, keep: np.ndarray | None,
+                     rng: np.random.Generator) -> bytes:
+    """An x_residuals section written independently of the decoder: group per context, ascending."""
+    shift, nbits = {"float16": (10, 5), "bfloat16": (7, 8), "float32": (23, 8)}[dtype]
+    ctx = (approx.astype(np.int64) >> shift) & ((1 << nbits) - 1)
+    live = np.ones(approx.size, bool) if keep is None else keep
+    z = compressor(3)
+    out = b""
+    for c in np.unique(ctx[live]):
+        raw = encode_varints(zigzag(values[live & (ctx == c)]))
+        out += encode_group(raw, z, zstd_above=0 if rng.random() < 0.5 else 1 << 30)
+    return out
+
+
+def outcome(fn, *args):
+    try:
+        return fn(*args)
+    except BBFormatError as exc:
+        return exc.code
+
+
+def mutate(data: bytes, rng: np.random.Generator) -> bytes:
+    b = bytearray(data)
+    what = rng.integers(4)
+    if what == 0 and b:  # flip a byte
+        b[rng.integers(len(b))] ^= int(rng.integers(1, 256))
+    elif what == 1:  # a byte more, somewhere
+        b.insert(int(rng.integers(len(b) + 1)), int(rng.integers(256)))
+    elif what == 2 and b:  # a byte less
+        del b[int(rng.integers(len(b)))]
+    else:  # cut the end
+        b = b[: int(rng.integers(len(b) + 1))]
+    return bytes(b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_residuals_valid_and_damaged_match_reference(dtype):
+    rng = np.random.default_rng(5)
+    w = 32 if dtype == "float32" else 16
+    seen: set[object] = set()
+    for trial in range(150):
+        n = int(rng.integers(1, 400))
+        approx = reference(f64_to_bits, rng.standard_normal(n) * 10.0 ** rng.integers(-3, 3, n), dtype)
+        values = rng.integers(-3, 4, n) * (rng.random(n) < 0.3)
+        if trial % 7 == 0:  # moves out of range, or large
+            values[rng.integers(n)] = int(rng.choice([1 << (w - 1), -(1 << (w - 1)) - 5, (1 << 62), 1 << 20]))
+        keep = None if trial % 3 else rng.random(n) < 0.8
+        base = approx.copy()
+        if keep is not None:
+            base[~keep] = rng.integers(0, 1 << w, int((~keep).sum()), dtype=np.uint64).astype(UINT[dtype])
+        data = residual_section(approx, values, dtype, keep, rng)
+        for d in [data] + [mutate(data, rng) for _ in range(6)]:
+            got = outcome(correct_residuals, d, approx, base, dtype, keep)
+            want = outcome(reference, correct_residuals, d, approx, base, dtype, keep)
+            if isinstance(want, str):
+                assert got == want, (trial, d.hex())
+                seen.add(want)
+            else:
+                assert isinstance(got, np.ndarray) and got.dtype == want.dtype and np.array_equal(got, want)
+                seen.add("ok")
+    assert {"ok", "E_SECTION_CONTENT"} <= seen  # both kinds of outcome were exercised
+
+
+def test_residual_varint_edge_cases_match_reference():
+    """Varints of 10 bytes (2^63 and 2^64), 11 bytes, and a group with a varint too many or too few."""
+    approx = np.array([0x3C00, 0x3C01, 0x3C02], np.uint16)  # one context: three positions
+    ten = bytes([0xFF] * 9 + [0x01])  # 2^64 - 1 > out of range
+    cases = {
+        "ok": bytes([0x02, 0x00, 0x01]),
+        "2^64": bytes([0xFF] * 9 + [0x02]),
+        "11 bytes": bytes([0x80] * 10 + [0x00]),
+        "too many": bytes([0, 0, 0, 0]),
+        "too few": bytes([0, 0]),
+        "continued": bytes([0, 0, 0x80]),
+        "huge": ten + bytes([0, 0]),
+    }
+    for name, raw in cases.items():
+        data = bytes([len(raw), 0]) + raw
+        got = outcome(correct_residuals, data, approx, approx, "float16", None)
+        want = outcome(reference, correct_residuals, data, approx, approx, "float16", None)
+        if isinstance(want, str):
+            assert got == want, name
+        else:
+            assert np.array_equal(got, want), name
+    assert outcome(correct_residuals, bytes([3, 0, 2, 0, 1]), approx, approx, "float16", None).tolist() == [0x3C01] * 3
+
+
+def test_reference_only_turns_the_compiled_path_off_and_back():
+    assert host_native.active()
+    with host_native.reference_only():
+        with host_native.reference_only():
+            assert not host_native.active()
+        assert not host_native.active()
+    assert host_native.active()
+
+
+@pytest.mark.parametrize("dtype,top", [("float16", 0x7FFF), ("float32", 0x7FFFFFFF)])
+def test_residuals_at_the_ends_of_the_ordinal_range(dtype, top):
+    """ord ranges over [-2^(W-1), 2^(W-1) - 1]: the last pattern of each sign is reached, one
+    step past it is E_SECTION_CONTENT (SPEC.md 8.4)."""
+    u = UINT[dtype]
+    for start, step, ok in [(top - 1, 1, top), (top - 1, 2, None), (top, 0, top),
+                            ((top | (top + 1)) - 1, -1, top | (top + 1)), ((top | (top + 1)) - 1, -2, None)]:
+        approx = np.array([start], u)
+        raw = encode_varints(zigzag(np.array([step])))
+        data = bytes([len(raw), 0]) + raw
+        got = outcome(correct_residuals, data, approx, approx, dtype, None)
+        want = outcome(reference, correct_residuals, data, approx, approx, dtype, None)
+        if ok is None:
+            assert got == want == "E_SECTION_CONTENT", (start, step)
+        else:
+            assert int(got[0]) == int(want[0]) == ok, (start, step)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nonfinite_counts_match_torch(dtype):
+    """pack's NaN/Inf refusal counts from the bit patterns as torch counts from the values."""
+    torch = pytest.importorskip("torch")
+    from bbformat.adapters.base import check_finite
+
+    bits = all_patterns(dtype, np.random.default_rng(6))
+    ints = np.int32 if dtype == "float32" else np.int16
+    t = torch.from_numpy(bits.view(ints).copy()).view(getattr(torch, dtype))
+    want = (int(torch.isnan(t).sum()), int(torch.isinf(t).sum()))
+    assert want[0] > 0 and want[1] == 2
+    assert host_native.nonfinite(bits, dtype) == want
+    with pytest.raises(BBFormatError, match=f"{want[0]:,} NaN, 2 ±Inf"):
+        check_finite({"w": t})
+    with host_native.reference_only(), pytest.raises(BBFormatError, match=f"{want[0]:,} NaN, 2 ±Inf"):
+        check_finite({"w": t})
