@@ -165,3 +165,54 @@ def test_the_harness_reports_a_sanitizer_error_in_the_extension(tmp_path: Path) 
         assert worker.decode(plain, 0, 60.0)["result"] == "accept" and worker.starts == 2
     finally:
         worker.close()
+
+
+# ---- findings of the long run (FUZZING.md) ------------------------------------------------
+
+EMPTY_FRAME = bytes.fromhex("28b52ffd2000010000")  # a frame declaring 0 bytes: one empty raw block
+DAMAGED_EMPTY_FRAMES = {
+    "block size past the end": bytes.fromhex("28b52ffd200001ff00"),
+    "block size past the end, high byte": bytes.fromhex("28b52ffd20000100ff"),
+    "no block": bytes.fromhex("28b52ffd2000"),
+    "a byte after the frame": EMPTY_FRAME + b"\x00",
+}
+
+
+@pytest.mark.parametrize("how", sorted(DAMAGED_EMPTY_FRAMES))
+def test_a_damaged_frame_declaring_no_bytes_is_e_zstd(how: str) -> None:
+    """python-zstandard returns b"" for a frame whose content size is 0 without reading its
+    blocks; the reference now reads them, as libzstd and the C reader do (SPEC.md 8.2)."""
+    from bbformat.zstdframe import decompress_frame
+
+    assert decompress_frame(EMPTY_FRAME) == b""
+    with pytest.raises(BBFormatError) as info:
+        decompress_frame(DAMAGED_EMPTY_FRAMES[how])
+    assert info.value.code == "E_ZSTD"
+
+
+@pytest.mark.parametrize("how", ["block size past the end", "block size past the end, high byte"])
+def test_both_readers_reject_a_damaged_empty_class_map_group(how: str, tmp_path: Path) -> None:
+    """The long run's disagreement: v_planes_one_segment_zstd's class-map group (G = 0, zstd)
+    with a damaged block header, resealed. The Python reader accepted it; both now say E_ZSTD."""
+    from run import build_c, run_command
+
+    from bbformat.container.rebuild import join, reseal_chunk
+
+    data = (ROOT / "conformance" / "valid" / "v_planes_one_segment_zstd.bb").read_bytes()
+    parts = split(data)
+    chunk = bytearray(parts.chunks[0])
+    a, b = next((a, b) for a, b, lab in chunk_regions(bytes(chunk)) if lab == "class maps")
+    assert bytes(chunk[a + 2 : b]) == EMPTY_FRAME  # varint 9, codec 1, the frame
+    chunk[a + 2 : b] = DAMAGED_EMPTY_FRAMES[how]
+    parts.chunks[0] = reseal_chunk(bytes(chunk))
+    mutated = join(parts)
+    with pytest.raises(BBFormatError) as info:
+        read_random(mutated)
+    assert info.value.code == "E_ZSTD"
+    binary, _ = build_c()
+    if binary is None:
+        pytest.skip("the C reader does not build here")
+    path = tmp_path / "case.bb"
+    path.write_bytes(mutated)
+    res, crash, _ = run_command(f"{binary} {{path}}", path, 60)
+    assert crash is None and res is not None and res.get("code") == "E_ZSTD", (res, crash)
