@@ -111,6 +111,9 @@ def _smoke(cases: int, seed: int, work: Path) -> dict:
     n, reached = sum(v["cases"] for v in payload), sum(v["reached"] for v in payload)
     assert reached >= 0.3 * n, (reached, n)  # 58% in FUZZING.md's run
     assert sum(v["compiled"] for v in res["rows"].values()) > 0
+    res["machine"], res["argv"] = "test", ["--cases", str(cases)]
+    md = fuzz_native.report(res)
+    assert f"**{cases:,} cases, 0 findings.**" in md and "| rans tables |" in md
     return res
 
 
