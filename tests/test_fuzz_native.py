@@ -109,7 +109,7 @@ def _smoke(cases: int, seed: int, work: Path) -> dict:
     assert not res["findings"], res["findings"]
     payload = [v for r, v in res["rows"].items() if r in REGION_WEIGHTS]
     n, reached = sum(v["cases"] for v in payload), sum(v["reached"] for v in payload)
-    assert reached >= 0.3 * n, (reached, n)  # 58% in FUZZING.md's run
+    assert reached >= 0.3 * n, (reached, n)  # 52% in FUZZING.md's run
     assert sum(v["compiled"] for v in res["rows"].values()) > 0
     res["machine"], res["argv"] = "test", ["--cases", str(cases)]
     md = fuzz_native.report(res)

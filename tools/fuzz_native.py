@@ -363,7 +363,7 @@ def report(res: dict[str, Any]) -> str:
         f"**{res['cases']:,} cases, {len(res['findings'])} findings.** Both compiled decoders are built with `gcc {res['flags']}`: "
         "`bbformat/codec/_exponent_native.c` (codecs 2 and 3), loaded by the Python reader in a worker run with "
         "`LD_PRELOAD=$(gcc -print-file-name=libasan.so)` and `ASAN_OPTIONS=detect_leaks=0` (Python's own allocations are "
-        "not leaks of ours), and the C reader `tools/bbread-c` (`make asan`, leak checking on). Each case goes to both. A "
+        "not leaks of ours), and the C reader `tools/bbread-c` (`make asan`, leak checking on). Each case goes to both; the extension's rANS decoder takes its AVX2 steps in every other case and its scalar steps in the others. A "
         "finding is a sanitizer report, a crash or a hang (60 s) of either, an exception from the Python reader that is not a "
         "bbformat error, or the readers disagreeing on accept/reject.",
         "",
