@@ -44,9 +44,18 @@ EDGE_U64 = (0, 1, 2, 7, 8, 31, 32, 33, 35, 36, 255, 256, 0x7FFF, 0x8000, 0x8001,
 # Slack of the memory bound: the interpreter, construct's parse trees and numpy's small arrays.
 MEMORY_SLACK = 16 << 20
 # Mutations that recompute CRCs (or rebuild the index): their result may be a valid file.
-RESEALED = ("field_resealed", "chunk_resealed", "index_resealed", "swap_chunks")
+RESEALED = ("field_resealed", "chunk_resealed", "index_resealed", "swap_chunks", "payload_resealed")
 MUTATIONS = ("bitflip", "bitflips", "truncate", "overwrite", "append", "splice", "field", "field_resealed", "chunk_resealed",
-             "index_resealed", "swap_chunks")
+             "index_resealed", "swap_chunks", "payload_resealed")
+# How often payload_resealed edits each kind of region (payload_regions' labels), whatever its size:
+# the small, dense parts a payload decoder parses first weigh the most.
+REGION_WEIGHTS = {
+    "chunk head": 0.5, "descriptor": 1.0, "section table": 1.0, "payload raw": 0.5, "payload zstd": 1.0,
+    "planes head": 3.0, "planes groups": 2.0, "exponent head": 3.0, "class maps": 4.0, "rans tables": 5.0,
+    "rans stream": 3.0, "rest fields": 2.0, "part table": 4.0, "part raw": 0.5, "part zstd": 1.0,
+    "signs": 1.0, "residuals": 2.0, "patches": 2.0, "band": 3.0,
+}
+SIDE_LABELS = {2: "signs", 3: "residuals", 4: "patches", 5: "patches", 6: "band"}
 
 
 def _field_offsets(data: bytes) -> list[tuple[int, int]]:
@@ -101,9 +110,167 @@ def _reseal_all(data: bytes) -> bytes:
         return data
 
 
+class _Spans:
+    """Labels byte ranges of one payload section while walking its fields (SPEC.md 8.6, 8.7,
+    8.9); stops quietly (the rest keeps its coarse label) where the bytes stop making sense."""
+
+    def __init__(self, data: bytes, start: int, end: int) -> None:
+        self.data, self.pos, self.end = data, start, end
+        self.out: list[tuple[int, int, str]] = []
+
+    def varint(self) -> int:
+        v = shift = 0
+        while self.pos < self.end and shift < 70:
+            b = self.data[self.pos]
+            self.pos += 1
+            v |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return v
+        raise ValueError("varint")
+
+    def u8(self) -> int:
+        if self.pos >= self.end:
+            raise ValueError("u8")
+        self.pos += 1
+        return self.data[self.pos - 1]
+
+    def skip(self, n: int) -> None:
+        if n > self.end - self.pos:
+            raise ValueError("skip")
+        self.pos += n
+
+    def mark(self, since: int, label: str) -> None:
+        if self.pos > since:
+            self.out.append((since, self.pos, label))
+
+    def group(self, label: str) -> None:
+        a = self.pos
+        self.skip(self.varint() + 1)
+        self.mark(a, label)
+
+
+def _segments(sp: _Spans) -> list[int]:
+    """Segment records (n, r, K): the classes K of each."""
+    return [(sp.varint(), sp.varint(), sp.u8())[2] for _ in range(min(sp.varint(), 65_536))]
+
+
+def _label_codec(sp: _Spans, codec: int, prefix: str) -> None:
+    """Label the section bytes [sp.pos, sp.end) of one payload (or part) of `codec`; bytes the
+    walk cannot place keep a coarse label."""
+    first = sp.pos
+    coarse = {2: "planes groups", 3: "rest fields", 4: "part table"}.get(codec, f"{prefix} {'zstd' if codec == 1 else 'raw'}")
+    try:
+        if codec == 3:
+            sp.u8()
+            _segments(sp)
+            sp.varint()
+            sp.mark(first, "exponent head")
+            sp.group("class maps")
+            a = sp.pos
+            sp.varint()
+            sp.group("rans tables")
+            sp.out[-1] = (a, sp.pos, "rans tables")
+            a = sp.pos
+            sp.skip(sp.varint())
+            sp.mark(a, "rans stream")
+            sp.out.append((sp.pos, sp.end, "rest fields"))
+        elif codec == 2:
+            _segments(sp)
+            sp.mark(first, "planes head")
+            sp.group("class maps")
+            sp.out.append((sp.pos, sp.end, "planes groups"))
+        elif codec == 4:
+            records = [(sp.u8(), sp.varint(), sp.varint()) for _ in range(min(sp.varint(), 65_536))]
+            sp.mark(first, "part table")
+            for c, _, n in records:
+                sub = _Spans(sp.data, sp.pos, min(sp.pos + n, sp.end))
+                _label_codec(sub, c, "part")
+                sp.out += sub.out
+                sp.skip(n)
+            sp.pos = sp.end
+        else:
+            sp.out.append((sp.pos, sp.end, coarse))
+        return
+    except ValueError:
+        done = max([b for _, b, _ in sp.out], default=first)
+        sp.out.append((done, sp.end, coarse))
+
+
+def chunk_regions(chunk: bytes) -> list[tuple[int, int, str]]:
+    """(start, end, label) of the parts of one well-formed chunk, offsets from its start: the
+    head, descriptor, section table, and each section's bytes, a codec-2/3/4 payload split into
+    its fields (labels: REGION_WEIGHTS). Empty ranges are left out."""
+    head = R.CHUNK_FIXED.parse(chunk[:CHUNK_FIXED_SIZE])
+    table = CHUNK_FIXED_SIZE + head.descriptor_length
+    out = [(len(CHUNK_MAGIC), CHUNK_FIXED_SIZE, "chunk head"), (CHUNK_FIXED_SIZE, table, "descriptor"),
+           (table, table + SECTION_ENTRY_SIZE * head.section_count, "section table")]
+    for k in range(head.section_count):
+        e = chunk[table + SECTION_ENTRY_SIZE * k : table + SECTION_ENTRY_SIZE * (k + 1)]
+        kind, codec = e[0], e[1]
+        start, length = int.from_bytes(e[8:16], "little"), int.from_bytes(e[16:24], "little")
+        end = min(start + length, len(chunk) - CRC_SIZE)
+        if kind != 1:
+            out.append((start, end, SIDE_LABELS.get(kind, "residuals")))
+            continue
+        sp = _Spans(chunk, start, end)
+        _label_codec(sp, codec, "payload")
+        out += sp.out
+    return [(a, b, lab) for a, b, lab in out if a < b]
+
+
+def _edit_region(chunk: bytearray, a: int, b: int, rng: random.Random) -> int:
+    """One length-preserving edit inside chunk[a:b]; returns its offset."""
+    i = rng.randrange(a, b)
+    how = rng.randrange(4)
+    if how == 0:  # a value on an edge, a flipped bit, or any byte
+        chunk[i] = rng.choice([0, 1, 0x7F, 0x80, 0xFF, chunk[i] ^ (1 << rng.randrange(8)), rng.randrange(256)])
+    elif how == 1:  # a count or length one or two off (varints, table fields)
+        chunk[i] = (chunk[i] + rng.choice([-2, -1, 1, 2])) & 0xFF
+    elif how == 2:  # a short run of zeros, ones or noise
+        m = rng.randint(1, min(8, b - i))
+        chunk[i : i + m] = rng.choice([bytes(m), b"\xff" * m, rng.randbytes(m)])
+    else:  # bytes from elsewhere in the same region
+        m = rng.randint(1, min(16, b - i))
+        j = rng.randrange(a, b - m + 1)
+        chunk[i : i + m] = chunk[j : j + m]
+    return i
+
+
+def mutate_payload(data: bytes, rng: random.Random) -> tuple[str, bytes]:
+    """Edit bytes inside one chunk, in a region drawn by its label (REGION_WEIGHTS: payload
+    fields first, whatever their size), and
+    reseal it: fresh chunk CRC, index (its entry CRC), index CRC and footer, so the edit meets
+    the payload decoders instead of the chunk CRC. content_crc is left as it was: an edit that
+    decodes to other values is E_DIGEST after the decoders ran. Returns (what, bytes); `what`
+    is "payload_resealed CHUNK LABEL @OFFSET"."""
+    try:
+        parts = split(data)
+        regions = [(k, a, b, lab) for k, c in enumerate(parts.chunks) if len(c) > MIN_CHUNK_LENGTH for a, b, lab in chunk_regions(c)]
+    except Exception:  # noqa: BLE001 - not well formed
+        regions = []
+    if not regions:  # a flipped bit, as mutate's fallback
+        i = rng.randrange(8 * len(data)) if data else 0
+        flipped = bytearray(data)
+        if data:
+            flipped[i // 8] ^= 1 << (i % 8)
+        return f"bitflip {i}", bytes(flipped)
+    labels = sorted({r[3] for r in regions})  # a label first, by weight; then one of its ranges
+    label = rng.choices(labels, [REGION_WEIGHTS.get(lab, 1.0) for lab in labels])[0]
+    k, a, b, _ = rng.choice([r for r in regions if r[3] == label])
+    chunk = bytearray(parts.chunks[k])
+    at = _edit_region(chunk, a, b, rng)
+    for _ in range(rng.choice([0, 0, 0, 1, 2])):  # sometimes more edits in the same region
+        _edit_region(chunk, a, b, rng)
+    parts.chunks[k] = reseal_chunk(bytes(chunk))
+    return f"payload_resealed {k} {label} @{at}", join(parts)
+
+
 def mutate(data: bytes, rng: random.Random) -> tuple[str, bytes]:
     """One corruption of `data`: returns (what was done, the new bytes)."""
     kind = rng.choice(MUTATIONS)
+    if kind == "payload_resealed":
+        return mutate_payload(data, rng)
     n = len(data)
     if kind == "bitflip" and n:
         i = rng.randrange(8 * n)

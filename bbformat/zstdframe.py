@@ -64,9 +64,20 @@ def decompress_frame(stored: Buffer) -> bytes:
     if dctx is None:
         dctx = _LOCAL.dctx = zstandard.ZstdDecompressor()
     try:
-        return dctx.decompress(stored, allow_extra_data=False)
+        data = dctx.decompress(stored, allow_extra_data=False)
+        if not data:  # python-zstandard returns b"" for a frame declaring 0 bytes without reading its blocks
+            _check_empty_frame(dctx, stored)
+        return data
     except zstandard.ZstdError as exc:
         raise FormatError(f"bad zstd data: {exc}", "E_ZSTD") from None
+
+
+def _check_empty_frame(dctx: zstandard.ZstdDecompressor, stored: Buffer) -> None:
+    """Decode a frame that decoded to nothing block by block: a damaged or truncated block, or
+    bytes after the frame, is E_ZSTD (as libzstd and the C reader find)."""
+    obj = dctx.decompressobj()
+    if obj.decompress(bytes(stored)) or not obj.eof or obj.unused_data:
+        raise FormatError("bad zstd data: an empty frame that does not end where the data ends", "E_ZSTD")
 
 
 def decompress(stored: Buffer, codec: int, declared: int, limit: int) -> Buffer:
