@@ -59,7 +59,7 @@ class PackReport:
 
 
 def _digest(t: RawTensor) -> str:
-    return hashlib.sha256(t.little_endian().reshape(-1).view(np.uint8)).hexdigest()  # no copy; hashlib drops the GIL
+    return hashlib.sha256(np.ascontiguousarray(t.little_endian()).reshape(-1).view(np.uint8).data).hexdigest()  # no copy; hashlib drops the GIL
 
 
 def _encode_files(files: dict[str, bytes]) -> dict[str, str]:

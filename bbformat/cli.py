@@ -18,6 +18,7 @@ import numpy as np
 from .constants import (ENTROPY_MODES, FORMAT_MAJOR, FORMAT_MINOR, FORMAT_VERSIONS, PACK_SCHEMES, ROTATION_SCHEMES, ExitStatus,
                         written_version)
 from . import __version__
+from .codec import host_native
 from .codec.exponent import NATIVE_DECODER
 from .api import DeviceNote, InexactWarning, pack, unpack, verify
 from .errors import BBFormatError, DigestError, InputError, output_error, output_exists
@@ -245,8 +246,6 @@ def _codec3_coder() -> str:
 
 
 def _host_path() -> str:
-    from .codec import host_native
-
     if host_native.active():
         return "compiled (bbformat/codec/_host_native.c)"
     return "numpy (the compiled path is not built, or not usable on this host; the same bits, slower)"

@@ -951,9 +951,13 @@ def tiny_model(arch: str, scheme: str, seed: int, tol: float | None, dtype: str 
                format_version: str = "1.1", entropy: str | None = "none"):  # type: ignore[no-untyped-def]
     """bbformat.api.pack of a tiny checkpoint: (the file's bytes, pack's report). format_version
     "1.1" (the default here) is what every vector before 1.2 was written with; entropy None is
-    pack's default for the scheme ("auto" for "none")."""
+    what pack defaulted to when those vectors were written: "auto" for scheme "none", else
+    "none" (since 2026-11-28 pack's default is "auto" for every scheme)."""
     from bbformat.checkpoint import write_checkpoint
     from bbformat.api import pack
+
+    if entropy is None:
+        entropy = "auto" if scheme == "none" else "none"
 
     ck = tiny_checkpoint(arch, seed, dtype, layers)
     with tempfile.TemporaryDirectory() as d:

@@ -39,7 +39,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Pa
         ck = make_tiny_checkpoint("llama", seed=5, layers=2, hidden=32, heads=4, kv_heads=2, vocab=48, max_positions=16, dtype=dtype)
         write_checkpoint(ck, root / f"{scheme}-{dtype}")
         out[(scheme, dtype)] = root / f"{scheme}-{dtype}.bb"
-        pack(root / f"{scheme}-{dtype}", out[(scheme, dtype)], scheme=scheme, verify=True)
+        pack(root / f"{scheme}-{dtype}", out[(scheme, dtype)], scheme=scheme, verify=True, entropy="none")
     return out
 
 
@@ -147,7 +147,7 @@ def test_margin_is_the_distance_to_a_boundary_in_band_widths() -> None:
 def test_format_1_3_and_scheme_none_write_no_band(tmp_path: Path) -> None:
     ck = make_tiny_checkpoint("llama", seed=6, layers=1, hidden=32, heads=4, kv_heads=2, vocab=48, max_positions=16)
     write_checkpoint(ck, tmp_path / "m")
-    pack(tmp_path / "m", tmp_path / "v13.bb", format_version="1.3")
+    pack(tmp_path / "m", tmp_path / "v13.bb", format_version="1.3", entropy="none")
     pack(tmp_path / "m", tmp_path / "none.bb", scheme="none", format_version="1.4")
     pack(tmp_path / "m", tmp_path / "none15.bb", scheme="none")
     for name, minor in (("v13.bb", 2), ("none.bb", 3), ("none15.bb", 5)):  # scheme none: entropy auto, codec 3 (and 4) allowed

@@ -440,8 +440,8 @@ def test_pack_exponent_end_to_end(tmp_path: Path) -> None:
         m = tmp_path / dtype
         write_checkpoint(make_tiny_checkpoint("llama", seed=4, layers=2, hidden=32, heads=4, kv_heads=2, vocab=64,
                                               max_positions=16, dtype=dtype), m)
-        runs = {"e": ["--entropy", "exponent"], "a": ["--entropy", "auto"], "n": [],
-                "a13": ["--entropy", "auto", "--format-version", "1.3"], "n13": ["--format-version", "1.3"],
+        runs = {"e": ["--entropy", "exponent"], "a": ["--entropy", "auto"], "n": ["--entropy", "none"],
+                "a13": ["--entropy", "auto", "--format-version", "1.3"], "n13": ["--entropy", "none", "--format-version", "1.3"],
                 "a12": ["--entropy", "auto", "--format-version", "1.2"]}
         for name, args in runs.items():
             assert main(["pack", str(m), str(tmp_path / f"{dtype}{name}.bb"), "--verify", "--quiet", *args]) == 0
