@@ -296,11 +296,16 @@ class AtomicOutput:
         self.file: BinaryIO | None = None
         self.moved = 0  # files publish_entries has moved so far
         self._done = False
+        self._lock: int | None = None
         if directory:
             os.mkdir(self.temp)
         else:
             self.file = open(self.temp, "xb")  # noqa: SIM115 (closed by publish or discard)
-        self._lock = lock_temp(self.temp)[1]  # held until published or discarded: the temp is in use
+        try:
+            self._lock = lock_temp(self.temp)[1]  # held until published or discarded: the temp is in use
+        except BaseException:  # an interrupt right here: no temp is left
+            self.discard()
+            raise
 
     def _unlock(self) -> None:
         if self._lock is not None:
