@@ -9,8 +9,8 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from .codec.dtypes import RawTensor
 from .codec.linalg import REFERENCE, Linalg, device_backend, torch_device_of
 from .codec.entropy import check_entropy_mode
 from .constants import FORMAT_VERSIONS, PACK_SCHEMES, RequiredFlag, written_version
-from .container.framing import check_format_version
+from .container.framing import Header, check_format_version
 from .codec.encoder import EncodedChunk, SiteReport
 from .codec.layout import ChunkLayout, ModelLayout
 from .container.program import TensorEntry, bits_of
@@ -27,7 +27,7 @@ from .container.digest import content_crc
 from .errors import FormatError, InputError, OutputExistsError, VerifyError, check_choice
 from .fsutil import check_output_file, write_synced
 from .packing import BoundedWorker, EncodeChain, Progress, encode_chunks
-from .reader import DECODE_WORKERS, DecodedBlock, Reader, decode_workers
+from .reader import DECODE_WORKERS, DecodedBlock, Reader, StreamReader, decode_workers
 from .writer import Writer
 
 if TYPE_CHECKING:  # torch loads only when a torch tensor is made (a fast `import bbformat`, CLI)
@@ -138,8 +138,6 @@ def pack(
     environment (the moments are rounded to 10 bits, which makes a differing BLAS or
     thread count flip a rounding decision rarely, but not never). On another device, for a
     given device model, driver and library versions (README, Devices)."""
-    from .checkpoint import read_checkpoint
-
     check_choice("scheme", scheme, PACK_SCHEMES)
     check_entropy_mode(entropy)
     check_format_version(format_version, entropy)
@@ -147,6 +145,9 @@ def pack(
         raise InputError("scheme 'none' needs format 1.2 or later (1.1 readers know only the paper and symmetric schemes)")
     if scheme == "none" and calibration is not None:
         raise InputError("--calibration rounds rotated weights; scheme 'none' rotates nothing")
+    _refuse_output_early(Path(src), Path(dst), overwrite)
+    from .checkpoint import read_checkpoint  # torch: after the refusals that need none
+
     _check_paths(Path(src), Path(dst), overwrite)
     la = device_backend(device)
     # Every input check (files, pickle, JSON, config vs tensors, NaN/Inf) happens before the
@@ -232,6 +233,19 @@ def _write_chunk(w: Writer, enc: EncodedChunk, crc: int | None) -> None:
     w.add_chunk(enc.program, w.code_sections(enc.program, enc.finish()), coded=True, content_crc=crc)
 
 
+def _refuse_output_early(src: Path, dst: Path, overwrite: bool) -> None:
+    """The output checks that need no look at SRC's files, so no torch (a refusal in a few
+    hundred ms): OUT's parent, and an OUT that exists outside SRC (inside it, _check_paths
+    first says whether it is one of the input's files)."""
+    check_output_parent(dst)
+    try:
+        inside = dst.resolve().is_relative_to(src.resolve())
+    except OSError:
+        return
+    if not inside and not dst.is_dir():
+        check_output_file(dst, overwrite)
+
+
 def _check_paths(src: Path, dst: Path, overwrite: bool = False) -> None:
     """Refuse an output path that is a directory, would replace one of the input's files, is
     not a regular file, or exists without `overwrite`."""
@@ -240,14 +254,21 @@ def _check_paths(src: Path, dst: Path, overwrite: bool = False) -> None:
     inputs = input_files(src)  # also: SRC exists and holds a weights file
     if dst.is_dir():
         raise InputError(f"{dst} is a directory; give the path of the .bb file to write")
-    if not dst.parent.is_dir():
-        what = "is not a directory" if os.path.lexists(dst.parent) else "does not exist"
-        raise InputError(f"output directory {dst.parent} {what}")
+    check_output_parent(dst)
     target = dst.resolve()
     for p in inputs:
         if p.resolve() == target:
             raise InputError(f"refusing to write {dst}: it would replace the input file {p}")
     check_output_file(dst, overwrite)
+
+
+def check_output_parent(dst: Path) -> None:
+    """pack's OUT and unpack's DST are created, never their parent directories (README, Paths):
+    a mistyped path creates nothing, and a failed run leaves nothing behind."""
+    parent = dst.parent if str(dst.parent) else Path(".")
+    if not parent.is_dir():
+        what = "is not a directory" if os.path.lexists(parent) else "does not exist"
+        raise InputError(f"output directory {parent} {what} (bbformat creates the output, not its parents)")
 
 
 def verify_container(path: str | os.PathLike[str], digests: list[dict[str, str]], device: str | Linalg | None = None,
@@ -321,7 +342,7 @@ class VerifyReport:
                 f"than their digests ({', '.join(self.inexact[:5])}{', ...' if len(self.inexact) > 5 else ''})")
 
 
-def verify(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None,
+def verify(path: str | os.PathLike[str] | BinaryIO, *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None,
            workers: int | None = None, progress: Progress | None = None, device: str | Linalg | None = None, threads: int | None = None,
            margins: bool = True) -> VerifyReport:
     """Decode every block (CRC32C, every MUST-reject check and, in a 1.2 file, each chunk's
@@ -331,26 +352,38 @@ def verify(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = 
     digests there and were decoded again with the reference (`fallback`). In a 1.4 file the
     report has this reader's smallest band margin (`margin`, SPEC.md 9) unless margins=False
     (measuring it costs about 50 ns per regenerated value on one core). `threads`: how many
-    threads decode the parts of one block's payload (format 1.5; None: every CPU)."""
+    threads decode the parts of one block's payload (format 1.5; None: every CPU). `path` may
+    be a binary stream; one that cannot seek (a pipe) is decoded forward as it arrives
+    (StreamReader; `workers` does not apply)."""
+    if not isinstance(path, (str, os.PathLike)) and not path.seekable():
+        sr = StreamReader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=True, device=device,
+                          threads=threads, margins=margins)
+        return _verify_report("-", sr.header, sr.linalg.name, sr.note, iter(sr), progress)
     with Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=True, device=device,
                 margins=margins, share_payload=True, threads=threads) as r:
-        n = len(r)
-        rep = VerifyReport(str(path), f"{r.header.major}.{r.header.minor}", n, 0, 0, 0, digests=r.has_digests,
-                           bands=bool(r.header.required_flags & RequiredFlag.BANDS),
-                           device=r.linalg.name, note=r.note)
-        for k, block in enumerate(r.iter_blocks("reverse", workers=decode_workers(workers))):
-            if block.exact is False:
-                rep.inexact.append(f"{block.index} {block.name}")
-            if block.fallback:
-                rep.fallback.append(f"{block.index} {block.name}")
-            if block.margin is not None and (rep.margin is None or block.margin < rep.margin):
-                rep.margin, rep.margin_chunk = block.margin, f"{block.index} {block.name}"
-            rep.tensors += len(block.tensors)
-            rep.values += sum(t.bits.size for t in block.tensors.values())
-            rep.decoded_bytes += sum(t.bits.nbytes for t in block.tensors.values())
-            if progress is not None:
-                progress(k + 1, n, block.name)
-            del block
+        name = str(path) if isinstance(path, (str, os.PathLike)) else "-"
+        return _verify_report(name, r.header, r.linalg.name, r.note, r.iter_blocks("reverse", workers=decode_workers(workers)),
+                              progress)
+
+
+def _verify_report(name: str, header: Header, device: str, note: str | None, blocks: Iterator[DecodedBlock],
+                   progress: Progress | None) -> VerifyReport:
+    n = header.chunk_count
+    rep = VerifyReport(name, f"{header.major}.{header.minor}", n, 0, 0, 0, digests=header.has_digests,
+                       bands=bool(header.required_flags & RequiredFlag.BANDS), device=device, note=note)
+    for k, block in enumerate(blocks):
+        if block.exact is False:
+            rep.inexact.append(f"{block.index} {block.name}")
+        if block.fallback:
+            rep.fallback.append(f"{block.index} {block.name}")
+        if block.margin is not None and (rep.margin is None or block.margin < rep.margin):
+            rep.margin, rep.margin_chunk = block.margin, f"{block.index} {block.name}"
+        rep.tensors += len(block.tensors)
+        rep.values += sum(t.bits.size for t in block.tensors.values())
+        rep.decoded_bytes += sum(t.bits.nbytes for t in block.tensors.values())
+        if progress is not None:
+            progress(k + 1, n, block.name)
+        del block
     return rep
 
 
@@ -376,7 +409,7 @@ class InexactBlocks:
     reference decoded again; warns once, at the end, if any did."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = str(path)
+        self.path = os.fspath(path)
         self.names: list[str] = []
         self.fallback: list[str] = []
         self.device = "cpu"  # the reader's backend, from note()
@@ -438,7 +471,7 @@ def _decode_to_torch(r: Reader, progress: Progress | None, inexact: InexactBlock
 
 
 def unpack(
-    src: str | os.PathLike[str],
+    src: str | os.PathLike[str] | BinaryIO,
     dst: str | os.PathLike[str],
     *,
     fmt: str = "pt",
@@ -484,7 +517,8 @@ def unpack(
         raise InputError(f"unknown output format {fmt!r} (choose 'pt', 'safetensors' or 'hf')")
     if max_shard_size is not None and fmt != "hf":
         raise InputError("max_shard_size applies to fmt='hf' only")
-    inexact = InexactBlocks(src)
+    check_output_parent(Path(dst))
+    inexact = InexactBlocks(src if isinstance(src, (str, os.PathLike)) else "-")
     with Reader(src, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device,
                 share_payload=True, threads=threads) as r:
         inexact.note(r)

@@ -7,8 +7,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import signal
 import sys
 import tempfile
+import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -21,7 +25,7 @@ from . import __version__
 from .codec import host_native
 from .codec.exponent import NATIVE_DECODER
 from .api import DeviceNote, InexactWarning, pack, unpack, verify
-from .errors import BBFormatError, DigestError, InputError, output_error, output_exists
+from .errors import BBFormatError, DigestError, InputError, IntegrityError, output_error, output_exists
 from .fsutil import remove_entry
 from .summary import bound_words, format_summary, inspect
 
@@ -29,12 +33,38 @@ EXIT_USAGE = ExitStatus.USAGE
 EXIT_INTERNAL = ExitStatus.INTERNAL
 EXIT_INTERRUPTED = ExitStatus.INTERRUPTED
 EXIT_BROKEN_PIPE = ExitStatus.BROKEN_PIPE  # what a shell reports for a writer whose reader went away
+EXIT_TERMINATED = ExitStatus.TERMINATED
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (timeout, systemd, Kubernetes): raised in the main thread and unwound as Ctrl-C
+    is, so that every temp file and staging directory is removed on the way out."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
+    raise Terminated()
+
+
+def _handle_sigterm() -> None:
+    """Route SIGTERM to Terminated; only from the main thread (where Python runs handlers)."""
+    try:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # main() called from another thread: leave the default
+        pass
 
 
 class _Parser(argparse.ArgumentParser):
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if message:  # argparse's own hides an OSError: --help > /dev/full would say nothing, status 0
+            (file or sys.stderr).write(message)
+
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"bbformat: usage error: {message}\n")
         raise SystemExit(EXIT_USAGE)
+
+
+STDIN_HELP = "- reads it from standard input as a stream (a pipe: decoded as it arrives)"
 
 
 def _size(text: str) -> int | str | None:
@@ -57,6 +87,11 @@ def _size(text: str) -> int | str | None:
 
 def _int_at_least(low: int, flag: str) -> Callable[[str], int]:
     """An argparse type: an integer >= low (the message names the flag)."""
+    return _int_in(low, None, flag)
+
+
+def _int_in(low: int, high: int | None, flag: str) -> Callable[[str], int]:
+    """An argparse type: an integer from low to high (None: no upper bound)."""
 
     def parse(text: str) -> int:
         try:
@@ -65,19 +100,63 @@ def _int_at_least(low: int, flag: str) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
         if n < low:
             raise argparse.ArgumentTypeError(f"{flag} must be at least {low}")
+        if high is not None and n > high:
+            raise argparse.ArgumentTypeError(f"{flag} must be at most {high}")
         return n
 
     return parse
+
+
+def _say(text: str = "") -> None:
+    """print() to stdout; a failure other than a closed pipe (a full disk: `> /dev/full`) is an
+    OutputError naming standard output (one line, exit 8), not an internal error."""
+    try:
+        print(text)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise _stdout_error(exc) from None
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise _stdout_error(exc) from None
+
+
+def _stdout_error(exc: OSError) -> BBFormatError:
+    """The error for a failed write to stdout; stdout is pointed at /dev/null first, so that the
+    text still buffered is not written again (and fails again) at interpreter exit."""
+    _silence_stdout()
+    return output_error(exc, "standard output")
+
+
+def _rate_eta(done: int, total: int, elapsed: float) -> str:
+    """"1.25 blocks/s, ETA 0:42" (at the end: the time taken), from the blocks done so far."""
+    if done <= 0 or elapsed <= 0:
+        return "ETA --:--"
+    rate = done / elapsed
+    left = elapsed if done >= total else (total - done) / rate
+    m, sec = divmod(int(round(left)), 60)
+    h, m = divmod(m, 60)
+    clock = f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+    return f"{rate:.3g} blocks/s, {'took' if done >= total else 'ETA'} {clock}"
 
 
 def _progress(quiet: bool, verb: str) -> Callable[[int, int, str], None] | None:
     if quiet or not sys.stderr.isatty():
         return None
 
+    start = time.monotonic()
+
     def show(done: int, total: int, name: str) -> None:
         width = 30
         fill = width * done // max(total, 1)
-        sys.stderr.write(f"\r{verb} [{'#' * fill}{'.' * (width - fill)}] {done}/{total} {name[:24]:<24}")
+        sys.stderr.write(f"\r{verb} [{'#' * fill}{'.' * (width - fill)}] {done}/{total} {name[:24]:<24} "
+                         f"{_rate_eta(done, total, time.monotonic() - start)}")
         if done == total:
             sys.stderr.write("\n")
         sys.stderr.flush()
@@ -91,11 +170,11 @@ def _cmd_pack(a: argparse.Namespace) -> int:
                entropy=a.entropy, format_version=a.format_version, device=a.device, overwrite=a.force, threads=a.threads)
     info = inspect(a.out)
     if a.json:
-        print(json.dumps({**info["totals"], "larger_than_plain": info["totals"]["container_bytes"] >= info["totals"]["plain_bytes"]},
+        _say(json.dumps({**info["totals"], "larger_than_plain": info["totals"]["container_bytes"] >= info["totals"]["plain_bytes"]},
                          indent=2))
     elif not a.quiet:
         t = info["totals"]
-        print(
+        _say(
             f"wrote {a.out}: {t['container_bytes']:,} B for {t['plain_bytes']:,} B plain "
             f"({t['bits_per_weight']:.3f} bits per weight against {t['plain_bits_per_weight']:g}; "
             f"{t['saved_pct_of_plain']:.2f}% saved on the weights"
@@ -128,11 +207,34 @@ def _shard_size(a: argparse.Namespace) -> int | None:
     return a.max_shard_size
 
 
+def _stdin_or(src: str) -> Any:
+    """SRC, or for `-` standard input's binary stream."""
+    return sys.stdin.buffer if src == "-" else src
+
+
+def _spooled_stdin() -> Any:
+    """unpack's `-`: standard input itself if it can seek (a file), else copied into an
+    unlinked temporary file (gone however the process ends): the writers need every tensor's
+    descriptor before the first block, and those lie in every chunk."""
+    f = sys.stdin.buffer
+    if f.seekable():
+        return f
+    spool = tempfile.TemporaryFile()
+    try:
+        shutil.copyfileobj(f, spool, 1 << 20)
+        spool.seek(0)
+    except OSError as exc:
+        spool.close()
+        raise output_error(exc, f"a temporary copy of standard input in {tempfile.gettempdir()}") from None
+    return spool
+
+
 def _cmd_unpack(a: argparse.Namespace) -> int:
+    src = _spooled_stdin() if a.src == "-" else a.src
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", InexactWarning)
         warnings.simplefilter("always", DeviceNote)
-        out = unpack(a.src, a.dst, fmt=a.format, progress=_progress(a.quiet, "unpack"), max_block_bytes=a.max_memory,
+        out = unpack(src, a.dst, fmt=a.format, progress=_progress(a.quiet, "unpack"), max_block_bytes=a.max_memory,
                      max_site_dim=a.max_site_dim, workers=a.workers, allow_inexact=a.allow_inexact, device=a.device,
                      overwrite=a.force, max_shard_size=_shard_size(a), threads=a.threads)
     for w in caught:
@@ -141,79 +243,99 @@ def _cmd_unpack(a: argparse.Namespace) -> int:
         elif issubclass(w.category, DeviceNote):
             sys.stderr.write(f"bbformat: note: {w.message}\n")
     if not a.quiet:
-        print(f"wrote {out}")
+        _say(f"wrote {out}")
     return 0
 
 
 def _cmd_verify(a: argparse.Namespace) -> int:
-    rep = verify(a.src, max_block_bytes=a.max_memory, max_site_dim=a.max_site_dim, workers=a.workers,
+    rep = verify(_stdin_or(a.src), max_block_bytes=a.max_memory, max_site_dim=a.max_site_dim, workers=a.workers,
                  progress=_progress(a.quiet or a.json, "verify"), device=a.device, margins=not a.no_margin, threads=a.threads)
     if a.json:
-        print(json.dumps(rep.as_dict(), indent=2))
+        _say(json.dumps(rep.as_dict(), indent=2))
     else:
-        print(rep.summary())
-        if rep.margin_line():
-            print(rep.margin_line())
+        _say(rep.summary())
+        margin = rep.margin_line()
+        if margin:
+            _say(margin)
         if rep.note:
             sys.stderr.write(f"bbformat: note: {rep.note}\n")
     return DigestError.exit_status if rep.exact is False else 0
 
 
 def _cmd_inspect(a: argparse.Namespace) -> int:
-    info = inspect(a.src, max_block_bytes=a.max_memory, max_site_dim=a.max_site_dim)
-    print(json.dumps(info, indent=2) if a.json else format_summary(info))
+    info = inspect(_stdin_or(a.src), max_block_bytes=a.max_memory, max_site_dim=a.max_site_dim)
+    _say(json.dumps(info, indent=2) if a.json else format_summary(info))
     for w in info["warnings"]:
         sys.stderr.write(f"bbformat: warning: {w}\n")
-    return 0 if info["totals"]["all_crc_ok"] else 5
+    bad = [f"{b['index']} {b['name']}" for b in info["blocks"] if b["crc"] != "ok"]
+    if bad:  # the table shows it; stderr says it too, as every other failure does
+        _flush_stdout()
+        return _error_line(IntegrityError(f"{len(bad)} of {len(info['blocks'])} chunks fail their CRC32C: "
+                                          f"{', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}", "E_CRC_CHUNK"))
+    return 0
 
 
 def _cmd_demo(a: argparse.Namespace) -> int:
     """Make a tiny sliced model, pack it (verified), inspect, unpack, and check the logits."""
+    made = _demo_dir(Path(a.keep), a.force) if a.keep else None  # refusals before torch is imported
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            return _run_demo(a, Path(a.keep) if a.keep else Path(tmp))
+    except BaseException:
+        if made is not None:  # a failed or interrupted demo leaves no DIR it created
+            _undo_demo_dir(Path(a.keep), made)
+        raise
+
+
+def _run_demo(a: argparse.Namespace, root: Path) -> int:
     # torch-backed: loaded here, not at start-up (a fast CLI)
     from .checkpoint import read_checkpoint, write_checkpoint
     from .testing import make_tiny_checkpoint, reference_logits
 
-    with tempfile.TemporaryDirectory() as tmp:
-        root = _demo_dir(Path(a.keep), a.force) if a.keep else Path(tmp)
-        src, out, back = (root / name for name in DEMO_OUTPUTS)
-        ckpt = make_tiny_checkpoint(a.arch, seed=a.seed, layers=a.layers)
-        write_checkpoint(ckpt, src, overwrite=a.force)
-        print(f"1. wrote a tiny sliced {a.arch} model ({a.layers} layers) to {src}")
-        pack(src, out, scheme=a.scheme, verify=True, progress=_progress(a.quiet, "pack"), overwrite=a.force)
-        print(f"2. packed it into {out} (scheme {a.scheme}) and verified it bit for bit\n")
-        print(format_summary(inspect(out)) + "\n")
-        unpack(out, back, overwrite=a.force)
-        print(f"3. unpacked it to {back}")
-        ids = np.random.default_rng(a.seed).integers(0, int(ckpt.hf_config["vocab_size"]), size=(2, 16))
-        before = reference_logits(ckpt, ids)
-        after = reference_logits(read_checkpoint(back), ids)
-        diff = float(np.abs(after - before).max())
-        scale = float(np.abs(before).max())
-        ok = diff <= 2e-2 * max(1.0, scale)
-        print(f"4. logits before/after: max |diff| {diff:.3g} (max |logit| {scale:.3g}): {'OK' if ok else 'FAILED'}")
-        return 0 if ok else 1
+    say = (lambda text: None) if a.quiet else _say
+    src, out, back = (root / name for name in DEMO_OUTPUTS)
+    ckpt = make_tiny_checkpoint(a.arch, seed=a.seed, layers=a.layers)
+    write_checkpoint(ckpt, src, overwrite=a.force)
+    say(f"1. wrote a tiny sliced {a.arch} model ({a.layers} layers) to {src}")
+    pack(src, out, scheme=a.scheme, verify=True, progress=_progress(a.quiet, "pack"), overwrite=a.force)
+    say(f"2. packed it into {out} (scheme {a.scheme}) and verified it bit for bit\n")
+    say(format_summary(inspect(out)) + "\n")
+    unpack(out, back, overwrite=a.force)
+    say(f"3. unpacked it to {back}")
+    ids = np.random.default_rng(a.seed).integers(0, int(ckpt.hf_config["vocab_size"]), size=(2, 16))
+    before = reference_logits(ckpt, ids)
+    after = reference_logits(read_checkpoint(back), ids)
+    diff = float(np.abs(after - before).max())
+    scale = float(np.abs(before).max())
+    ok = diff <= 2e-2 * max(1.0, scale)
+    (_say if not ok else say)(f"4. logits before/after: max |diff| {diff:.3g} (max |logit| {scale:.3g}): {'OK' if ok else 'FAILED'}")
+    return 0 if ok else 1
 
 
 DEMO_OUTPUTS = ("model", "model.bb", "unpacked")  # what `demo --keep DIR` leaves in DIR
+DEMO_MAX_LAYERS = 64  # a tiny model: more only costs time
 
 
-def _demo_dir(root: Path, force: bool) -> Path:
-    """`demo --keep DIR`: DIR, created (with its parents) if absent. Refused before anything is
-    written: DIR, or its nearest existing ancestor, not a directory (E_INPUT); any of
-    DEMO_OUTPUTS already in DIR, unless --force (E_EXISTS); DIR not creatable (E_OUTPUT).
-    With --force, the DEMO_OUTPUTS already in DIR are removed first (whole, so that a model of
-    another --arch leaves no files beside the new one's); nothing else in DIR is touched."""
-    for p in (root, *root.parents):
-        if os.path.lexists(p):
-            if not p.is_dir():
-                raise InputError(f"--keep {root}: {p} is not a directory")
-            break
+def _demo_dir(root: Path, force: bool) -> bool:
+    """`demo --keep DIR`: DIR, created if absent (its parent must exist, as for pack's OUT and
+    unpack's DST). Refused before anything is written: DIR not a directory, or its parent
+    missing (E_INPUT); any of DEMO_OUTPUTS already in DIR, unless --force (E_EXISTS); DIR not
+    creatable (E_OUTPUT). With --force, the DEMO_OUTPUTS already in DIR are removed first
+    (whole, so that a model of another --arch leaves no files beside the new one's); nothing
+    else in DIR is touched. Returns whether DIR was created here."""
+    if os.path.lexists(root) and not root.is_dir():
+        raise InputError(f"--keep {root}: {root} is not a directory")
+    parent = root.parent
+    if not os.path.lexists(root) and not parent.is_dir():
+        what = "is not a directory" if os.path.lexists(parent) else "does not exist"
+        raise InputError(f"--keep {root}: {parent} {what} (bbformat creates DIR, not its parents)")
     if not force:
         there = [str(root / n) for n in DEMO_OUTPUTS if os.path.lexists(root / n)]
         if there:
             raise output_exists(", ".join(there), hint=f"--force replaces {'them' if len(there) > 1 else 'it'}")
+    made = not os.path.lexists(root)
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(exist_ok=True)
     except OSError as exc:
         raise output_error(exc, root) from None
     for p in (root / n for n in DEMO_OUTPUTS if force and os.path.lexists(root / n)):
@@ -221,7 +343,19 @@ def _demo_dir(root: Path, force: bool) -> Path:
             remove_entry(p)
         except OSError as exc:
             raise output_error(exc, p) from None
-    return root
+    return made
+
+
+def _undo_demo_dir(root: Path, made: bool) -> None:
+    """After a failed demo: the outputs it published in DIR go, and DIR if this run made it."""
+    for p in (root / n for n in DEMO_OUTPUTS):
+        if os.path.lexists(p):
+            remove_entry(p, best_effort=True)
+    if made:
+        try:
+            root.rmdir()
+        except OSError:
+            pass
 
 
 def _version() -> str:
@@ -275,8 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--verify", action="store_true", help="decode the result and check it bit for bit against the encoder's intent")
     pk.add_argument("--calibration", default=None, metavar="TEXT",
                     help="UTF-8 text: round rotated tensors with error feedback under the model's input statistics (Llama; needs transformers)")
-    pk.add_argument("--calibration-samples", type=int, default=16, metavar="N", help="calibration sequences (default 16)")
-    pk.add_argument("--calibration-seqlen", type=int, default=512, metavar="T", help="tokens per calibration sequence (default 512)")
+    pk.add_argument("--calibration-samples", type=_int_at_least(1, "--calibration-samples"), default=16, metavar="N", help="calibration sequences (default 16)")
+    pk.add_argument("--calibration-seqlen", type=_int_at_least(2, "--calibration-seqlen"), default=512, metavar="T", help="tokens per calibration sequence (default 512)")
     pk.add_argument("--entropy", choices=ENTROPY_MODES, default="auto",
                     help="entropy stage on each payload after bits-back (SPEC.md 8.6, 8.7): auto (the default: the "
                          "smallest per chunk among those the format version allows), none (payloads raw: about 96%% of "
@@ -295,11 +429,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "it. 1.1: readable by 1.1 readers (1.0 readers too with --entropy none or zstd), exact only on "
                          "readers whose floating point matches this machine's, with nothing to check it by")
     pk.add_argument("-f", "--force", action="store_true", help="replace OUT if it exists (without: refused, exit 2, E_EXISTS)")
-    pk.add_argument("--quiet", action="store_true")
+    pk.add_argument("--quiet", action="store_true", help="print nothing but errors and warnings (no progress bar, no report)")
     pk.add_argument("--json", action="store_true", help="print the size totals as JSON")
     pk.set_defaults(func=_cmd_pack)
     up = sub.add_parser("unpack", help="decode a container back to the TransformerCompression layout, or to a Hugging Face directory")
-    up.add_argument("src")
+    up.add_argument("src", help=f"the container; {STDIN_HELP}")
     up.add_argument("dst", help="output directory")
     up.add_argument("--format", choices=("pt", "safetensors", "hf"), default="pt",
                     help="pt / safetensors: TransformerCompression's layout; hf: a Hugging Face directory that "
@@ -313,22 +447,22 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--allow-inexact", action="store_true",
                     help="write the files even if some blocks decode to values other than their digests (E_DIGEST), "
                          "and name those blocks on stderr")
-    up.add_argument("--quiet", action="store_true")
+    up.add_argument("--quiet", action="store_true", help="print nothing but errors and warnings (no progress bar, no 'wrote' line)")
     up.set_defaults(func=_cmd_unpack)
     vf = sub.add_parser("verify", help="decode every block of a container and check it")
-    vf.add_argument("src")
-    vf.add_argument("--json", action="store_true")
+    vf.add_argument("src", help=f"the container; {STDIN_HELP}")
+    vf.add_argument("--json", action="store_true", help="print the report as JSON")
     vf.add_argument("--no-margin", action="store_true",
                     help="do not measure the band margin of a 1.4 file (SPEC.md 9 item 7; it costs about 50 ns per regenerated value)")
-    vf.add_argument("--quiet", action="store_true")
+    vf.add_argument("--quiet", action="store_true", help="no progress bar (the result is still printed)")
     for sp in (up, vf):
         sp.add_argument("--workers", type=_int_at_least(1, "--workers"), default=None, metavar="N",
                         help="threads decoding blocks ahead (default: up to 4, one per core); memory grows by a block per worker")
     vf.set_defaults(func=_cmd_verify)
 
     ins = sub.add_parser("inspect", help="summarise a container")
-    ins.add_argument("src")
-    ins.add_argument("--json", action="store_true")
+    ins.add_argument("src", help=f"the container; {STDIN_HELP}")
+    ins.add_argument("--json", action="store_true", help="print the summary as JSON")
     for sp in (pk, up, vf):
         sp.add_argument("--device", default="cpu", metavar="DEV",
                         help="where the float64 linear algebra runs: cpu (default: the reference, numpy), cuda, cuda:N, "
@@ -350,50 +484,80 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--keep", metavar="DIR", help="keep the model, container and unpacked files in DIR (DIR/model, "
                                                   "DIR/model.bb, DIR/unpacked; none of them may exist, unless --force)")
     dm.add_argument("-f", "--force", action="store_true", help="with --keep: replace DIR/model, DIR/model.bb and DIR/unpacked")
-    dm.add_argument("--scheme", choices=ROTATION_SCHEMES, default=ROTATION_SCHEMES[0])
-    dm.add_argument("--arch", choices=("llama", "opt", "phi2", "phi3"), default="llama")
-    dm.add_argument("--layers", type=int, default=4)
-    dm.add_argument("--seed", type=int, default=0)
-    dm.add_argument("--quiet", action="store_true")
+    dm.add_argument("--scheme", choices=ROTATION_SCHEMES, default=ROTATION_SCHEMES[0],
+                    help=f"the bits-back scheme to pack with (default {ROTATION_SCHEMES[0]})")
+    dm.add_argument("--arch", choices=("llama", "opt", "phi2", "phi3"), default="llama", help="architecture of the tiny model (default llama)")
+    dm.add_argument("--layers", type=_int_in(1, DEMO_MAX_LAYERS, "--layers"), default=4, metavar="N",
+                    help=f"decoder layers of the tiny model (1 to {DEMO_MAX_LAYERS}; default 4)")
+    dm.add_argument("--seed", type=_int_in(0, 2**63 - 1, "--seed"), default=0, metavar="S",
+                    help="seed of the tiny model's random weights and of the test tokens (default 0)")
+    dm.add_argument("--quiet", action="store_true", help="print nothing but errors (and the result line if the check fails)")
     dm.set_defaults(func=_cmd_demo)
     return p
+
+
+def _silence_stdout() -> None:
+    """Point stdout's descriptor at /dev/null: what is still buffered goes nowhere."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def _quiet_closed_stdout() -> int:
     """stdout's reader went away (`bbformat inspect --json F | head`): end quietly, as Unix
     tools do, with nothing more written to the closed pipe (not even at interpreter exit)."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
+    _silence_stdout()
     return EXIT_BROKEN_PIPE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    previous = signal.getsignal(signal.SIGTERM)
+    _handle_sigterm()
+    try:
+        return _main(argv)
+    finally:
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)  # main() called in-process (tests): as it was
+
+
+def _error_line(exc: BBFormatError) -> int:
+    sys.stderr.write(f"bbformat: error [{exc.code}]: {exc}\n")
+    return exc.exit_status
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except BrokenPipeError:
         return _quiet_closed_stdout()
+    except OSError as exc:  # --help or --version into a full disk
+        return _error_line(_stdout_error(exc))
     except SystemExit:  # --help (or a usage error): flush here, where a closed pipe is handled
         try:
-            sys.stdout.flush()
+            _flush_stdout()
         except BrokenPipeError:
             return _quiet_closed_stdout()
+        except BBFormatError as exc:
+            return _error_line(exc)
         raise
     if args.cmd is None:  # a bare `bbformat`: the help, on stderr, as a usage error (README, Exit codes)
         sys.stderr.write(parser.format_help())
         return EXIT_USAGE
     try:
         status = int(args.func(args))
-        sys.stdout.flush()  # here, so that a closed pipe is met inside this handler
+        _flush_stdout()  # here, so that a closed pipe or a full disk is met inside this handler
         return status
     except BrokenPipeError:
         return _quiet_closed_stdout()
     except BBFormatError as exc:
-        sys.stderr.write(f"bbformat: error [{exc.code}]: {exc}\n")
-        return exc.exit_status
+        return _error_line(exc)
+    except Terminated:
+        sys.stderr.write("bbformat: terminated (SIGTERM); temporary files removed\n")
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         sys.stderr.write("bbformat: interrupted\n")
         return EXIT_INTERRUPTED

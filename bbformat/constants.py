@@ -322,6 +322,7 @@ class ExitStatus(IntEnum):
     INTERNAL = 70  # a bug
     INTERRUPTED = 130  # 128 + SIGINT
     BROKEN_PIPE = 141  # 128 + SIGPIPE: stdout's reader went away
+    TERMINATED = 143  # 128 + SIGTERM
 
 
 ERROR_CODES: dict[str, ExitStatus] = {

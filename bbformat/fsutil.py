@@ -4,10 +4,13 @@ temp names, stale-temp cleanup.
 Every temporary that bbformat creates for an output named NAME is called
 `.NAME.bbtmp-XXXXXXXXXXXX` (a dot, the output's name, `.bbtmp-`, 12 lowercase hex digits)
 and lives in the directory where NAME is published (for `unpack` into an existing,
-non-empty directory: inside that directory). A process killed with SIGKILL can leave
-one behind; no reader takes it for output (hidden, and no `.bb`/`.pt`/`.json` suffix).
-A later successful write of the same NAME removes such leftovers once they have not been
-modified for `STALE_TEMP_SECONDS` (so a concurrent writer's live temp is left alone).
+non-empty directory: inside that directory). Its writer holds an exclusive flock(2) on it
+from creation to publication or removal, so the lock says whether a temp is in use. A
+process killed with SIGKILL can leave one behind (the kernel releases its lock); no reader
+takes it for output (hidden, and no `.bb`/`.pt`/`.json` suffix). A later successful write
+of the same NAME removes such leftovers: any whose lock it can take and that has not been
+modified for `LOCK_GRACE_SECONDS` (the moment between a temp's creation and its lock); where
+the file system has no flock, only those untouched for `STALE_TEMP_SECONDS`.
 """
 from __future__ import annotations
 
@@ -26,9 +29,17 @@ from typing import BinaryIO, Callable
 
 from .errors import InputError, output_exists
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: temps are judged by their age alone
+    fcntl = None  # type: ignore[assignment]
+
 TEMP_MARK = ".bbtmp-"
 # a temp untouched this long belongs to a dead process: a live writer modifies it far more often
 STALE_TEMP_SECONDS = 3600.0
+# a temp whose lock is free is a dead writer's once it is older than the gap between a temp's
+# creation and its locking (microseconds): then no process holds or will take its lock
+LOCK_GRACE_SECONDS = 2.0
 
 
 def fsync_dir(path: Path) -> None:
@@ -69,11 +80,36 @@ def _newest_mtime(path: Path, st: os.stat_result) -> float | None:
     return newest
 
 
-def remove_stale_temps(directory: Path, name: str, older_than: float = STALE_TEMP_SECONDS) -> list[Path]:
+def lock_temp(path: Path) -> tuple[str, int | None]:
+    """Try the exclusive flock(2) of the temp file or directory `path` without waiting, never
+    following a symlink: ("free", a descriptor that holds the lock now: close it to release),
+    ("held", None): another open file holds it, or ("unknown", None): no flock here."""
+    if fcntl is None:
+        return "unknown", None
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return "unknown", None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return "held", None
+    except OSError:
+        os.close(fd)
+        return "unknown", None
+    return "free", fd
+
+
+def remove_stale_temps(directory: Path, name: str, older_than: float = STALE_TEMP_SECONDS,
+                       grace: float = LOCK_GRACE_SECONDS) -> list[Path]:
     """Remove leftovers of killed writers of `name` in `directory`: entries named exactly
     like `temp_name(name)`, regular files or directories holding only regular files (never
-    symlinks), whose newest modification time (a directory's own or any of its entries') is more than `older_than`
-    seconds ago. Best effort: errors are ignored. Returns what was removed."""
+    symlinks), that no process is writing: their lock (lock_temp) is free and their newest
+    modification time (a directory's own or any of its entries') is more than `grace` seconds
+    ago; where the lock cannot be tested (no flock), more than `older_than` seconds ago. A
+    temp whose lock is held is left alone, however old. Best effort: errors are ignored.
+    Returns what was removed."""
     pattern = temp_pattern(name)
     now = time.time()
     removed: list[Path] = []
@@ -88,13 +124,20 @@ def remove_stale_temps(directory: Path, name: str, older_than: float = STALE_TEM
             if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
                 continue
             newest = _newest_mtime(p, st)
-            if newest is None or now - newest <= older_than:
+            if newest is None:
                 continue
-            if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(p)
-            else:
-                p.unlink()
-            removed.append(p)
+            state, fd = lock_temp(p)
+            try:
+                if state == "held" or now - newest <= (grace if state == "free" else older_than):
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(p)
+                else:
+                    p.unlink()
+                removed.append(p)
+            finally:
+                if fd is not None:
+                    os.close(fd)
         except OSError:
             continue
     return removed
@@ -253,10 +296,21 @@ class AtomicOutput:
         self.file: BinaryIO | None = None
         self.moved = 0  # files publish_entries has moved so far
         self._done = False
+        self._lock: int | None = None
         if directory:
             os.mkdir(self.temp)
         else:
             self.file = open(self.temp, "xb")  # noqa: SIM115 (closed by publish or discard)
+        try:
+            self._lock = lock_temp(self.temp)[1]  # held until published or discarded: the temp is in use
+        except BaseException:  # an interrupt right here: no temp is left
+            self.discard()
+            raise
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     def _sync(self) -> None:
         if self.file is None:
@@ -277,6 +331,7 @@ class AtomicOutput:
         else:
             rename_no_replace(self.temp, self.path)
         self._done = True
+        self._unlock()
         fsync_dir(self.path.parent)
         remove_stale_temps(self.where, self.name)
 
@@ -303,6 +358,7 @@ class AtomicOutput:
             self.moved += 1
         os.rmdir(self.temp)
         self._done = True
+        self._unlock()
         fsync_dir(self.path)
         fsync_dir(self.path.parent)
         remove_stale_temps(self.where, self.name)
@@ -318,6 +374,7 @@ class AtomicOutput:
             except OSError:
                 pass
         remove_entry(self.temp, best_effort=True)
+        self._unlock()
 
     def __enter__(self) -> "AtomicOutput":
         return self

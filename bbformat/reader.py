@@ -22,6 +22,7 @@ from .codec.sections import StoredCorrector
 from .constants import (
     CHUNK_FIXED_SIZE,
     CHUNK_MAGIC,
+    CRC_SIZE,
     FILE_MAGIC,
     FOOTER_MAGIC,
     FOOTER_SIZE,
@@ -238,6 +239,9 @@ class Reader:
             self._f, self._own = source, False
         try:
             self._open()
+        except OSError as exc:  # a file that opens but cannot be read (e.g. /proc/self/mem)
+            self.close()
+            raise InputError(f"cannot read {source if self._own else 'input'}: {exc.strerror or exc}") from None
         except BaseException:
             self.close()
             raise
@@ -431,8 +435,9 @@ class StreamReader:
 
     def __init__(self, f: BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,
                  allow_inexact: bool = False, device: str | Linalg | None = None, fallback: bool = True,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, margins: bool = False) -> None:
         asked = device_backend(device)
+        self._margins = margins
         self._parts = PartPool(threads)
         self._f = f
         self._fallback = fallback
@@ -443,6 +448,7 @@ class StreamReader:
         self._header_length = header_length(parse_header_fixed(fixed_bytes))
         self.header: Header = parse_header(fixed_bytes + _read_exact(f, self._header_length - HEADER_FIXED_SIZE, "header"))
         self._started = False
+        self.size: int | None = None  # the stream's length, once read to its end
         self.linalg, self.note = reader_backend(asked, self.header.has_digests, "stream")
 
     def __iter__(self) -> Iterator[DecodedBlock]:
@@ -457,12 +463,16 @@ class StreamReader:
         finally:
             self._parts.close()
 
-    def _chunks(self) -> Iterator[DecodedBlock]:
-        f, header = self._f, self.header
-        pos = self._header_length
+    def raw_chunks(self) -> Iterator[bytearray]:
+        """Each chunk's stored bytes in order, their CRCs unchecked (bbformat.inspect checks
+        them); after the last, the index and footer are checked against what was read
+        (`size` is then the stream's length). Instead of iterating: iterate once."""
+        if self._started:
+            raise InputError("a StreamReader is read once")
+        self._started = True
+        f, pos = self._f, self._header_length
         entries: list[IndexEntry] = []
-        seen: dict[str, int] = {}
-        for i in range(header.chunk_count):
+        for _ in range(self.header.chunk_count):
             head = _read_exact(f, CHUNK_FIXED_SIZE, "chunk header")
             if head[: len(CHUNK_MAGIC)] != CHUNK_MAGIC:
                 raise FormatError("bad chunk magic", "E_MAGIC")
@@ -470,17 +480,24 @@ class StreamReader:
             if length < MIN_CHUNK_LENGTH:
                 raise FormatError("chunk length too small", "E_BOUNDS")
             data = _read_exact(f, length - CHUNK_FIXED_SIZE, "chunk", prefix=head)
-            chunk = parse_chunk(data, expected_index=i, max_block_bytes=self._budget, max_site_dim=self._max_dim,
-                                required_flags=header.required_flags, decode_payload=self._parts.decode)
-            entries.append(IndexEntry(pos, length, chunk.crc))
+            entries.append(IndexEntry(pos, length, int.from_bytes(data[-CRC_SIZE:], "little")))
             pos += length
+            yield data
+        self.size = self._check_tail(pos, entries)
+
+    def _chunks(self) -> Iterator[DecodedBlock]:
+        seen: dict[str, int] = {}
+        self._started = False  # __iter__ set it; raw_chunks checks it again
+        for i, data in enumerate(self.raw_chunks()):
+            chunk = parse_chunk(data, expected_index=i, max_block_bytes=self._budget, max_site_dim=self._max_dim,
+                                required_flags=self.header.required_flags, decode_payload=self._parts.decode)
             del data  # a coded payload is decoded by now; a raw one is still held by the chunk
-            block = claim_names(seen, decode_parsed(chunk, self._allow_inexact, self.linalg, self._fallback))
+            block = claim_names(seen, decode_parsed(chunk, self._allow_inexact, self.linalg, self._fallback, self._margins))
             del chunk  # while the caller holds the block, keep nothing else of it
             yield block
-        self._check_tail(pos, entries)
 
-    def _check_tail(self, pos: int, entries: list[IndexEntry]) -> None:
+    def _check_tail(self, pos: int, entries: list[IndexEntry]) -> int:
+        """Checks the index and footer; returns the stream's length."""
         index = build_index(entries)
         got = _read_exact(self._f, len(index) + FOOTER_SIZE, "index and footer")
         if got[: len(index)] != index:
@@ -491,6 +508,7 @@ class StreamReader:
             raise FormatError("footer disagrees with the stream", "E_INDEX")
         if self._f.read(1):
             raise FormatError("bytes after the footer", "E_TRAILING")
+        return pos + len(got)
 
 
 def iter_stream(f: BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-from typing import Any
+from typing import Any, BinaryIO
 
 from .container.program import BlockProgram, bits_of
 from .codec.parts import read_parts
@@ -15,7 +15,8 @@ from .compat import legacy_reader_problems
 from .constants import CODEC_NAMES, CRC_SIZE, SECTION_KIND_NAMES, Codec, RequiredFlag, SectionKind
 from .container.chunks import parse_chunk
 from .container.crc import crc32c
-from .reader import Reader, resolve_budget
+from .container.framing import Header
+from .reader import Reader, StreamReader, resolve_budget
 
 
 def _side_files(meta: dict[str, Any]) -> dict[str, bytes]:
@@ -29,97 +30,114 @@ def _side_files(meta: dict[str, Any]) -> dict[str, bytes]:
     return out
 
 
-def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None = "auto", max_site_dim: int | None = None) -> dict[str, Any]:
+def inspect(path: str | os.PathLike[str] | BinaryIO, *, max_block_bytes: int | str | None = "auto",
+            max_site_dim: int | None = None) -> dict[str, Any]:
     """Sizes, sites and corrections of every chunk, and whether each chunk's CRC holds.
-    max_block_bytes as for Reader (SPEC.md 11.5)."""
+    max_block_bytes as for Reader (SPEC.md 11.5). `path` may be a binary stream: one that
+    cannot seek (a pipe) is read forward, a chunk at a time (StreamReader.raw_chunks)."""
     budget = resolve_budget(max_block_bytes)
-    with Reader(path, max_block_bytes=budget, max_site_dim=max_site_dim) as r:
-        meta = r.metadata
-        blocks = []
-        tot_plain = tot_bound = tot_values = 0
-        for i, e in enumerate(r.entries):
-            raw = r.read_chunk_bytes(i)
-            crc_ok = crc32c(raw[:-CRC_SIZE]) == int.from_bytes(raw[-CRC_SIZE:], "little") == e.crc
-            ch = parse_chunk(raw, expected_index=i, check_crc=False, max_block_bytes=budget, max_site_dim=max_site_dim,
-                             required_flags=r.header.required_flags, decode_payload=decode_payload)
-            p = ch.program
-            w = p.symbol_bits
-            plain = sum(t.numel * bits_of(t.dtype) // 8 for t in p.tensors)
-            bound = sum(s.dim * (s.dim - 1) // 2 * w for s in p.sites)
-            sign_bits = corrections = corr_bytes = band_bytes = 0
-            per_site = {k: {"corrections": 0, "correction_bytes": 0} for k in range(len(p.sites))}
-            for sec in ch.sections:
-                if sec["kind"] == SectionKind.PAYLOAD:  # not side information
-                    continue
-                if sec["kind"] == SectionKind.BAND:
-                    band_bytes += sec["stored_length"]
-                tally = SECTION_KINDS[sec["kind"]].tally(SiteContext(p, sec["site"]), ch.side[(sec["kind"], sec["site"])])
-                sign_bits += tally.sign_bits
-                if tally.corrections is not None:
-                    corrections += tally.corrections
-                    corr_bytes += sec["stored_length"]
-                    per_site[sec["site"]]["corrections"] += tally.corrections
-                    per_site[sec["site"]]["correction_bytes"] += sec["stored_length"]
-            payload = next(s for s in ch.sections if s["kind"] == SectionKind.PAYLOAD)
-            blocks.append(
-                {
-                    "index": i,
-                    "name": p.name,
-                    "symbol_dtype": p.symbol_dtype,
-                    "tensors": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in p.tensors],
-                    "rotations": [
-                        {
-                            "name": s.name,
-                            "dim": s.dim,
-                            "anchor": p.tensors[s.anchor].name,
-                            "mode": "paper" if s.paper else "symmetric",
-                            "stored_plainly": s.plain,
-                            **per_site[k],
-                        }
-                        for k, s in enumerate(p.sites)
-                    ],
-                    "plain_bytes": plain,
-                    "chunk_bytes": e.length,
-                    "payload_bytes": payload["stored_length"],
-                    "payload_codec": CODEC_NAMES[payload["codec"]],
-                    "payload_parts": _part_codecs(raw, payload, p, r.header.required_flags),
-                    "sign_bits": sign_bits,
-                    "corrections": corrections,
-                    "correction_bytes": corr_bytes,
-                    "band_bytes": band_bytes,
-                    "sections": [
-                        {"kind": SECTION_KIND_NAMES[s["kind"]], "codec": CODEC_NAMES[s["codec"]],
-                         "site": s["site"] if s["kind"] != SectionKind.PAYLOAD else None,
-                         "stored_bytes": s["stored_length"], "decoded_bytes": s["decoded_length"]}
-                        for s in ch.sections
-                    ],
-                    "gross_bound_bits": bound,
-                    "crc": "ok" if crc_ok else "MISMATCH",
-                    "content_crc": None if ch.content_crc is None else f"{ch.content_crc:08x}",
-                }
-            )
-            tot_plain += plain
-            tot_bound += bound
-            tot_values += sum(t.numel for t in p.tensors)
-        container = r.file_size
-        header = r.header.length
-    weights = container - header
+    if not isinstance(path, (str, os.PathLike)) and not path.seekable():
+        sr = StreamReader(path, max_block_bytes=budget, max_site_dim=max_site_dim)
+        header, meta = sr.header, sr.header.metadata
+        blocks = [_block(i, raw, len(raw), int.from_bytes(raw[-CRC_SIZE:], "little"), header.required_flags, budget, max_site_dim)
+                  for i, raw in enumerate(sr.raw_chunks())]
+        assert sr.size is not None
+        container, name = sr.size, "-"
+    else:
+        with Reader(path, max_block_bytes=budget, max_site_dim=max_site_dim) as r:
+            header, meta = r.header, r.metadata
+            blocks = [_block(i, r.read_chunk_bytes(i), e.length, e.crc, header.required_flags, budget, max_site_dim)
+                      for i, e in enumerate(r.entries)]
+            container = r.file_size
+        name = str(path) if isinstance(path, (str, os.PathLike)) else "-"
+    return _info(name, header, meta, blocks, container)
+
+
+def _block(i: int, raw: bytes | bytearray, length: int, index_crc: int, flags: int, budget: int | None,
+           max_site_dim: int | None) -> dict[str, Any]:
+    """One chunk's entry of inspect's "blocks" (its stored bytes `raw`, CRC checked here)."""
+    crc_ok = crc32c(raw[:-CRC_SIZE]) == int.from_bytes(raw[-CRC_SIZE:], "little") == index_crc
+    ch = parse_chunk(raw, expected_index=i, check_crc=False, max_block_bytes=budget, max_site_dim=max_site_dim,
+                     required_flags=flags, decode_payload=decode_payload)
+    p = ch.program
+    w = p.symbol_bits
+    plain = sum(t.numel * bits_of(t.dtype) // 8 for t in p.tensors)
+    bound = sum(s.dim * (s.dim - 1) // 2 * w for s in p.sites)
+    sign_bits = corrections = corr_bytes = band_bytes = 0
+    per_site = {k: {"corrections": 0, "correction_bytes": 0} for k in range(len(p.sites))}
+    for sec in ch.sections:
+        if sec["kind"] == SectionKind.PAYLOAD:  # not side information
+            continue
+        if sec["kind"] == SectionKind.BAND:
+            band_bytes += sec["stored_length"]
+        tally = SECTION_KINDS[sec["kind"]].tally(SiteContext(p, sec["site"]), ch.side[(sec["kind"], sec["site"])])
+        sign_bits += tally.sign_bits
+        if tally.corrections is not None:
+            corrections += tally.corrections
+            corr_bytes += sec["stored_length"]
+            per_site[sec["site"]]["corrections"] += tally.corrections
+            per_site[sec["site"]]["correction_bytes"] += sec["stored_length"]
+    payload = next(s for s in ch.sections if s["kind"] == SectionKind.PAYLOAD)
+    return {
+        "index": i,
+        "name": p.name,
+        "symbol_dtype": p.symbol_dtype,
+        "tensors": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in p.tensors],
+        "rotations": [
+            {
+                "name": s.name,
+                "dim": s.dim,
+                "anchor": p.tensors[s.anchor].name,
+                "mode": "paper" if s.paper else "symmetric",
+                "stored_plainly": s.plain,
+                **per_site[k],
+            }
+            for k, s in enumerate(p.sites)
+        ],
+        "plain_bytes": plain,
+        "chunk_bytes": length,
+        "payload_bytes": payload["stored_length"],
+        "payload_codec": CODEC_NAMES[payload["codec"]],
+        "payload_parts": _part_codecs(raw, payload, p, flags),
+        "sign_bits": sign_bits,
+        "corrections": corrections,
+        "correction_bytes": corr_bytes,
+        "band_bytes": band_bytes,
+        "sections": [
+            {"kind": SECTION_KIND_NAMES[s["kind"]], "codec": CODEC_NAMES[s["codec"]],
+             "site": s["site"] if s["kind"] != SectionKind.PAYLOAD else None,
+             "stored_bytes": s["stored_length"], "decoded_bytes": s["decoded_length"]}
+            for s in ch.sections
+        ],
+        "gross_bound_bits": bound,
+        "crc": "ok" if crc_ok else "MISMATCH",
+        "content_crc": None if ch.content_crc is None else f"{ch.content_crc:08x}",
+        "values": sum(t.numel for t in p.tensors),
+    }
+
+
+def _info(name: str, header: Header, meta: dict[str, Any], blocks: list[dict[str, Any]], container: int) -> dict[str, Any]:
+    """inspect's result from the header and the blocks' entries."""
+    tot_plain = sum(b["plain_bytes"] for b in blocks)
+    tot_bound = sum(b["gross_bound_bits"] for b in blocks)
+    tot_values = sum(b.pop("values") for b in blocks)
+    weights = container - header.length
     saved = 8 * (tot_plain - weights)
     return {
-        "file": str(path),
-        "version": f"{r.header.major}.{r.header.minor}",
+        "file": name,
+        "version": f"{header.major}.{header.minor}",
         "architecture": meta.get("architecture"),
-        "scheme": r.header.scheme,
+        "scheme": header.scheme,
         "tolerance": meta.get("tolerance"),
-        "content_digests": r.header.has_digests,
-        "band_widths": bool(r.header.required_flags & RequiredFlag.BANDS),
+        "content_digests": header.has_digests,
+        "band_widths": bool(header.required_flags & RequiredFlag.BANDS),
         "warnings": legacy_reader_problems(_side_files(meta)),
         "dtypes": sorted({t["dtype"] for b in blocks for t in b["tensors"]}),
         "blocks": blocks,
         "totals": {
             "plain_bytes": tot_plain,
             "container_bytes": container,
-            "metadata_bytes": header,
+            "metadata_bytes": header.length,
             "weights_bytes": weights,
             "saved_bits": saved,
             "values": tot_values,
@@ -140,7 +158,7 @@ def inspect(path: str | os.PathLike[str], *, max_block_bytes: int | str | None =
     }
 
 
-def _part_codecs(raw: bytes, payload: dict[str, Any], program: BlockProgram, flags: int) -> dict[str, int] | None:
+def _part_codecs(raw: bytes | bytearray, payload: dict[str, Any], program: BlockProgram, flags: int) -> dict[str, int] | None:
     """A codec-4 payload's parts by codec name, e.g. {"exponent": 7} (SPEC.md 8.9); None for
     any other payload."""
     if payload["codec"] != Codec.PARTS:
@@ -168,7 +186,7 @@ def format_summary(info: dict[str, Any]) -> str:
     t = info["totals"]
     plainly = any(r["stored_plainly"] for b in info["blocks"] for r in b["rotations"])
     lines = [
-        f"bbformat {info['version']}  {info['file']}",
+        f"{info['file']}: container format {info['version']}",
         f"architecture {info['architecture']}  scheme {info['scheme']}  tolerance {info['tolerance']}  dtypes {','.join(info['dtypes'])}",
         "content digests: " + ("yes (every chunk records a CRC32C of its decoded values; `bbformat verify` checks them)"
                                if info["content_digests"] else "no (format 1.0/1.1: exactness on another reader cannot be checked)")

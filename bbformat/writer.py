@@ -95,6 +95,14 @@ class Writer:
             self._out: BinaryIO = self._atomic.file
         else:
             self._out = dest
+        try:  # an interrupt (SIGINT, SIGTERM) before the caller holds this Writer: no temp is left
+            self._start(chunk_count, fields, background_header)
+        except BaseException:
+            if self._atomic is not None:
+                self._atomic.discard()
+            raise
+
+    def _start(self, chunk_count: int, fields: Any, background_header: bool) -> None:
         self._expected = chunk_count
         self._entries: list[IndexEntry] = []
         self._waiting: list[BuiltChunk] = []  # built chunks not yet written (behind a background header)

@@ -151,7 +151,20 @@ def test_unpack_into_a_non_empty_directory_needs_force(packed: tuple[Path, Path]
     assert (dst / "notes.txt").read_bytes() == b"mine" and len(os.listdir(dst)) > 1  # files added, others left alone
     (tmp_path / "empty").mkdir()  # an empty directory replaces nothing: no --force needed
     assert main(["unpack", str(bb), str(tmp_path / "empty"), "--quiet"]) == 0
-    assert main(["unpack", str(bb), str(tmp_path / "a" / "b" / "c"), "--quiet"]) == 0  # missing parents are made
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("cmd", ["pack", "unpack"])
+def test_missing_output_parents_are_refused_by_both(packed: tuple[Path, Path], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str], cmd: str) -> None:
+    """One rule (README, Paths): bbformat creates the output it is given, never a missing parent;
+    pack and unpack alike refuse, before any work, and leave nothing behind."""
+    src, bb = packed
+    out = tmp_path / "a" / "b" / ("m.bb" if cmd == "pack" else "u")
+    assert main([cmd, str(src if cmd == "pack" else bb), str(out), "--quiet"]) == 2
+    assert "does not exist" in _err(capsys, "E_INPUT") and os.listdir(tmp_path) == []
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    assert main([cmd, str(src if cmd == "pack" else bb), str(out), "--quiet"]) == 0
 
 
 @pytest.mark.parametrize("force", [[], ["--force"]])

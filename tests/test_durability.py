@@ -8,7 +8,7 @@ half aimed at the write phase (poll until our temp file or staging directory app
 wait a seeded fraction of the measured write window). Both with the output absent beforehand
 and present from an earlier complete run with different content. What a kill may leave:
 `.m.bb.bbtmp-<12 hex>` files next to m.bb, `.u.bbtmp-<12 hex>/` staging directories next to
-(or, for an existing u/, inside) u/; the next successful run removes those over an hour old.
+(or, for an existing u/, inside) u/; the next successful run removes those whose lock is free.
 """
 from __future__ import annotations
 
@@ -83,6 +83,19 @@ def _age(p: Path, seconds: float = 2 * STALE_TEMP_SECONDS) -> None:
         for q in p.iterdir():
             os.utime(q, (t, t), follow_symlinks=False)
     os.utime(p, (t, t), follow_symlinks=False)
+
+
+@contextmanager
+def _held(p: Path) -> Iterator[None]:
+    """Hold the temp's lock, as its live writer does (fsutil.AtomicOutput)."""
+    import fcntl
+
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------- running and killing
@@ -214,7 +227,7 @@ def _pack_scenario(src: Path, out_dir: Path, new: bytes, old: bytes | None, poin
     stale.write_bytes(b"stale")
     _age(stale)
     keep = {
-        ".m.bb.bbtmp-0123456789ab": None,  # our pattern, but fresh: maybe a live writer's
+        ".m.bb.bbtmp-0123456789ab": None,  # our pattern, locked below: a live writer's, however old
         ".m.bb.bbtmp-0123456789aZ": "age",  # not hex
         ".m.bb.bbtmp-0123456789ab.x": "age",
         "m.bb.bbtmp-0123456789ab": "age",  # no leading dot
@@ -227,7 +240,9 @@ def _pack_scenario(src: Path, out_dir: Path, new: bytes, old: bytes | None, poin
     os.symlink(out_dir / "m.bb.bbtmp-0123456789ab", out_dir / ".m.bb.bbtmp-ffffffffffff")  # never a symlink
     _age(out_dir / ".m.bb.bbtmp-ffffffffffff")
     keep[".m.bb.bbtmp-ffffffffffff"] = None
-    r = subprocess.run(_argv("pack", str(src), str(out), *force), env=_env(), capture_output=True, text=True)
+    _age(out_dir / ".m.bb.bbtmp-0123456789ab")
+    with _held(out_dir / ".m.bb.bbtmp-0123456789ab"):
+        r = subprocess.run(_argv("pack", str(src), str(out), *force), env=_env(), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert out.read_bytes() == new  # deterministic: the same bytes as the measured run
     assert set(os.listdir(out_dir)) == {"m.bb", *keep}
@@ -337,9 +352,10 @@ def _unpack_scenario(bb: Path, parent: Path, new: dict[str, bytes], old: dict[st
         (home / n).mkdir()
         (home / n / "x").write_bytes(b"x")
     (home / ".u.bbtmp-aaaaaaaaaaaa" / "sub").mkdir()  # holds a directory: not ours to delete
-    for n in keep[1:]:
+    for n in keep:
         _age(home / n)
-    r = subprocess.run(_argv("unpack", str(bb), str(dst), *force), env=_env(), capture_output=True, text=True)
+    with _held(home / keep[0]):  # a live writer's staging directory, however old
+        r = subprocess.run(_argv("unpack", str(bb), str(dst), *force), env=_env(), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert _files(dst) == new
     left = set(os.listdir(home)) - set(new) - {"u"}
@@ -675,3 +691,57 @@ def test_unpack_killed_before_every_rename_of_the_burst(tmp_path: Path) -> None:
     assert r.returncode == -signal.SIGKILL
     assert not dst.exists()
     assert all(temp_pattern("u").match(n) for n in os.listdir(tmp_path) if n.startswith(".u"))
+
+
+# ---------------------------------------------------------------- SIGTERM (issue 41)
+
+
+def _terminate_mid_write(argv: list[str], watch: Path, pattern: re.Pattern[str]) -> subprocess.CompletedProcess[str]:
+    """Start the command, send SIGTERM once its temp has appeared (as `timeout` does), and
+    return what it did."""
+    p = subprocess.Popen(argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while p.poll() is None and not _has_temp(watch, pattern):
+        assert time.monotonic() - t0 < RUN_TIMEOUT
+        time.sleep(0.0005)
+    assert p.poll() is None, "finished before its temp could be seen"
+    p.send_signal(signal.SIGTERM)  # the child we started, by its pid
+    out, err = p.communicate(timeout=RUN_TIMEOUT)
+    return subprocess.CompletedProcess(argv, p.returncode, out, err)
+
+
+@pytest.mark.parametrize("cmd", ["pack", "unpack"])
+def test_sigterm_removes_the_temps_and_exits_143(tmp_path: Path, cmd: str) -> None:
+    """The issue's `timeout -s TERM 4 bbformat pack SRC OUT`: stopped mid-write, it leaves no
+    `.bbtmp-` temp and no output, says so in one line and exits 128 + SIGTERM."""
+    ckpt = make_tiny_checkpoint("llama", **BIG)
+    src = _model(tmp_path, "src", ckpt)
+    work = tmp_path / "w"
+    work.mkdir()
+    if cmd == "pack":
+        argv, name = _argv("pack", str(src), str(work / "m.bb")), "m.bb"
+    else:
+        bbformat.pack(src, tmp_path / "m.bb")
+        argv, name = _argv("unpack", str(tmp_path / "m.bb"), str(work / "u")), "u"
+    r = _terminate_mid_write(argv, work, temp_pattern(name))
+    assert r.returncode == 143, (r.returncode, r.stderr)
+    assert r.stderr.count("\n") == 1 and "terminated" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert os.listdir(work) == []
+
+
+def test_a_killed_writers_temp_goes_at_the_next_run_at_once(tmp_path: Path) -> None:
+    """SIGKILL cannot be handled: the temp stays, but its lock died with the process, so the
+    next successful pack of the same OUT removes it without waiting an hour."""
+    ckpt = make_tiny_checkpoint("llama", **SMALL)
+    src = _model(tmp_path, "src", ckpt)
+    work = tmp_path / "w"
+    work.mkdir()
+    out = work / "m.bb"
+    outcome = _run_until(_argv("pack", str(src), str(out)), KillPoint("write", 0.0), work, temp_pattern("m.bb"))
+    assert outcome == "killed"
+    left = _temps(work, temp_pattern("m.bb"))
+    assert left and not out.exists()
+    time.sleep(2.5)  # past fsutil.LOCK_GRACE_SECONDS: a temp's creation-to-lock moment
+    r = subprocess.run(_argv("pack", str(src), str(out)), env=_env(), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert os.listdir(work) == ["m.bb"]

@@ -86,6 +86,10 @@ def publish_directory(dst: Path | str, files: Mapping[str, bytes], written: list
         raise output_exists(f"{what}: it appeared while {dst} was written; nothing was written") from None
     except OSError as exc:
         raise output_error(exc, dst, _failure_note(dst, existed, staging.moved if staging else 0, len(order))) from None
+    except BaseException:  # an interrupt between the staging directory's creation and its `with`
+        if staging is not None:
+            staging.discard()
+        raise
     # a killed earlier run may have staged at the other place (next to DST or inside it)
     assert staging is not None
     fsutil.remove_stale_temps(dst if staging.where != dst else dst.parent, label)
