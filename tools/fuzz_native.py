@@ -62,11 +62,13 @@ def libasan() -> str:
     return subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def build_extension(dest: Path) -> Path:
-    """bbformat/codec/_exponent_native.c built with SAN_FLAGS into `dest`; returns the .so."""
+def build_extension(dest: Path, name: str = "_exponent_native") -> Path:
+    """bbformat/codec/NAME.c built with SAN_FLAGS into `dest`; returns the .so. The run builds
+    both compiled modules: _exponent_native (codecs 2 and 3) and _host_native (x_residuals,
+    rounding, widening, margins), which the worker loads from the same folder."""
     dest.mkdir(parents=True, exist_ok=True)
-    so = dest / ("_exponent_native" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
-    src = ROOT / "bbformat" / "codec" / "_exponent_native.c"
+    so = dest / (name + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+    src = ROOT / "bbformat" / "codec" / f"{name}.c"
     cmd = ["gcc", *SAN_FLAGS, "-fPIC", "-shared", "-Wall", "-Werror", f"-I{sysconfig.get_paths()['include']}", str(src), "-o", str(so)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return so
@@ -154,11 +156,19 @@ def worker_main(so: Path) -> int:
     counted_decode = proxy.decode
     proxy.decode = lambda *a: counted_decode(*a, simd[0])  # type: ignore[attr-defined]
     sys.modules["bbformat.codec._exponent_native"] = proxy
-    from bbformat.codec import native, payload
+    host_so = so.with_name(so.name.replace("_exponent_native", "_host_native"))
+    if host_so.exists():  # the host path's residual decoding, rounding and margins, sanitized too
+        hspec = importlib.util.spec_from_file_location("bbformat.codec._host_native", host_so)
+        assert hspec is not None and hspec.loader is not None
+        host = importlib.util.module_from_spec(hspec)
+        hspec.loader.exec_module(host)
+        sys.modules["bbformat.codec._host_native"] = host
+    from bbformat.codec import host_native, native, payload
     from bbformat.errors import BBFormatError
     from bbformat.reader import Reader
 
     assert native.compiled is proxy, "the sanitized extension was not taken"
+    assert not host_so.exists() or host_native.compiled is sys.modules["bbformat.codec._host_native"], "sanitized host path not taken"
     entered = [0]
     decode_payload = payload.decode_payload
 
@@ -302,6 +312,7 @@ def run(cases: int, seed: int, findings_dir: Path | None, timeout: float = 60.0,
     with tempfile.TemporaryDirectory(prefix="bbfuzz-native-", dir=work) as tmp:
         work = Path(tmp)
         so = build_extension(work / "ext")
+        build_extension(work / "ext", "_host_native")
         binary = build_c_reader()
         worker = Worker(so, work)
         try:
@@ -341,7 +352,7 @@ def run(cases: int, seed: int, findings_dir: Path | None, timeout: float = 60.0,
         "cases": cases, "seed": seed, "seed_files": len(pool), "elapsed_s": time.time() - t0, "findings": found,
         "rows": {r: dict(v) for r, v in sorted(rows.items())}, "worker_starts": worker.starts,
         "code_differences": [{"python": p, "c": c, "cases": n, "example": code_examples[(p, c)]} for (p, c), n in codes.most_common()],
-        "date": time.strftime("%Y-%m-%d"), "flags": " ".join(SAN_FLAGS),
+        "date": time.strftime("%Y-%m-%d"), "flags": " ".join(SAN_FLAGS), "host_path": True,
     }
 
 
@@ -361,7 +372,9 @@ def report(res: dict[str, Any]) -> str:
         f"Command: `python tools/fuzz_native.py {' '.join(res['argv'])}` ({res['elapsed_s'] / 60:.0f} min on one core).",
         "",
         f"**{res['cases']:,} cases, {len(res['findings'])} findings.** Both compiled decoders are built with `gcc {res['flags']}`: "
-        "`bbformat/codec/_exponent_native.c` (codecs 2 and 3), loaded by the Python reader in a worker run with "
+        "`bbformat/codec/_exponent_native.c` (codecs 2 and 3)"
+        + (" and `bbformat/codec/_host_native.c` (x_residuals, rounding, widening, margins)" if res.get("host_path") else "")
+        + ", loaded by the Python reader in a worker run with "
         "`LD_PRELOAD=$(gcc -print-file-name=libasan.so)` and `ASAN_OPTIONS=detect_leaks=0` (Python's own allocations are "
         "not leaks of ours), and the C reader `tools/bbread-c` (`make asan`, leak checking on). Each case goes to both; the extension's rANS decoder takes its AVX2 steps in every other case and its scalar steps in the others. A "
         "finding is a sanitizer report, a crash or a hang (60 s) of either, an exception from the Python reader that is not a "
