@@ -26,7 +26,7 @@ from .codec import host_native
 from .codec.exponent import NATIVE_DECODER
 from .api import DeviceNote, InexactWarning, pack, unpack, verify
 from .errors import BBFormatError, DigestError, InputError, IntegrityError, output_error, output_exists
-from .fsutil import remove_entry
+from .fsutil import remove_abandoned_temps, remove_entry
 from .summary import bound_words, format_summary, inspect
 
 EXIT_USAGE = ExitStatus.USAGE
@@ -556,9 +556,11 @@ def _main(argv: Sequence[str] | None) -> int:
     except BBFormatError as exc:
         return _error_line(exc)
     except Terminated:
+        remove_abandoned_temps()
         sys.stderr.write("bbformat: terminated (SIGTERM); temporary files removed\n")
         return EXIT_TERMINATED
     except KeyboardInterrupt:
+        remove_abandoned_temps()
         sys.stderr.write("bbformat: interrupted\n")
         return EXIT_INTERRUPTED
     except MemoryError:

@@ -264,6 +264,22 @@ def remove_entry(path: Path, best_effort: bool = False) -> None:
             raise
 
 
+_LIVE: set[Path] = set()  # temps of this process not yet published or discarded
+
+
+def remove_abandoned_temps() -> list[Path]:
+    """Remove this process's temps that no publish() or discard() has settled: the CLI calls it
+    after an interrupt (SIGINT, SIGTERM), which can land between a temp's creation and the
+    code that would discard it. Returns those removed."""
+    gone = []
+    for p in sorted(_LIVE):
+        _LIVE.discard(p)
+        if os.path.lexists(p):
+            remove_entry(p, best_effort=True)
+            gone.append(p)
+    return gone
+
+
 class AtomicOutput:
     """One output published atomically: built under a temp name, renamed over its final name
     only once complete, so readers see it absent, old or new, never partial.
@@ -297,6 +313,7 @@ class AtomicOutput:
         self.moved = 0  # files publish_entries has moved so far
         self._done = False
         self._lock: int | None = None
+        _LIVE.add(self.temp)  # before it exists: an interrupt at any point finds it (remove_abandoned_temps)
         if directory:
             os.mkdir(self.temp)
         else:
@@ -308,6 +325,7 @@ class AtomicOutput:
             raise
 
     def _unlock(self) -> None:
+        _LIVE.discard(self.temp)
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
