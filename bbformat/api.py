@@ -25,7 +25,7 @@ from .container.program import TensorEntry, bits_of
 from .compat import legacy_reader_problems
 from .container.digest import content_crc
 from .errors import FormatError, InputError, OutputExistsError, VerifyError, check_choice
-from .fsutil import check_output_file, write_synced
+from .fsutil import check_output_file, refuse_existing, write_synced
 from .packing import BoundedWorker, EncodeChain, Progress, encode_chunks
 from .reader import DECODE_WORKERS, DecodedBlock, Reader, StreamReader, decode_workers
 from .writer import Writer
@@ -213,7 +213,8 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
         chain = EncodeChain(layout, get, coding, tolerance, moments, band=w.mixed_corrections, progress=progress, la=la,
                             bands=w.bands)
         for _chunk, enc in encode_chunks(chain):
-            digests.append({n: _digest(t) for n, t in enc.intended.items()})
+            if verify:  # what --verify compares the decoded file against; nothing else reads them
+                digests.append({n: _digest(t) for n, t in enc.intended.items()})
             crc = content_crc(enc.program, enc.intended) if w.digests else None
             enc.intended = {}
             report.sites.extend(enc.reports)  # a deferred site's side_bytes are filled in by finish()
@@ -511,13 +512,14 @@ def unpack(
     `device`: where the linear algebra runs (Reader); chunks it misses are decoded again with
     the reference, and a DeviceNote says how many. `threads`: how many threads decode the parts
     of one block's payload (format 1.5; None: every CPU this process may use)."""
-    from .checkpoint import check_side_files, publish_checkpoint
-
     if fmt not in ("pt", "safetensors", "hf"):
         raise InputError(f"unknown output format {fmt!r} (choose 'pt', 'safetensors' or 'hf')")
     if max_shard_size is not None and fmt != "hf":
         raise InputError("max_shard_size applies to fmt='hf' only")
     check_output_parent(Path(dst))
+    if not isinstance(src, (str, os.PathLike)) and not src.seekable():
+        return _unpack_stream(src, Path(dst), fmt, progress, max_block_bytes, max_site_dim, allow_inexact, device, overwrite,
+                              threads)
     inexact = InexactBlocks(src if isinstance(src, (str, os.PathLike)) else "-")
     with Reader(src, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=device,
                 share_payload=True, threads=threads) as r:
@@ -529,6 +531,10 @@ def unpack(
             raise InputError(f"container lacks tensors listed in its metadata: {missing[:3]}")
         stem = r.metadata.get("stem", "model")
         files = _decode_files(r.metadata.get("files", {}))
+        if fmt != "hf" and not overwrite:  # before the heavy imports below (torch): a refusal takes no time
+            refuse_existing(Path(dst), sorted(files) + [f"{stem}.{fmt}"])
+        from .checkpoint import check_side_files, publish_checkpoint
+
         check_side_files(stem, files)
         wanted = {k: entries[k] for k in keys}
         if fmt == "hf":
@@ -542,6 +548,62 @@ def unpack(
         out = publish_checkpoint(Path(dst), stem, files, fmt, weights, overwrite=overwrite)
     inexact.warn()
     return out
+
+
+def _unpack_stream(f: BinaryIO, dst: Path, fmt: str, progress: Progress | None, max_block_bytes: int | str | None,
+                   max_site_dim: int | None, allow_inexact: bool, device: str | Linalg | None, overwrite: bool,
+                   threads: int | None) -> Path:
+    """unpack from a stream that cannot seek (a pipe), decoding each block as its bytes arrive:
+    `.pt` only, whose records may come in any order (a safetensors header lists every tensor
+    first, and the container lists them only at its end). The tensor names come from the
+    header's metadata (`keys`); whether every one was decoded is checked after the last block."""
+    from .tensors import raw_to_torch
+
+    if fmt != "pt":
+        raise InputError(f"unpack from a stream writes fmt='pt' only ({fmt!r} needs every tensor's descriptor before the first "
+                         "block, which a container gives at its end); copy the stream into a file first")
+    sr = StreamReader(f, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact,
+                      device=device, threads=threads)
+    meta = sr.header.metadata
+    keys = meta.get("keys")
+    if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
+        raise InputError("this container's metadata lists no tensor names (keys): unpack it from a file, not a stream")
+    stem = meta.get("stem", "model")
+    files = _decode_files(meta.get("files", {}))
+    if not overwrite:
+        refuse_existing(dst, sorted(files) + [f"{stem}.{fmt}"])
+    from .checkpoint import check_side_files, publish_checkpoint
+    from .stream_writers import TorchZipWriter
+
+    check_side_files(stem, files)
+    inexact = InexactBlocks("-")
+    if sr.note:
+        warnings.warn(DeviceNote(sr.note), stacklevel=2)
+    wanted = set(keys)
+
+    def weights(path: Path) -> None:
+        out, seen = TorchZipWriter(path, keys), set()
+        try:
+            for k, block in enumerate(sr):
+                inexact.see(block)
+                for name, t in block.tensors.items():
+                    if name in wanted:
+                        out.write(name, raw_to_torch(t, copy=False))
+                        seen.add(name)
+                if progress is not None:
+                    progress(k + 1, sr.header.chunk_count, block.name)
+                del block
+            missing = [k for k in keys if k not in seen]
+            if missing:
+                raise InputError(f"container lacks tensors listed in its metadata: {missing[:3]}")
+            out.finish()
+        except BaseException:
+            out.abort()
+            raise
+
+    result = publish_checkpoint(dst, stem, files, fmt, weights, overwrite=overwrite)
+    inexact.warn()
+    return result
 
 
 def _stream_weights(r: Reader, path: Path, fmt: str, wanted: dict[str, TensorEntry], progress: Progress | None,

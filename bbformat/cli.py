@@ -212,12 +212,13 @@ def _stdin_or(src: str) -> Any:
     return sys.stdin.buffer if src == "-" else src
 
 
-def _spooled_stdin() -> Any:
-    """unpack's `-`: standard input itself if it can seek (a file), else copied into an
-    unlinked temporary file (gone however the process ends): the writers need every tensor's
-    descriptor before the first block, and those lie in every chunk."""
+def _spooled_stdin(fmt: str) -> Any:
+    """unpack's `-`: standard input itself if it can seek (a file) or the output is `.pt`
+    (decoded as it arrives: api.unpack streams it), else copied into an unlinked temporary
+    file (gone however the process ends): safetensors and hf writers need every tensor's
+    descriptor before the first block, and a container lists them all only at its end."""
     f = sys.stdin.buffer
-    if f.seekable():
+    if f.seekable() or fmt == "pt":
         return f
     spool = tempfile.TemporaryFile()
     try:
@@ -230,7 +231,7 @@ def _spooled_stdin() -> Any:
 
 
 def _cmd_unpack(a: argparse.Namespace) -> int:
-    src = _spooled_stdin() if a.src == "-" else a.src
+    src = _spooled_stdin(a.format) if a.src == "-" else a.src
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", InexactWarning)
         warnings.simplefilter("always", DeviceNote)

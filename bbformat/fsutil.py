@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, Callable
 
-from .errors import InputError, output_exists
+from .errors import InputError, OutputExistsError, output_exists
 
 try:
     import fcntl
@@ -406,3 +406,24 @@ class AtomicOutput:
             except BaseException:
                 self.discard()
                 raise
+
+
+def refuse_existing(dst: Path, order: list[str]) -> None:
+    """OutputExistsError unless DST is absent or an empty directory: names the files of `order`
+    (a directory's files in publication order, the weights last) that DST already has (or, with
+    none of them, says that DST is not empty). Imports nothing heavy: unpack refuses before torch."""
+    if not os.path.lexists(dst):
+        return
+    try:
+        with os.scandir(dst) as it:
+            present = sorted(e.name for e in it)
+    except OSError:
+        return  # not a directory we can list: the write reports it
+    if not present:
+        return
+    clash = [n for n in order[-1:] + order[:-1] if n in present]  # the weights file first
+    if clash:
+        more = f" and {len(clash) - 3} more" if len(clash) > 3 else ""
+        raise output_exists(f"{', '.join(clash[:3])}{more} in {dst}", many=len(clash) > 1)
+    raise OutputExistsError(f"{dst} is not empty ({len(present)} entries, e.g. {present[0]}); give a new or empty "
+                            f"directory, or --force (Python: overwrite=True) to add the files to it")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import bbformat
 from bbformat import cli
@@ -169,6 +170,14 @@ def test_refusing_an_existing_output_does_not_import_torch(packed: tuple[Path, P
                            env=_env(), timeout=120)
         assert r.stdout.split() == ["2", "False", "False"], (r.stdout, r.stderr)
     assert (tmp_path / "m.bb").read_bytes() == b"mine"
+    _, bb = packed
+    (tmp_path / "u").mkdir()
+    (tmp_path / "u" / "keep.txt").write_bytes(b"mine")
+    for fmt in ("pt", "safetensors"):  # unpack into a directory that is not empty, too
+        r = subprocess.run([sys.executable, "-c", code, "unpack", str(bb), str(tmp_path / "u"), "--format", fmt],
+                           capture_output=True, text=True, env=_env(), timeout=120)
+        assert r.stdout.split() == ["2", "False", "False"] and "E_EXISTS" in r.stderr, (r.stdout, r.stderr)
+    assert os.listdir(tmp_path / "u") == ["keep.txt"]
 
 
 def test_dash_reads_standard_input_through_a_pipe(packed: tuple[Path, Path], tmp_path: Path) -> None:
@@ -183,13 +192,56 @@ def test_dash_reads_standard_input_through_a_pipe(packed: tuple[Path, Path], tmp
     assert got.pop("file") == "-" and from_file.pop("file") == str(bb) and got == from_file
     v = _cli("verify", "--json", "-", stdin=data)
     assert v.returncode == 0 and json.loads(v.stdout)["exact"] is True, v.stderr
-    u = _cli("unpack", "-", str(tmp_path / "u"), "--quiet", stdin=data)
+    u = _cli("unpack", "-", str(tmp_path / "u"), "--quiet", stdin=data)  # .pt: decoded as it arrives
     assert u.returncode == 0, u.stderr
     bbformat.unpack(bb, tmp_path / "ref")
-    assert {p.name: p.read_bytes() for p in (tmp_path / "u").iterdir()} == \
-        {p.name: p.read_bytes() for p in (tmp_path / "ref").iterdir()}
+    got = {p.name: p.read_bytes() for p in (tmp_path / "u").iterdir() if p.suffix != ".pt"}
+    assert got == {p.name: p.read_bytes() for p in (tmp_path / "ref").iterdir() if p.suffix != ".pt"} and got
+    (pt,) = (tmp_path / "u").glob("*.pt")  # the records in stream order: the same tensors, bit for bit
+    a, b = torch.load(pt, weights_only=True), torch.load(tmp_path / "ref" / pt.name, weights_only=True)
+    assert list(a) == list(b) and all(torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a)
+    s = _cli("unpack", "-", str(tmp_path / "s"), "--quiet", "--format", "safetensors", stdin=data)  # copied first
+    assert s.returncode == 0, s.stderr
+    bbformat.unpack(bb, tmp_path / "sref", fmt="safetensors")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "s").iterdir()} == \
+        {p.name: p.read_bytes() for p in (tmp_path / "sref").iterdir()}
     cut = _cli("verify", "-", stdin=data[:-40])  # a stream that ends early: one line, E_TRUNCATED
     assert cut.returncode == 4 and b"E_TRUNCATED" in cut.stderr and cut.stderr.count(b"\n") == 1, cut.stderr
+
+
+def test_unpack_from_a_pipe_decodes_before_the_stream_ends(tmp_path: Path) -> None:
+    """`curl URL | bbformat unpack - out`: with the container's last bytes (index and footer)
+    held back, the first blocks are already decoded into the staging .pt; the rest completes it.
+    A stream cut short publishes nothing."""
+    import time
+
+    write_checkpoint(make_tiny_checkpoint("llama", seed=4, layers=3, hidden=32, vocab=64), tmp_path / "src")
+    bb = bbformat.pack(tmp_path / "src", tmp_path / "m.bb").path
+    data = Path(bb).read_bytes()
+    for whole in (True, False):
+        dst = tmp_path / f"out{whole}"
+        p = subprocess.Popen([sys.executable, "-m", "bbformat", "unpack", "-", str(dst), "--quiet"], stdin=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=_env())
+        assert p.stdin is not None
+        p.stdin.write(data[:-200])
+        p.stdin.flush()
+        deadline, staged = time.monotonic() + 120, 0
+        while time.monotonic() < deadline and not staged:  # records of decoded blocks in the staging archive
+            staged = sum(f.stat().st_size for f in tmp_path.glob(f".out{whole}.bbtmp-*/*.pt"))
+            time.sleep(0.05)
+        assert staged > 0 and p.poll() is None and not dst.exists()
+        if whole:
+            p.stdin.write(data[-200:])
+        p.stdin.close()
+        err = p.stderr.read() if p.stderr else b""
+        assert p.wait(timeout=120) == (0 if whole else 4), err
+        if whole:
+            sd = torch.load(next(dst.glob("*.pt")), weights_only=True)
+            ref = torch.load(next(bbformat.unpack(bb, tmp_path / "ref").glob("*.pt")), weights_only=True)
+            assert list(sd) == list(ref) and all(torch.equal(sd[k], ref[k]) for k in sd)
+        else:
+            assert b"E_TRUNCATED" in err and err.count(b"\n") == 1 and not dst.exists()
+            assert not list(tmp_path.glob(f".out{whole}.bbtmp-*"))
 
 
 def test_hf_directory_tokenizer_loads_without_running_or_asking_for_code(tmp_path: Path) -> None:

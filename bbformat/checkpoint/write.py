@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from .. import fsutil
-from ..errors import InputError, OutputExistsError, output_error, output_exists
+from ..errors import InputError, output_error, output_exists
 from ..fsutil import AtomicOutput
 from ..stream_writers import torch_zip_is_whole
 from .files import WEIGHT_SUFFIXES, Checkpoint, check_format, check_stem, side_files
@@ -66,7 +66,7 @@ def publish_directory(dst: Path | str, files: Mapping[str, bytes], written: list
     dst, files = Path(dst), dict(files)
     order = _publish_order(dst, files, written)
     if not overwrite:
-        _refuse_existing(dst, order)
+        fsutil.refuse_existing(dst, order)
     label = os.path.basename(os.path.abspath(dst)) or "checkpoint"
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -119,26 +119,6 @@ def _publish_order(dst: Path, files: dict[str, bytes], written: list[str]) -> li
         if (dst / name).is_dir():
             raise InputError(f"{dst / name} is a directory; refusing to write there")
     return order
-
-
-def _refuse_existing(dst: Path, order: list[str]) -> None:
-    """OutputExistsError unless DST is absent or an empty directory: names the files of `order`
-    that DST already has (or, with none of them, says that DST is not empty)."""
-    if not os.path.lexists(dst):
-        return
-    try:
-        with os.scandir(dst) as it:
-            present = sorted(e.name for e in it)
-    except OSError:
-        return  # not a directory we can list: the write reports it
-    if not present:
-        return
-    clash = [n for n in order[-1:] + order[:-1] if n in present]  # the weights file first
-    if clash:
-        more = f" and {len(clash) - 3} more" if len(clash) > 3 else ""
-        raise output_exists(f"{', '.join(clash[:3])}{more} in {dst}", many=len(clash) > 1)
-    raise OutputExistsError(f"{dst} is not empty ({len(present)} entries, e.g. {present[0]}); give a new or empty "
-                            f"directory, or --force (Python: overwrite=True) to add the files to it")
 
 
 def _can_swap(dst: Path) -> bool:
