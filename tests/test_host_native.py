@@ -81,6 +81,17 @@ def test_rounding_next_to_every_boundary(dtype):
     assert diff.size == 0, [(float(x[i]), int(got[i]), int(want[i])) for i in diff[:5]]
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_rounding_through_float32_to_odd_equals_appendix_c(dtype):
+    """The compiled rounding (float32 rounded to odd, then to nearest even) against SPEC.md
+    Appendix C's integer algorithm, compiled too, on the values next to every boundary."""
+    x = near_boundaries(dtype, np.random.default_rng(7))
+    x = x[~np.isnan(x)]
+    direct = np.empty(x.size, np.uint16)
+    host_native.compiled.round_int_to(x, host_native.DTYPE_CODES[dtype], direct)
+    assert np.array_equal(f64_to_bits(x, dtype), direct)
+
+
 def test_rounding_keeps_shape_and_takes_any_layout():
     x = np.random.default_rng(3).standard_normal((6, 5))
     for dtype in DTYPES:

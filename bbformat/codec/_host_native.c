@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define ABI 2
+#define ABI 3
 
 enum { F16 = 0, BF16 = 1, F32 = 2 };
 enum { RES_OK = 0, RES_COUNT = 1, RES_LONG = 2, RES_BIG = 3, RES_RANGE = 4 };
@@ -118,7 +118,46 @@ static inline uint32_t round_int(uint64_t xb, int P, int EW)
     return s | ((uint32_t)biased << P) | (uint32_t)(r - (1ull << P));
 }
 
-/* round(x, dtype) of SPEC.md 7.4, NaN as the reference (numpy) produces it */
+/* x (not NaN) as float32 rounded to odd: toward zero, the last fraction bit set if inexact.
+ * Rounding that to a format with at least 2 fewer fraction bits, to nearest even, is the
+ * direct rounding of x (SPEC.md 7.4; the reference's bfloat16 path). */
+static inline uint32_t f32_odd(double x)
+{
+    float r = (float)x;
+    uint32_t b;
+    memcpy(&b, &r, 4);
+    if (fabs((double)r) > fabs(x)) { /* rounded away from zero (an infinity included): one step back */
+        b -= 1;
+        memcpy(&r, &b, 4);
+    }
+    if ((double)r != x)
+        b |= 1;
+    return b;
+}
+
+/* float32 bits -> float16 bits, to nearest even (F. Giesen's float_to_half_fast3_rtne): an
+ * infinity stays one, values of 2^16 and more overflow, the subnormal range is rounded by a
+ * float32 addition (correctly rounded, the default rounding mode) */
+static inline uint32_t f32_to_f16(uint32_t b)
+{
+    uint32_t sign = (b >> 16) & 0x8000u, a = b & 0x7FFFFFFFu;
+    if (a >= (127u + 16) << 23)
+        return sign | 0x7C00u;
+    if (a < 113u << 23) { /* below 2^-14: a multiple of 2^-24, by adding 0.5 */
+        float f, magic = 0.5f;
+        uint32_t u;
+        memcpy(&f, &a, 4);
+        f += magic;
+        memcpy(&u, &f, 4);
+        return sign | (u - 0x3F000000u);
+    }
+    a += ((uint32_t)(15 - 127) << 23) + 0xFFFu + ((a >> 13) & 1u);
+    return sign | (a >> 13);
+}
+
+/* round(x, dtype) of SPEC.md 7.4, NaN as the reference (numpy) produces it. float16 and
+ * bfloat16 go through float32 rounded to odd, as the reference's bfloat16 path does; round_int
+ * (Appendix C) is the integer statement of the same rounding, kept for the tests. */
 static inline uint32_t round_one(int code, double x)
 {
     uint64_t xb = f64_bits(x);
@@ -129,14 +168,21 @@ static inline uint32_t round_one(int code, double x)
         memcpy(&b, &r, 4);
         return b;
     }
-    if (code == BF16)
-        return nan ? 0x7FC0u : round_int(xb, 7, 8);
+    if (code == BF16) {
+        if (nan)
+            return 0x7FC0u;
+        uint32_t b = f32_odd(x);
+        return (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+    }
     if (nan) {
         uint32_t frac = (uint32_t)((xb & ((1ull << 52) - 1)) >> 42);
         return (uint32_t)((xb >> 63) << 15) | 0x7C00u | (frac ? frac : 1u);
     }
-    return round_int(xb, 10, 5);
+    return f32_to_f16(f32_odd(x));
 }
+
+/* round_int_to(x, code, out): Appendix C's integer rounding (no NaN), for tests */
+static PyObject *round_int_to(PyObject *self, PyObject *args);
 
 /* the neighbours of pattern b in value order (band.boundary_distance): up and down */
 static inline void neighbours(uint32_t b, int w, uint32_t *up, uint32_t *down)
@@ -489,6 +535,29 @@ done:
     return result;
 }
 
+static PyObject *round_int_to(PyObject *self, PyObject *args)
+{
+    Py_buffer src, out;
+    int code;
+    if (!PyArg_ParseTuple(args, "y*iw*", &src, &code, &out))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = src.len / 8;
+    if (check_code(code) == 0 && code != F32 && check_len(&src, n, 8, "source") == 0 && check_len(&out, n, 2, "out") == 0) {
+        const double *x = src.buf;
+        uint16_t *o = out.buf;
+        int P = code == F16 ? 10 : 7, EW = code == F16 ? 5 : 8;
+        for (Py_ssize_t i = 0; i < n; ++i)
+            o[i] = (uint16_t)round_int(f64_bits(x[i]), P, EW);
+        result = Py_None;
+        Py_INCREF(result);
+    } else if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "_host_native.round_int_to: float16 or bfloat16 only");
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 /* nonfinite(bits, code) -> (NaN count, infinity count) of bit patterns */
 static PyObject *nonfinite(PyObject *self, PyObject *args)
 {
@@ -521,6 +590,7 @@ static PyObject *nonfinite(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"nonfinite", nonfinite, METH_VARARGS, "nonfinite(bits, code) -> (NaN count, infinity count)."},
     {"widen", widen, METH_VARARGS, "widen(bits, code, out): bit patterns to float64, exactly (dtypes.bits_to_f64)."},
+    {"round_int_to", round_int_to, METH_VARARGS, "round_int_to(x, code, out): SPEC.md Appendix C's integer rounding (tests)."},
     {"round_to", round_to, METH_VARARGS, "round_to(x, code, out): float64 to bit patterns, SPEC.md 7.4 (dtypes.f64_to_bits)."},
     {"distance", distance, METH_VARARGS, "distance(x, code, out): band.boundary_distance of every value."},
     {"min_distance", min_distance, METH_VARARGS, "min_distance(x, code, skip): band.min_distance."},

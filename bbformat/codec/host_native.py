@@ -23,7 +23,7 @@ import numpy as np
 
 from ..constants import EXPONENT_FIELD
 
-ABI = 2  # the compiled module's functions and argument lists that this file passes
+ABI = 3  # the compiled module's functions and argument lists that this file passes
 
 compiled: ModuleType | None
 try:
