@@ -350,10 +350,12 @@ def test_bare_bbformat_prints_the_help_as_a_usage_error() -> None:
 def test_version_names_the_package_and_the_format_versions() -> None:
     r = _run("--version")
     assert r.returncode == 0 and r.stderr == ""
-    first, second, third = r.stdout.splitlines()
+    first, second, third, fourth = r.stdout.splitlines()
     assert first == f"bbformat {bbformat.__version__}"
+    from bbformat.codec import host_native
     from bbformat.codec.exponent import NATIVE_DECODER
 
     assert third.startswith("payload codec 3 coder: " + ("compiled" if NATIVE_DECODER else "numpy"))
+    assert fourth.startswith("host path (") and ("compiled" if host_native.active() else "numpy") in fourth
     assert all(v in second for v in FORMAT_VERSIONS) and f"{FORMAT_MAJOR}.{FORMAT_MINOR}" in second
     assert second.index("writes") < second.index(FORMAT_VERSIONS[0]) < second.index("reads")

@@ -108,7 +108,7 @@ def test_inspect_reports_a_corrupt_chunk_on_stderr_too(packed: tuple[Path, Path]
     bad.write_bytes(bytes(data))
     assert main(["inspect", str(bad)]) == 5
     out, err = capsys.readouterr()
-    assert "MISMATCH" in out and out.splitlines()[0] == f"{bad}: container format 1.4"
+    assert "MISMATCH" in out and out.splitlines()[0] == f"{bad}: container format 1.5"
     assert err.count("\n") == 1 and "[E_CRC_CHUNK]" in err and "1 of 3 chunks" in err, err
 
 
