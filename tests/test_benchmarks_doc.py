@@ -85,6 +85,7 @@ RENDERS = [
     ("bench_gpu.py", ["--render", "tools/bench_gpu_results.json", "--notes", "tools/bench_gpu_notes.md", "--report", "{report}"]),
     ("bench_entropy.py", ["--from-json", "tools/bench_entropy_results.json", "--notes", "tools/bench_entropy_notes.md", "--report", "{report}"]),
     ("bench_read.py", ["--from-json", "tools/bench_read_results.json", "--notes", "tools/bench_read_notes.md", "--report", "{report}"]),
+    ("bench_host.py", ["--from-json", "tools/bench_host_results.json", "--notes", "tools/bench_host_notes.md", "--report", "{report}"]),
 ]
 
 

@@ -252,7 +252,7 @@ def _goal(ok: bool, how: str) -> str:
     return f"**met** ({how})" if ok else f"**missed** ({how})"
 
 
-def render(res: dict[str, Any]) -> str:
+def render(res: dict[str, Any], notes: str = "") -> str:
     run = res["run"]
     lines = [SECTION, "",
              f"Machine: {run['machine']}; {run['software']}. Run {run['date']}: `python tools/bench_host.py "
@@ -290,7 +290,8 @@ def render(res: dict[str, Any]) -> str:
         goals.append(f"- two threads ≤ 0.55× one, {dtype}: " + _goal(two <= 0.55, f"{two:.2f}, replayed"))
         goals.append(f"- nothing slower on the reference, {dtype}: " + _goal(_host(da) <= _host(db) * 1.05,
                      f"host {_host(db):.2f} → {_host(da):.2f} s"))
-    return "\n".join(lines + ["", "Goals (issue 39):", ""] + goals) + "\n"
+    tail = ["", notes.strip()] if notes.strip() else []
+    return "\n".join(lines + ["", "Goals (issue 39):", ""] + goals + tail) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=ROOT / "tools" / "bench_host_results.json")
     ap.add_argument("--from-json", type=Path, help="render the section from a --json of an earlier run")
     ap.add_argument("--report", type=Path, help="write the section into this markdown file (BENCHMARKS.md)")
+    ap.add_argument("--notes", type=Path, help="markdown appended to the section (what the table shows and why)")
     a = ap.parse_args(argv)
     if a.from_json:
         res = json.loads(a.from_json.read_text())
@@ -317,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--work is required unless --from-json")
         res = measure(a)
         a.json.write_text(json.dumps(res, indent=1) + "\n")
-    text = render(res)
+    text = render(res, a.notes.read_text(encoding="utf-8") if a.notes else "")
     print(text)
     if a.report:
         write_section(a.report, text, SECTION)
