@@ -531,8 +531,8 @@ def unpack(
             raise InputError(f"container lacks tensors listed in its metadata: {missing[:3]}")
         stem = r.metadata.get("stem", "model")
         files = _decode_files(r.metadata.get("files", {}))
-        if fmt != "hf" and not overwrite:  # before the heavy imports below (torch): a refusal takes no time
-            refuse_existing(Path(dst), sorted(files) + [f"{stem}.{fmt}"])
+        if not overwrite:  # before the heavy imports below (torch): a refusal takes no time
+            refuse_existing(Path(dst), ["config.json", "model.safetensors"] if fmt == "hf" else sorted(files) + [f"{stem}.{fmt}"])
         from .checkpoint import check_side_files, publish_checkpoint
 
         check_side_files(stem, files)

@@ -173,7 +173,7 @@ def test_refusing_an_existing_output_does_not_import_torch(packed: tuple[Path, P
     _, bb = packed
     (tmp_path / "u").mkdir()
     (tmp_path / "u" / "keep.txt").write_bytes(b"mine")
-    for fmt in ("pt", "safetensors"):  # unpack into a directory that is not empty, too
+    for fmt in ("pt", "safetensors", "hf"):  # unpack into a directory that is not empty, too
         r = subprocess.run([sys.executable, "-c", code, "unpack", str(bb), str(tmp_path / "u"), "--format", fmt],
                            capture_output=True, text=True, env=_env(), timeout=120)
         assert r.stdout.split() == ["2", "False", "False"] and "E_EXISTS" in r.stderr, (r.stdout, r.stderr)
