@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define ABI 3
+#define ABI 4
 
 enum { F16 = 0, BF16 = 1, F32 = 2 };
 enum { RES_OK = 0, RES_COUNT = 1, RES_LONG = 2, RES_BIG = 3, RES_RANGE = 4 };
@@ -181,9 +181,6 @@ static inline uint32_t round_one(int code, double x)
     return f32_to_f16(f32_odd(x));
 }
 
-/* round_int_to(x, code, out): Appendix C's integer rounding (no NaN), for tests */
-static PyObject *round_int_to(PyObject *self, PyObject *args);
-
 /* the neighbours of pattern b in value order (band.boundary_distance): up and down */
 static inline void neighbours(uint32_t b, int w, uint32_t *up, uint32_t *down)
 {
@@ -236,76 +233,58 @@ static int check_len(Py_buffer *b, Py_ssize_t n, Py_ssize_t itemsize, const char
     return 0;
 }
 
-static PyObject *widen(PyObject *self, PyObject *args)
-{
-    Py_buffer src, out;
-    int code;
-    if (!PyArg_ParseTuple(args, "y*iw*", &src, &code, &out))
-        return NULL;
-    PyObject *result = NULL;
-    Py_ssize_t n = out.len / 8;
-    if (check_code(code) == 0 && check_len(&src, n, bits_of(code) / 8, "source") == 0 && check_len(&out, n, 8, "out") == 0) {
-        double *o = out.buf;
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; ++i)
-            o[i] = widen_one(code, src.buf, (size_t)i);
-        Py_END_ALLOW_THREADS
-        result = Py_None;
-        Py_INCREF(result);
-    }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&out);
-    return result;
-}
+enum { MAP_WIDEN = 0, MAP_ROUND = 1, MAP_DISTANCE = 2, MAP_IN_BAND = 3 };
 
-static PyObject *round_to(PyObject *self, PyObject *args)
+/* the element loop of map(), without the GIL */
+static void map_values(int kind, int code, const void *src, void *out, Py_ssize_t n, double delta)
 {
-    Py_buffer src, out;
-    int code;
-    if (!PyArg_ParseTuple(args, "y*iw*", &src, &code, &out))
-        return NULL;
-    PyObject *result = NULL;
-    Py_ssize_t n = src.len / 8;
-    if (check_code(code) == 0 && check_len(&src, n, 8, "source") == 0 && check_len(&out, n, bits_of(code) / 8, "out") == 0) {
-        const double *x = src.buf;
-        Py_BEGIN_ALLOW_THREADS
-        if (code == F32) {
-            uint32_t *o = out.buf;
-            for (Py_ssize_t i = 0; i < n; ++i)
-                o[i] = round_one(F32, x[i]);
-        } else {
-            uint16_t *o = out.buf;
-            for (Py_ssize_t i = 0; i < n; ++i)
-                o[i] = (uint16_t)round_one(code, x[i]);
+    const double *x = src;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        switch (kind) {
+        case MAP_WIDEN:
+            ((double *)out)[i] = widen_one(code, src, (size_t)i);
+            break;
+        case MAP_ROUND:
+            if (code == F32)
+                ((uint32_t *)out)[i] = round_one(F32, x[i]);
+            else
+                ((uint16_t *)out)[i] = (uint16_t)round_one(code, x[i]);
+            break;
+        case MAP_DISTANCE:
+            ((double *)out)[i] = distance_one(code, x[i]);
+            break;
+        default:
+            ((uint8_t *)out)[i] = distance_one(code, x[i]) <= delta;
         }
-        Py_END_ALLOW_THREADS
-        result = Py_None;
-        Py_INCREF(result);
     }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&out);
-    return result;
 }
 
-/* distance(x, code, out): every value's distance (band.boundary_distance) */
-static PyObject *distance(PyObject *self, PyObject *args)
+/* map(kind, src, code, out, delta=0): one value of `out` per value of `src`. MAP_WIDEN: bit
+ * patterns -> float64 (dtypes.bits_to_f64); MAP_ROUND: float64 -> bit patterns, SPEC.md 7.4
+ * (dtypes.f64_to_bits); MAP_DISTANCE: float64 -> band.boundary_distance; MAP_IN_BAND: float64
+ * -> one byte, distance <= delta (band.in_band) */
+static PyObject *map(PyObject *self, PyObject *args)
 {
     Py_buffer src, out;
-    int code;
-    if (!PyArg_ParseTuple(args, "y*iw*", &src, &code, &out))
+    int kind, code;
+    double delta = 0.0;
+    if (!PyArg_ParseTuple(args, "iy*iw*|d", &kind, &src, &code, &out, &delta))
         return NULL;
     PyObject *result = NULL;
-    Py_ssize_t n = src.len / 8;
-    if (check_code(code) == 0 && check_len(&src, n, 8, "source") == 0 && check_len(&out, n, 8, "out") == 0) {
-        const double *x = src.buf;
-        double *o = out.buf;
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; ++i)
-            o[i] = distance_one(code, x[i]);
-        Py_END_ALLOW_THREADS
-        result = Py_None;
-        Py_INCREF(result);
-    }
+    if (check_code(code) == 0 && kind >= MAP_WIDEN && kind <= MAP_IN_BAND) {
+        Py_ssize_t bits = bits_of(code) / 8;
+        Py_ssize_t in_size = kind == MAP_WIDEN ? bits : 8;
+        Py_ssize_t out_size = kind == MAP_ROUND ? bits : kind == MAP_IN_BAND ? 1 : 8;
+        Py_ssize_t n = src.len / in_size;
+        if (check_len(&src, n, in_size, "source") == 0 && check_len(&out, n, out_size, "out") == 0) {
+            Py_BEGIN_ALLOW_THREADS
+            map_values(kind, code, src.buf, out.buf, n, delta);
+            Py_END_ALLOW_THREADS
+            result = Py_None;
+            Py_INCREF(result);
+        }
+    } else if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "_host_native.map: kind not in 0..3");
     PyBuffer_Release(&src);
     PyBuffer_Release(&out);
     return result;
@@ -338,31 +317,6 @@ static PyObject *min_distance(PyObject *self, PyObject *args)
     }
     PyBuffer_Release(&src);
     PyBuffer_Release(&skip);
-    return result;
-}
-
-/* in_band(x, code, delta, out): out[i] = distance <= delta (one byte a value) */
-static PyObject *in_band(PyObject *self, PyObject *args)
-{
-    Py_buffer src, out;
-    int code;
-    double delta;
-    if (!PyArg_ParseTuple(args, "y*idw*", &src, &code, &delta, &out))
-        return NULL;
-    PyObject *result = NULL;
-    Py_ssize_t n = src.len / 8;
-    if (check_code(code) == 0 && check_len(&src, n, 8, "source") == 0 && check_len(&out, n, 1, "out") == 0) {
-        const double *x = src.buf;
-        uint8_t *o = out.buf;
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; ++i)
-            o[i] = distance_one(code, x[i]) <= delta;
-        Py_END_ALLOW_THREADS
-        result = Py_None;
-        Py_INCREF(result);
-    }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&out);
     return result;
 }
 
@@ -535,6 +489,7 @@ done:
     return result;
 }
 
+/* round_int_to(x, code, out): Appendix C's integer rounding (no NaN), for tests */
 static PyObject *round_int_to(PyObject *self, PyObject *args)
 {
     Py_buffer src, out;
@@ -589,12 +544,9 @@ static PyObject *nonfinite(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"nonfinite", nonfinite, METH_VARARGS, "nonfinite(bits, code) -> (NaN count, infinity count)."},
-    {"widen", widen, METH_VARARGS, "widen(bits, code, out): bit patterns to float64, exactly (dtypes.bits_to_f64)."},
+    {"map", map, METH_VARARGS, "map(kind, src, code, out, delta=0): widen (0), round (1), distance (2) or in_band (3), per value."},
     {"round_int_to", round_int_to, METH_VARARGS, "round_int_to(x, code, out): SPEC.md Appendix C's integer rounding (tests)."},
-    {"round_to", round_to, METH_VARARGS, "round_to(x, code, out): float64 to bit patterns, SPEC.md 7.4 (dtypes.f64_to_bits)."},
-    {"distance", distance, METH_VARARGS, "distance(x, code, out): band.boundary_distance of every value."},
     {"min_distance", min_distance, METH_VARARGS, "min_distance(x, code, skip): band.min_distance."},
-    {"in_band", in_band, METH_VARARGS, "in_band(x, code, delta, out): band.in_band as one byte a value."},
     {"context_counts", context_counts, METH_VARARGS, "context_counts(approx, w, shift, nbits, keep, counts): SPEC.md 8.4 counts."},
     {"check_varints", check_varints, METH_VARARGS, "check_varints(raw, count) -> 0, or why varint.decode_varints refuses raw."},
     {"apply_residuals", apply_residuals, METH_VARARGS, "apply_residuals(approx, base, keep, w, shift, nbits, groups, out) -> 0 or an error."},

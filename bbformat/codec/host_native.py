@@ -14,7 +14,6 @@ compiled path off for a while (tests, benchmarks); it is process-wide.
 """
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -22,20 +21,16 @@ from types import ModuleType
 import numpy as np
 
 from ..constants import EXPONENT_FIELD
+from .native import load
 
-ABI = 3  # the compiled module's functions and argument lists that this file passes
+ABI = 4  # the compiled module's functions and argument lists that this file passes
 
-compiled: ModuleType | None
-try:
-    from . import _host_native as compiled
-except ImportError:  # pragma: no cover - numpy is used instead
-    compiled = None
-if compiled is not None and (getattr(compiled, "ABI", None) != ABI or sys.byteorder != "little"):
-    compiled = None
+compiled = load("_host_native", ABI)
 
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2}
 _UINT = {"float16": np.uint16, "bfloat16": np.uint16, "float32": np.uint32}
 _off = 0  # reference_only() depth
+MAP_WIDEN, MAP_ROUND, MAP_DISTANCE, MAP_IN_BAND = range(4)  # _host_native.map's kinds
 
 
 def active() -> bool:
@@ -67,7 +62,7 @@ def widen(bits: np.ndarray, dtype: str) -> np.ndarray:
     """dtypes.bits_to_f64: the exact float64 values of bit patterns, in bits' shape."""
     src = np.ascontiguousarray(bits, dtype=_UINT[dtype])
     out = np.empty(src.shape, np.float64)
-    _lib().widen(src, DTYPE_CODES[dtype], out)
+    _lib().map(MAP_WIDEN, src, DTYPE_CODES[dtype], out)
     return out
 
 
@@ -75,21 +70,21 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
     """dtypes.f64_to_bits: float64 rounded to dtype (SPEC.md 7.4), as bit patterns in x's shape."""
     src = _f64(x)
     out = np.empty(src.shape, _UINT[dtype])
-    _lib().round_to(src, DTYPE_CODES[dtype], out)
+    _lib().map(MAP_ROUND, src, DTYPE_CODES[dtype], out)
     return out
 
 
 def boundary_distance(x: np.ndarray, dtype: str) -> np.ndarray:
     src = _f64(x)
     out = np.empty(src.shape, np.float64)
-    _lib().distance(src, DTYPE_CODES[dtype], out)
+    _lib().map(MAP_DISTANCE, src, DTYPE_CODES[dtype], out)
     return out
 
 
 def in_band(x: np.ndarray, dtype: str, delta: float) -> np.ndarray:
     src = _f64(x)
     out = np.empty(src.shape, np.bool_)
-    _lib().in_band(src, DTYPE_CODES[dtype], float(delta), out.view(np.uint8))
+    _lib().map(MAP_IN_BAND, src, DTYPE_CODES[dtype], out.view(np.uint8), float(delta))
     return out
 
 

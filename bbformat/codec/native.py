@@ -5,15 +5,22 @@ install), was built from another version of the C file, or the host is big-endia
 caller then takes its numpy path, which gives the same bytes."""
 from __future__ import annotations
 
+import importlib
 import sys
 from types import ModuleType
 
 ABI = 6  # the compiled module's functions and argument lists that the callers pass
 
-compiled: ModuleType | None
-try:
-    from . import _exponent_native as compiled
-except ImportError:  # pragma: no cover - numpy is used instead
-    compiled = None
-if compiled is not None and (getattr(compiled, "ABI", None) != ABI or sys.byteorder != "little"):
-    compiled = None  # a stale build, or a big-endian host (tables and symbols are stored native)
+
+def load(name: str, abi: int) -> ModuleType | None:
+    """The compiled module bbformat.codec.NAME, or None where it was not built, was built from
+    another version of its C file (its ABI differs from `abi`), or the host is big-endian (the
+    compiled modules read and write native-order arrays as little-endian data)."""
+    try:
+        mod = importlib.import_module(f"{__package__}.{name}")
+    except ImportError:  # pragma: no cover - numpy is used instead
+        return None
+    return mod if getattr(mod, "ABI", None) == abi and sys.byteorder == "little" else None
+
+
+compiled = load("_exponent_native", ABI)
