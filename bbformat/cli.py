@@ -24,9 +24,9 @@ from .constants import (ENTROPY_MODES, FORMAT_MAJOR, FORMAT_MINOR, FORMAT_VERSIO
 from . import __version__
 from .codec import host_native
 from .codec.exponent import NATIVE_DECODER
-from .api import DeviceNote, InexactWarning, pack, unpack, verify
+from .api import DeviceNote, InexactWarning, check_output_parent, pack, unpack, verify
 from .errors import BBFormatError, DigestError, InputError, IntegrityError, output_error, output_exists
-from .fsutil import remove_abandoned_temps, remove_entry
+from .fsutil import refuse_existing, remove_abandoned_temps, remove_entry
 from .summary import bound_words, format_summary, inspect
 
 EXIT_USAGE = ExitStatus.USAGE
@@ -220,17 +220,23 @@ def _spooled_stdin(fmt: str) -> Any:
     f = sys.stdin.buffer
     if f.seekable() or fmt == "pt":
         return f
-    spool = tempfile.TemporaryFile()
+    spool = None
     try:
+        spool = tempfile.TemporaryFile()
         shutil.copyfileobj(f, spool, 1 << 20)
         spool.seek(0)
     except OSError as exc:
-        spool.close()
+        if spool is not None:
+            spool.close()
         raise output_error(exc, f"a temporary copy of standard input in {tempfile.gettempdir()}") from None
     return spool
 
 
 def _cmd_unpack(a: argparse.Namespace) -> int:
+    if a.src == "-" and a.format != "pt":  # refuse what can be refused before copying a pipe (maybe gigabytes) aside
+        check_output_parent(Path(a.dst))
+        if not a.force:
+            refuse_existing(Path(a.dst), [])
     src = _spooled_stdin(a.format) if a.src == "-" else a.src
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", InexactWarning)

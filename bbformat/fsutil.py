@@ -314,10 +314,14 @@ class AtomicOutput:
         self._done = False
         self._lock: int | None = None
         _LIVE.add(self.temp)  # before it exists: an interrupt at any point finds it (remove_abandoned_temps)
-        if directory:
-            os.mkdir(self.temp)
-        else:
-            self.file = open(self.temp, "xb")  # noqa: SIM115 (closed by publish or discard)
+        try:
+            if directory:
+                os.mkdir(self.temp)
+            else:
+                self.file = open(self.temp, "xb")  # noqa: SIM115 (closed by publish or discard)
+        except OSError:  # never created (an interrupt keeps it listed: it may exist, and lexists decides)
+            _LIVE.discard(self.temp)
+            raise
         try:
             self._lock = lock_temp(self.temp)[1]  # held until published or discarded: the temp is in use
         except BaseException:  # an interrupt right here: no temp is left

@@ -178,6 +178,10 @@ def test_refusing_an_existing_output_does_not_import_torch(packed: tuple[Path, P
                            capture_output=True, text=True, env=_env(), timeout=120)
         assert r.stdout.split() == ["2", "False", "False"] and "E_EXISTS" in r.stderr, (r.stdout, r.stderr)
     assert os.listdir(tmp_path / "u") == ["keep.txt"]
+    for fmt in ("safetensors", "hf"):  # from a pipe: refused before the pipe is read (and copied aside)
+        r = _cli("unpack", "-", str(tmp_path / "u"), "--format", fmt, stdin=b"not a container")
+        assert r.returncode == 2 and b"E_EXISTS" in r.stderr, r.stderr
+    assert os.listdir(tmp_path / "u") == ["keep.txt"]
 
 
 def test_dash_reads_standard_input_through_a_pipe(packed: tuple[Path, Path], tmp_path: Path) -> None:

@@ -292,3 +292,13 @@ def test_pack_writes_the_same_bytes_on_both_paths(tmp_path, dtype, scheme, tol):
     assert (tmp_path / "c.bb").read_bytes() == (tmp_path / "r.bb").read_bytes()
     got = _read_all(tmp_path / "c.bb", "cpu")
     assert got == reference(_read_all, tmp_path / "c.bb", "cpu") and not isinstance(got, str)
+
+
+def test_zero_dimensional_arrays_keep_their_shape():
+    for dtype in DTYPES:
+        x = np.float64(1.5)
+        assert f64_to_bits(x, dtype).shape == reference(f64_to_bits, x, dtype).shape == ()
+        assert int(f64_to_bits(x, dtype)) == int(reference(f64_to_bits, x, dtype))
+        b = np.array(15360, UINT[dtype])
+        assert bits_to_f64(b, dtype).shape == () and float(bits_to_f64(b, dtype)) == float(reference(bits_to_f64, b, dtype))
+        assert band.boundary_distance(x, dtype).shape == band.in_band(x, dtype, 0.1).shape == ()

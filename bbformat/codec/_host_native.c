@@ -334,10 +334,10 @@ static PyObject *context_counts(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*iiiy*w*", &approx, &w, &shift, &nbits, &keep, &counts))
         return NULL;
     PyObject *result = NULL;
-    Py_ssize_t n = approx.len / (w / 8);
+    Py_ssize_t n = 0;
     if ((w != 16 && w != 32) || nbits < 1 || nbits > 8 || shift < 0 || shift + nbits > w)
         PyErr_SetString(PyExc_ValueError, "_host_native.context_counts: bad field");
-    else if (check_len(&approx, n, w / 8, "approx") == 0 && (keep.len == 0 || check_len(&keep, n, 1, "keep") == 0) &&
+    else if ((n = approx.len / (w / 8)), check_len(&approx, n, w / 8, "approx") == 0 && (keep.len == 0 || check_len(&keep, n, 1, "keep") == 0) &&
              check_len(&counts, (Py_ssize_t)1 << nbits, 8, "counts") == 0) {
         int64_t *c = counts.buf;
         const uint8_t *k = keep.len ? keep.buf : NULL;
@@ -425,12 +425,13 @@ static PyObject *apply_residuals(PyObject *self, PyObject *args)
         return NULL;
     PyObject *result = NULL;
     Py_buffer g[256];
-    Py_ssize_t ng = 0, n = approx.len / (w / 8);
+    Py_ssize_t ng = 0, n = 0;
     if ((w != 16 && w != 32) || nbits < 1 || nbits > 8 || shift < 0 || shift + nbits > w ||
         PyTuple_GET_SIZE(groups) != ((Py_ssize_t)1 << nbits)) {
         PyErr_SetString(PyExc_ValueError, "_host_native.apply_residuals: bad field or group count");
         goto done;
     }
+    n = approx.len / (w / 8);
     if (check_len(&approx, n, w / 8, "approx") || check_len(&base, n, w / 8, "base") || check_len(&out, n, w / 8, "out") ||
         (keep.len != 0 && check_len(&keep, n, 1, "keep")))
         goto done;

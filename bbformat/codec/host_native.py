@@ -60,10 +60,10 @@ def _f64(x: np.ndarray) -> np.ndarray:
 
 def widen(bits: np.ndarray, dtype: str) -> np.ndarray:
     """dtypes.bits_to_f64: the exact float64 values of bit patterns, in bits' shape."""
-    src = np.ascontiguousarray(bits, dtype=_UINT[dtype])
+    src = np.ascontiguousarray(bits, dtype=_UINT[dtype])  # 0-d becomes 1-d: the shape is given back below
     out = np.empty(src.shape, np.float64)
     _lib().map(MAP_WIDEN, src, DTYPE_CODES[dtype], out)
-    return out
+    return out.reshape(np.shape(bits))
 
 
 def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -71,21 +71,21 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
     src = _f64(x)
     out = np.empty(src.shape, _UINT[dtype])
     _lib().map(MAP_ROUND, src, DTYPE_CODES[dtype], out)
-    return out
+    return out.reshape(np.shape(x))
 
 
 def boundary_distance(x: np.ndarray, dtype: str) -> np.ndarray:
     src = _f64(x)
     out = np.empty(src.shape, np.float64)
     _lib().map(MAP_DISTANCE, src, DTYPE_CODES[dtype], out)
-    return out
+    return out.reshape(np.shape(x))
 
 
 def in_band(x: np.ndarray, dtype: str, delta: float) -> np.ndarray:
     src = _f64(x)
     out = np.empty(src.shape, np.bool_)
     _lib().map(MAP_IN_BAND, src, DTYPE_CODES[dtype], out.view(np.uint8), float(delta))
-    return out
+    return out.reshape(np.shape(x))
 
 
 def min_distance(x: np.ndarray, dtype: str, skip: np.ndarray | None = None) -> float:
