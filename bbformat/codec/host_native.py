@@ -105,7 +105,7 @@ def nonfinite(bits: np.ndarray, dtype: str) -> tuple[int, int]:
     return int(nan), int(inf)
 
 
-def _keep_bytes(keep: np.ndarray | None, n: int) -> np.ndarray:
+def _keep_bytes(keep: np.ndarray | None) -> np.ndarray:
     if keep is None:
         return np.zeros(0, np.uint8)
     return np.ascontiguousarray(keep, dtype=np.bool_).reshape(-1).view(np.uint8)
@@ -116,7 +116,7 @@ def context_counts(approx: np.ndarray, dtype: str, keep: np.ndarray | None = Non
     shift, nbits = EXPONENT_FIELD[dtype]
     a = np.ascontiguousarray(approx, dtype=_UINT[dtype]).reshape(-1)
     counts = np.zeros(1 << nbits, np.int64)
-    _lib().context_counts(a, a.itemsize * 8, shift, nbits, _keep_bytes(keep, a.size), counts)
+    _lib().context_counts(a, a.itemsize * 8, shift, nbits, _keep_bytes(keep), counts)
     return counts
 
 
@@ -135,7 +135,7 @@ def apply_residuals(approx: np.ndarray, base: np.ndarray, keep: np.ndarray | Non
     a = np.ascontiguousarray(approx, dtype=_UINT[dtype]).reshape(-1)
     b = np.ascontiguousarray(base, dtype=_UINT[dtype]).reshape(-1)
     out = np.empty(a.size, a.dtype)
-    err = int(_lib().apply_residuals(a, b, _keep_bytes(keep, a.size), a.itemsize * 8, shift, nbits, tuple(groups), out))
+    err = int(_lib().apply_residuals(a, b, _keep_bytes(keep), a.itemsize * 8, shift, nbits, tuple(groups), out))
     if err == 4:  # RES_RANGE
         return None
     if err:
