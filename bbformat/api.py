@@ -9,7 +9,7 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
@@ -422,7 +422,7 @@ class InexactBlocks:
             self.fallback.append(f"{block.index} {block.name}")
         return block
 
-    def note(self, r: Reader) -> None:
+    def note(self, r: Reader | StreamReader) -> None:
         """Watch reader `r`: its backend names the device in warn(), and its own note (a file
         without digests, decoded with the reference) is given now, as a DeviceNote."""
         self.device = r.linalg.name
@@ -557,8 +557,6 @@ def _unpack_stream(f: BinaryIO, dst: Path, fmt: str, progress: Progress | None, 
     `.pt` only, whose records may come in any order (a safetensors header lists every tensor
     first, and the container lists them only at its end). The tensor names come from the
     header's metadata (`keys`); whether every one was decoded is checked after the last block."""
-    from .tensors import raw_to_torch
-
     if fmt != "pt":
         raise InputError(f"unpack from a stream writes fmt='pt' only ({fmt!r} needs every tensor's descriptor before the first "
                          "block, which a container gives at its end); copy the stream into a file first")
@@ -577,22 +575,13 @@ def _unpack_stream(f: BinaryIO, dst: Path, fmt: str, progress: Progress | None, 
 
     check_side_files(stem, files)
     inexact = InexactBlocks("-")
-    if sr.note:
-        warnings.warn(DeviceNote(sr.note), stacklevel=2)
-    wanted = set(keys)
+    inexact.note(sr)
+    wanted: dict[str, TensorEntry | None] = dict.fromkeys(keys)  # descriptors come with each chunk, checked there
 
     def weights(path: Path) -> None:
-        out, seen = TorchZipWriter(path, keys), set()
+        out = TorchZipWriter(path, keys)
         try:
-            for k, block in enumerate(sr):
-                inexact.see(block)
-                for name, t in block.tensors.items():
-                    if name in wanted:
-                        out.write(name, raw_to_torch(t, copy=False))
-                        seen.add(name)
-                if progress is not None:
-                    progress(k + 1, sr.header.chunk_count, block.name)
-                del block
+            seen = _write_blocks(iter(sr), sr.header.chunk_count, wanted, out.write, progress, inexact)
             missing = [k for k in keys if k not in seen]
             if missing:
                 raise InputError(f"container lacks tensors listed in its metadata: {missing[:3]}")
@@ -615,7 +604,7 @@ def _stream_weights(r: Reader, path: Path, fmt: str, wanted: dict[str, TensorEnt
     if fmt == "pt":
         out = TorchZipWriter(path, list(wanted))
         try:
-            _write_blocks(r, wanted, out.write, progress, workers, inexact)
+            _write_blocks(_reader_blocks(r, workers), len(r), wanted, out.write, progress, inexact)
             out.finish()  # closes and fsyncs the archive
         except BaseException:
             out.abort()
@@ -624,7 +613,7 @@ def _stream_weights(r: Reader, path: Path, fmt: str, wanted: dict[str, TensorEnt
     specs = [(k, torch_dtype(e.dtype), e.shape) for k, e in wanted.items()]
     with open(path, "xb") as f:
         st = SafetensorsWriter(f, specs, metadata={"format": "pt"})
-        _write_blocks(r, wanted, st.write, progress, workers, inexact)
+        _write_blocks(_reader_blocks(r, workers), len(r), wanted, st.write, progress, inexact)
         st.finish()
         f.flush()
         os.fsync(f.fileno())
@@ -663,7 +652,7 @@ def _unpack_hf(r: Reader, dst: Path, stem: str, files: dict[str, bytes], wanted:
                 writers.append(SafetensorsWriter(f, [(k, torch_dtype(keep[k].dtype), keep[k].shape) for k in group],
                                                  metadata={"format": "pt"}))
                 route.update({k: writers[-1] for k in group})
-            _write_blocks(r, keep, lambda k, t: route[k].write(k, t), progress, workers, inexact)
+            _write_blocks(_reader_blocks(r, workers), len(r), keep, lambda k, t: route[k].write(k, t), progress, inexact)
             for f, st in zip(handles, writers):
                 st.finish()
                 f.flush()
@@ -677,21 +666,29 @@ def _unpack_hf(r: Reader, dst: Path, stem: str, files: dict[str, bytes], wanted:
     return publish_directory(dst, side, written, write, overwrite=overwrite)
 
 
-def _write_blocks(r: Reader, wanted: dict[str, TensorEntry], write: Callable[[str, torch.Tensor], None],
-                  progress: Progress | None, workers: int | None, inexact: InexactBlocks) -> None:
+def _reader_blocks(r: Reader, workers: int | None) -> Iterator[DecodedBlock]:
+    return r.iter_blocks("reverse", workers=decode_workers(workers))
+
+
+def _write_blocks(blocks: Iterator[DecodedBlock], n: int, wanted: Mapping[str, TensorEntry | None],
+                  write: Callable[[str, torch.Tensor], None], progress: Progress | None, inexact: InexactBlocks) -> set[str]:
+    """Write each wanted tensor of the n blocks as it decodes (a None entry: no index descriptor
+    to compare with, from a stream); returns the names written."""
     from .tensors import raw_to_torch
 
-    n = len(r)
-    for k, block in enumerate(r.iter_blocks("reverse", workers=decode_workers(workers))):
+    written: set[str] = set()
+    for k, block in enumerate(blocks):
         inexact.see(block)
         for name, t in block.tensors.items():
-            want = wanted.get(name)
-            if want is None:
+            if name not in wanted:
                 continue  # a tensor the metadata's key list leaves out is not written
-            if (t.dtype, t.shape) != (want.dtype, want.shape):
+            want = wanted[name]
+            if want is not None and (t.dtype, t.shape) != (want.dtype, want.shape):
                 raise FormatError(f"tensor {name!r} decodes as {t.dtype} {t.shape}, its descriptor said "
                                   f"{want.dtype} {want.shape}", "E_DESCRIPTOR")
             write(name, raw_to_torch(t, copy=False))
+            written.add(name)
         if progress is not None:
             progress(k + 1, n, block.name)
         del block
+    return written

@@ -332,10 +332,8 @@ def _demo_dir(root: Path, force: bool) -> bool:
     else in DIR is touched. Returns whether DIR was created here."""
     if os.path.lexists(root) and not root.is_dir():
         raise InputError(f"--keep {root}: {root} is not a directory")
-    parent = root.parent
-    if not os.path.lexists(root) and not parent.is_dir():
-        what = "is not a directory" if os.path.lexists(parent) else "does not exist"
-        raise InputError(f"--keep {root}: {parent} {what} (bbformat creates DIR, not its parents)")
+    if not os.path.lexists(root):
+        check_output_parent(root)
     if not force:
         there = [str(root / n) for n in DEMO_OUTPUTS if os.path.lexists(root / n)]
         if there:

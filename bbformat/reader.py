@@ -451,10 +451,13 @@ class StreamReader:
         self.size: int | None = None  # the stream's length, once read to its end
         self.linalg, self.note = reader_backend(asked, self.header.has_digests, "stream")
 
-    def __iter__(self) -> Iterator[DecodedBlock]:
+    def _claim(self) -> None:
         if self._started:
             raise InputError("a StreamReader is read once")
         self._started = True
+
+    def __iter__(self) -> Iterator[DecodedBlock]:
+        self._claim()
         return self._blocks()
 
     def _blocks(self) -> Iterator[DecodedBlock]:
@@ -467,9 +470,10 @@ class StreamReader:
         """Each chunk's stored bytes in order, their CRCs unchecked (bbformat.inspect checks
         them); after the last, the index and footer are checked against what was read
         (`size` is then the stream's length). Instead of iterating: iterate once."""
-        if self._started:
-            raise InputError("a StreamReader is read once")
-        self._started = True
+        self._claim()
+        return self._stored_chunks()
+
+    def _stored_chunks(self) -> Iterator[bytearray]:
         f, pos = self._f, self._header_length
         entries: list[IndexEntry] = []
         for _ in range(self.header.chunk_count):
@@ -487,8 +491,7 @@ class StreamReader:
 
     def _chunks(self) -> Iterator[DecodedBlock]:
         seen: dict[str, int] = {}
-        self._started = False  # __iter__ set it; raw_chunks checks it again
-        for i, data in enumerate(self.raw_chunks()):
+        for i, data in enumerate(self._stored_chunks()):
             chunk = parse_chunk(data, expected_index=i, max_block_bytes=self._budget, max_site_dim=self._max_dim,
                                 required_flags=self.header.required_flags, decode_payload=self._parts.decode)
             del data  # a coded payload is decoded by now; a raw one is still held by the chunk
