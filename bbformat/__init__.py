@@ -25,12 +25,16 @@ __version__ = "1.3.0"
 
 
 def __getattr__(name: str) -> object:
-    """load_model needs torch and transformers: imported on first use, so that `import bbformat`
-    (and the CLI's inspect and verify) does not load them."""
+    """load_model and load_file need torch (load_model also transformers): imported on first
+    use, so that `import bbformat` (and the CLI's inspect and verify) does not load them."""
     if name == "load_model":
         from .loader import load_model
 
         return load_model
+    if name == "load_file":
+        from .loader import load_file
+
+        return load_file
     raise AttributeError(f"module 'bbformat' has no attribute {name!r}")
 
 __all__ = [
@@ -56,6 +60,7 @@ __all__ = [
     "Writer",
     "inspect",
     "iter_stream",
+    "load_file",
     "load_model",
     "open_container",
     "pack",

@@ -1,6 +1,8 @@
 """load_model: a torch model that runs a SliceGPT-sliced Llama, OPT, Phi-2 or Phi-3, filled from
 a container block by block as the blocks decode (never holding the decoded model twice), or
-from a checkpoint directory.
+from a checkpoint directory; for a plain container (a Hugging Face directory packed as is),
+the stock transformers class its config.json names (adapters/stock.py), filled the same way.
+load_file: every tensor of a container, as safetensors.torch.load_file gives a file's.
 
 The model is adapters/hf_modeling.py's SlicedForCausalLM (built by adapters/torch_models.py):
 a transformers PreTrainedModel whose layers carry the shortcut matrices and parameter-free
@@ -20,6 +22,7 @@ from typing import Iterable, Iterator
 import torch
 from torch import nn
 
+from .adapters.stock import StockFiller, build_empty, config_dtype, is_plain, stock_class
 from .adapters.torch_models import build_model, require_transformers
 from .api import InexactBlocks
 from .checkpoint import Checkpoint, read_checkpoint
@@ -77,10 +80,13 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
     target = torch.device(torch_device_of(la))
     if p.is_file() and p.suffix == ".bb":
         inexact = InexactBlocks(p)
-        with Reader(p, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=la,
-                    share_payload=True, writable_chunks=True, threads=threads) as r:
+        with _open(p, la, max_block_bytes, max_site_dim, allow_inexact, threads) as r:
             inexact.note(r)
             files = {k: base64.b64decode(v) for k, v in r.metadata.get("files", {}).items()}
+            if is_plain(r.metadata):
+                stock = _load_stock(r, files, dtype, target, workers, inexact)
+                inexact.warn()
+                return stock
             stem = r.metadata.get("stem", "model")
             hf = json.loads(files["config.json"])
             sc = json.loads(files[f"{stem}.json"])
@@ -117,6 +123,95 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
     if expected:
         raise InputError(f"checkpoint lacks {len(expected)} model tensors, e.g. {sorted(expected)[:3]}")
     return model
+
+
+def _open(path: Path, la: Linalg, max_block_bytes: int | str | None, max_site_dim: int | None, allow_inexact: bool,
+          threads: int | None) -> Reader:
+    """A reader whose tensors are views of their chunks: the caller copies each into place
+    (the model's parameter, the device) and drops the block."""
+    return Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=la,
+                  share_payload=True, writable_chunks=True, threads=threads)
+
+
+def _torch_blocks(r: Reader, workers: int | None, inexact: InexactBlocks) -> Iterator[dict[str, torch.Tensor]]:
+    """Each block's tensors as torch tensors sharing the decoded memory, blocks decoded ahead
+    on `workers` threads; the caller copies what it keeps."""
+    for block in r.iter_blocks("reverse", workers=decode_workers(workers)):
+        inexact.see(block)
+        tensors = {n: raw_to_torch(t, copy=False) for n, t in block.tensors.items()}
+        del block
+        yield tensors
+
+
+def _load_stock(r: Reader, files: dict[str, bytes], dtype: torch.dtype | None, target: torch.device, workers: int | None,
+                inexact: InexactBlocks) -> nn.Module:
+    """A plain container's model: the stock class of its config.json, on the meta device, then
+    filled block by block on `target`. dtype None: config.json's (from_pretrained's "auto"),
+    else the dtype most of the stored bytes are in."""
+    if "config.json" not in files:
+        raise InputError("this plain container carries no config.json: load_file reads its tensors, load_model needs the config")
+    config_json = _json_object(files, "config.json")
+    cls, config = stock_class(config_json)
+    if dtype is None:
+        dtype = config_dtype(config_json) or _stored_dtype(r)
+    filler = StockFiller(build_empty(cls, config, dtype), target)
+    for tensors in _torch_blocks(r, workers, inexact):
+        for name, t in tensors.items():
+            filler.put(name, t)
+        del tensors
+    model = filler.finish()
+    if "generation_config.json" in files and getattr(model, "can_generate", lambda: False)():
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig.from_dict(_json_object(files, "generation_config.json"))
+    return model
+
+
+def _json_object(files: dict[str, bytes], name: str) -> dict[str, object]:
+    """The JSON object a container's file holds; InputError, one line, if it is not one."""
+    try:
+        value = json.loads(files[name])
+    except ValueError as exc:
+        raise InputError(f"the container's {name} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InputError(f"the container's {name} is not a JSON object")
+    return value
+
+
+def _stored_dtype(r: Reader) -> torch.dtype:
+    """The floating dtype most of the container's bytes are in (float32 if none)."""
+    entries = r.tensor_entries().values()
+    return torch_dtype(dominant(((e.dtype, e.numel * bits_of(e.dtype)) for e in entries if e.dtype.startswith(("float", "bfloat"))),
+                                "float32"))
+
+
+def load_file(path: str | os.PathLike[str], device: str | Linalg | None = "cpu", *, max_block_bytes: int | str | None = "auto",
+              max_site_dim: int | None = None, workers: int | None = None, allow_inexact: bool = False,
+              threads: int | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of a .bb container (sliced or plain), name -> torch tensor, as
+    safetensors.torch.load_file gives a file's: the metadata's key order, then any other
+    tensor in chunk order. Bit for bit what unpack writes.
+
+    device: "cpu" (the default), "cuda", "cuda:N", "torch:DEV": where the tensors are put, and
+    where a container's linear algebra runs (Reader, with its fallback to the reference for a
+    chunk the device misses: a DeviceNote says how many). Each block goes to the device as it
+    decodes, so the host holds about `workers` + 1 blocks, never the model. A chunk that misses
+    its digest raises DigestError, unless allow_inexact (then an InexactWarning names it).
+    max_block_bytes, max_site_dim and threads as for Reader."""
+    la = device_backend(device)
+    target = torch.device(torch_device_of(la))
+    inexact = InexactBlocks(path)
+    out: dict[str, torch.Tensor] = {}
+    with _open(Path(path), la, max_block_bytes, max_site_dim, allow_inexact, threads) as r:
+        inexact.note(r)
+        keys = r.metadata.get("keys")
+        order = list(r.tensor_entries())
+        for tensors in _torch_blocks(r, workers, inexact):
+            out.update((n, t.to(target, copy=True)) for n, t in tensors.items())
+            del tensors
+    inexact.warn()
+    first = [k for k in keys if isinstance(k, str) and k in out] if isinstance(keys, list) else []
+    return {k: out[k] for k in dict.fromkeys(first + order)}
 
 
 def _released(ckpt: Checkpoint) -> Iterator[tuple[str, torch.Tensor]]:
