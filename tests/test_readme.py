@@ -74,3 +74,19 @@ def test_hf_loading_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap
     exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out
     assert re.fullmatch(r"tensor\(\[\[ *1, +2, +3(, +\d+){8}\]\]\)\n", out), out
+
+
+def test_loading_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    transformers = pytest.importorskip("transformers")
+    import bbformat
+    from plain_fixture import pack_plain
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                   num_attention_heads=2, max_position_embeddings=32)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(str(tmp_path / "plain"))
+    pack_plain(tmp_path / "plain", tmp_path / "plain.bb")
+    section = README.split("### Loading\n", 1)[1]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)[:1]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {"bbformat": bbformat})
+    assert capsys.readouterr().out == "LlamaForCausalLM torch.float32 12\n"
