@@ -57,8 +57,16 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
                device: str | Linalg | None = None, threads: int | None = None) -> nn.Module:
     """A runnable torch model from a .bb container or a sliced checkpoint directory.
 
+    A plain container (metadata "directory": a Hugging Face directory packed as is) gives the
+    stock transformers class its config.json names (architectures[0]; an auto_map is refused,
+    no code from the container runs), built as from_pretrained builds it and filled block by
+    block: its logits equal from_pretrained's. Its parameters keep their requires_grad, as
+    from_pretrained's do; a name with "/" (a subfolder's weights) is not the model's and is
+    passed over.
+
     dtype: the model's parameter dtype; None (the default) takes the checkpoint's own (the
-    dtype most of its bytes are in), so a float16 7B model is not doubled to float32.
+    dtype most of its bytes are in), so a float16 7B model is not doubled to float32; for a
+    plain container config.json's dtype first, as from_pretrained's dtype="auto".
     Containers are decoded one block at a time straight into the model's parameters (peak
     memory: the model and about `workers` + 1 blocks); max_block_bytes and max_site_dim bound
     each block's memory and decode time (Reader, SPEC.md 11.5). A block whose decoded values

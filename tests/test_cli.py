@@ -180,7 +180,8 @@ def test_closed_pipe_ends_quietly(model_dir: Path, tmp_path: Path) -> None:
 def test_import_and_cli_do_not_load_torch() -> None:
     """torch (seconds to import) loads only when a torch tensor or model is made."""
     code = ("import sys, bbformat, bbformat.cli, bbformat.api, bbformat.summary, bbformat.reader; "
-            "assert 'torch' not in sys.modules, 'torch imported'; bbformat.load_model; assert 'torch' in sys.modules")
+            "assert 'torch' not in sys.modules, 'torch imported'; bbformat.load_file; assert 'torch' in sys.modules; "
+            "bbformat.load_model")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
