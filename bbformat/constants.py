@@ -292,7 +292,8 @@ tables of one payload (a Llama-2-7B layer: 64 parts of about 3.2 Mi symbols)."""
 def payload_codecs(required_flags: int, symbol_dtype: str = "float16") -> tuple[Codec, ...]:
     """The codecs a payload section may use in a file with these required flags, in a chunk of
     this symbol dtype (SPEC.md 8.2): raw and zstd, and planes, exponent and parts with their
-    flags; exponent only on float symbols (FLOAT_DTYPES)."""
+    flags; exponent only on float symbols (FLOAT_DTYPES; the default symbol_dtype is a float,
+    as every chunk's before 1.6)."""
     flags = required_flags if symbol_dtype in FLOAT_DTYPES else required_flags & ~RequiredFlag.EXPONENT
     return (Codec.RAW, Codec.ZSTD) + tuple(c for c, f in ((Codec.PLANES, RequiredFlag.PLANES), (Codec.EXPONENT, RequiredFlag.EXPONENT),
                                                          (Codec.PARTS, RequiredFlag.PARTS)) if flags & f)
