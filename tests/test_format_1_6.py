@@ -39,17 +39,17 @@ def _raw(seed: int, dtype: str, shape: tuple[int, ...]) -> RawTensor:
 
 
 def _chunks() -> list[dict[str, RawTensor]]:
-    """Every new dtype: 0-d, 0-element and odd counts; W = 8, 16 and 32 chunks; floats mixed in."""
-    w8 = {f"{d}_{k}": _raw(10 * i + k, d, shape) for i, d in enumerate(NEW) if DTYPE_BITS[d] == 8
+    """Every new dtype, 0-d, 0-element and odd counts among them, with floats mixed in: chunks of
+    W = 8, 16, 32 and (all tensors 64 bits wide) 32 again, with uint32 symbols."""
+    w8 = {f"w8_{d}_{k}": _raw(10 * i + k, d, shape) for i, d in enumerate(NEW) if DTYPE_BITS[d] == 8
           for k, shape in enumerate([(), (0, 3), (5, 7)])}
-    w8["half"] = _raw(1, "float16", (3, 3))
-    w16 = {"i16": _raw(2, "int16", (33,)), "u16": _raw(3, "uint16", ()), "bf": _raw(4, "bfloat16", (40, 40)),
-           "u64": _raw(5, "uint64", (3, 1)), "f64": _raw(6, "float64", (0,))}
-    w32 = {"i32": _raw(7, "int32", (9,)), "u32": _raw(8, "uint32", (2, 2)), "f32": _raw(9, "float32", (4,)), "i64": _raw(10, "int64", ())}
-    w64 = {"f64": _raw(11, "float64", (300, 7)), "i64": _raw(12, "int64", (5,))}
-    w64 = {f"wide_{n}": t for n, t in w64.items()}
-    w8, w16, w32 = ({f"{p}_{n}": t for n, t in c.items()} for p, c in (("w8", w8), ("w16", w16), ("w32", w32)))
-    return [w8, w16, w32, w64]
+    w8["w8_half"] = _raw(1, "float16", (3, 3))
+    w16 = {"w16_i16": _raw(2, "int16", (33,)), "w16_u16": _raw(3, "uint16", ()), "w16_bf": _raw(4, "bfloat16", (40, 40)),
+           "w16_u64": _raw(5, "uint64", (3, 1)), "w16_f64": _raw(6, "float64", (0,))}
+    w32 = {"w32_i32": _raw(7, "int32", (9,)), "w32_u32": _raw(8, "uint32", (2, 2)), "w32_f32": _raw(9, "float32", (4,)),
+           "w32_i64": _raw(10, "int64", ())}
+    wide = {"wide_f64": _raw(11, "float64", (300, 7)), "wide_i64": _raw(12, "int64", (5,))}
+    return [w8, w16, w32, wide]
 
 
 def _write(chunks: list[dict[str, RawTensor]], entropy: str, part_symbols: int = 500, **kw: object) -> bytes:
