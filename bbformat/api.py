@@ -111,7 +111,9 @@ def pack(
     `scheme` "none" takes no bits back: no rotation, the entropy stage alone, so unpack gives
     back the input's bits exactly (a 1.2 file).
 
-    `format_version` "1.5" (the default) is 1.4 with each payload of more than 2^21 symbols
+    `format_version` "1.6" (the default) writes what "1.5" writes for a model of float16,
+    bfloat16 and float32 tensors, byte for byte (its dtype codes of other dtypes, SPEC.md 6.1,
+    need Writer(..., dtypes=True)). "1.5" is 1.4 with each payload of more than 2^21 symbols
     cut into parts that a reader decodes on several cores (payload codec 4, SPEC.md 8.9; 1.4
     readers refuse it; `--entropy none` stores payloads raw and is written as 1.4). "1.4" is
     1.3 plus a band section per rotated site (the

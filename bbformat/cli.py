@@ -423,7 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "exponent (each float's exponent and top mantissa bits as one rANS symbol per tensor and column "
                          "class; format 1.3)")
     pk.add_argument("--format-version", choices=FORMAT_VERSIONS, default=FORMAT_VERSIONS[0],
-                    help="1.5 (default): as 1.4, and a payload of more than 2^21 symbols is cut into parts that a reader "
+                    help="1.6 (default): as 1.5 for float16/bfloat16/float32 models, byte for byte (its other dtypes, "
+                         "SPEC.md 6.1, are for writers that store them). 1.5: as 1.4, and a payload of more than 2^21 symbols is cut into parts that a reader "
                          "decodes on several cores (1.4 readers refuse it; a file whose payloads are all raw, --entropy "
                          "none, is written as 1.4). 1.4: as 1.3, and each rotated site stores the band widths it was "
                          "encoded with, from which verify reports this reader's margin (1.3 readers refuse it; --scheme "

@@ -16,11 +16,12 @@ from enum import IntEnum
 
 FORMAT_MAJOR = 1
 """Header and footer `major` (SPEC.md 4, 10.2); any other value is E_VERSION."""
-FORMAT_MINOR = 5
+FORMAT_MINOR = 6
 """The newest minor this code knows; a writer writes the lowest its file needs (minor_for)."""
-FORMAT_VERSIONS = ("1.5", "1.4", "1.3", "1.2", "1.1")
+FORMAT_VERSIONS = ("1.6", "1.5", "1.4", "1.3", "1.2", "1.1")
 """What a writer can be asked to write (`pack --format-version`), the default first. The file
-gets the lowest minor its features need: "1.5" writes minor 5 unless its payloads are stored
+gets the lowest minor its features need: "1.6" writes minor 6 only when it holds a dtype of
+format 1.6 (EXTENDED_DTYPES), else as "1.5"; "1.5" writes minor 5 unless its payloads are stored
 raw (`--entropy none`), else as "1.4"; "1.4" writes minor 4 when it has sites (their band
 sections), else as "1.3"; "1.3" writes minor 2 unless payloads may use codec 3; "1.1" writes
 minor 0 unless the payloads may use codec 2."""
@@ -132,10 +133,11 @@ class RequiredFlag(IntEnum):
     EXPONENT = 0x8  # 1.3: payload sections may use codec 3 (SPEC.md 8.7)
     BANDS = 0x10  # 1.4: every non-PLAIN site stores its band widths, a band section (SPEC.md 8.8); needs DIGESTS
     PARTS = 0x20  # 1.5: payload sections may use codec 4, independent parts (SPEC.md 8.9)
+    DTYPES = 0x40  # 1.6: dtype codes 4-15 (EXTENDED_DTYPES) and W = 8 symbols (SPEC.md 6.1, 6.2)
 
 
 REQUIRED_FLAGS_KNOWN = int(RequiredFlag.PLANES | RequiredFlag.DIGESTS | RequiredFlag.MIXED_CORRECTIONS | RequiredFlag.EXPONENT
-                           | RequiredFlag.BANDS | RequiredFlag.PARTS)
+                           | RequiredFlag.BANDS | RequiredFlag.PARTS | RequiredFlag.DTYPES)
 """Every required flag this code understands (SPEC.md 4, 11.2 item 4)."""
 OPTIONAL_FLAGS_KNOWN = 0x0
 """None are defined; readers ignore optional_flags (SPEC.md 4)."""
@@ -213,21 +215,52 @@ SITE_FLAGS_KNOWN = int(SiteFlag.PLAIN | SiteFlag.PAPER)
 
 
 class Dtype(IntEnum):
-    """Element type codes of tensor records and symbol_dtype (SPEC.md 6.1); other E_DTYPE."""
+    """Element type codes of tensor records and symbol_dtype (SPEC.md 6.1); other E_DTYPE.
+    Codes 4-15 (format 1.6) are known only in a file with RequiredFlag.DTYPES, and are stored
+    as opaque bit patterns: only float16, bfloat16 and float32 have values a decoder uses."""
 
     FLOAT16 = 1
     BFLOAT16 = 2
     FLOAT32 = 3
+    FLOAT64 = 4  # 1.6 from here on (RequiredFlag.DTYPES)
+    INT8 = 5
+    UINT8 = 6
+    INT16 = 7
+    UINT16 = 8
+    INT32 = 9
+    UINT32 = 10
+    INT64 = 11
+    UINT64 = 12
+    BOOL = 13
+    FLOAT8_E4M3FN = 14
+    FLOAT8_E5M2 = 15
 
 
 DTYPE_CODES: dict[str, Dtype] = {d.name.lower(): d for d in Dtype}
-"""Dtype name ("float16", "bfloat16", "float32") -> code."""
+"""Dtype name -> code. The names are torch's (torch.float8_e4m3fn, torch.uint16, ...) and numpy's
+where numpy has the type."""
 DTYPE_NAMES: dict[int, str] = {int(code): name for name, code in DTYPE_CODES.items()}
 """Code -> dtype name."""
-DTYPE_BITS = {"float16": 16, "bfloat16": 16, "float32": 32}
+DTYPE_BITS: dict[str, int] = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64, "int8": 8, "uint8": 8, "int16": 16,
+                              "uint16": 16, "int32": 32, "uint32": 32, "int64": 64, "uint64": 64, "bool": 8, "float8_e4m3fn": 8,
+                              "float8_e5m2": 8}
 """Bits per element (SPEC.md 6.1); a symbol dtype's bits are the chunk's W."""
+SAFETENSORS_DTYPES: dict[str, str] = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64", "I8": "int8",
+                                      "U8": "uint8", "I16": "int16", "U16": "uint16", "I32": "int32", "U32": "uint32",
+                                      "I64": "int64", "U64": "uint64", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn",
+                                      "F8_E5M2": "float8_e5m2"}
+"""safetensors' dtype string -> dtype name; any other (F8_E8M0, F4, F6_*, C64, ...) cannot be stored."""
+FLOAT_DTYPES = ("float16", "bfloat16", "float32")
+"""The dtypes with values (SPEC.md 6.1): the only symbol dtypes of a chunk with sites (5.2) or a
+codec-3 payload (8.7), and the only anchors."""
+EXTENDED_DTYPES = frozenset(name for name, code in DTYPE_CODES.items() if code > Dtype.FLOAT32)
+"""The dtypes of format 1.6: a file holding one sets RequiredFlag.DTYPES."""
+SYMBOL_BITS = (8, 16, 32)
+"""The symbol widths W (SPEC.md 6.2): a 64-bit symbol dtype is E_DTYPE."""
+WRITER_WIDE_SYMBOLS = "uint32"
+"""The reference writer's symbol dtype for a chunk whose tensors are all 64 bits wide."""
 EXPONENT_FIELD = {"float16": (10, 5), "bfloat16": (7, 8), "float32": (23, 8)}
-"""(shift, width) of each dtype's exponent field: the contexts of SPEC.md 8.4."""
+"""(shift, width) of each float dtype's exponent field: the contexts of SPEC.md 8.4."""
 
 # ----------------------------------------------------------------------------- the reference writer's choices
 
@@ -256,34 +289,42 @@ machine, and few enough that the codec-3 parts keep their column classes within 
 tables of one payload (a Llama-2-7B layer: 64 parts of about 3.2 Mi symbols)."""
 
 
-def payload_codecs(required_flags: int) -> tuple[Codec, ...]:
-    """The codecs a payload section may use in a file with these required flags (SPEC.md 8.2):
-    raw and zstd, and planes, exponent and parts with their flags."""
+def payload_codecs(required_flags: int, symbol_dtype: str = "float16") -> tuple[Codec, ...]:
+    """The codecs a payload section may use in a file with these required flags, in a chunk of
+    this symbol dtype (SPEC.md 8.2): raw and zstd, and planes, exponent and parts with their
+    flags; exponent only on float symbols (FLOAT_DTYPES; the default symbol_dtype is a float,
+    as every chunk's before 1.6)."""
+    flags = required_flags if symbol_dtype in FLOAT_DTYPES else required_flags & ~RequiredFlag.EXPONENT
     return (Codec.RAW, Codec.ZSTD) + tuple(c for c, f in ((Codec.PLANES, RequiredFlag.PLANES), (Codec.EXPONENT, RequiredFlag.EXPONENT),
-                                                         (Codec.PARTS, RequiredFlag.PARTS)) if required_flags & f)
+                                                         (Codec.PARTS, RequiredFlag.PARTS)) if flags & f)
 
 
-def required_flags_for(format_version: str, entropy: str, sites: bool = True) -> int:
-    """The required flags of a file written as `format_version` ("1.5", "1.4", "1.3", "1.2" or "1.1")
+def required_flags_for(format_version: str, entropy: str, sites: bool = True, dtypes: bool = False) -> int:
+    """The required flags of a file written as `format_version` ("1.6" ... "1.1")
     with payloads stored by `entropy` (SPEC.md 4): 1.2 and later record digests and may mix
     corrections; planes and auto may use codec 2; from 1.3, exponent and auto may use codec 3;
-    in 1.4, a file that may have sites (`sites`: a scheme other than none) stores their bands."""
+    in 1.4, a file that may have sites (`sites`: a scheme other than none) stores their bands;
+    in 1.6, a file that may hold EXTENDED_DTYPES (`dtypes`) sets DTYPES."""
     flags = int(RequiredFlag.PLANES) if entropy in PLANES_ENTROPY_MODES else 0
-    if format_version in ("1.2", "1.3", "1.4", "1.5"):
+    if format_version in ("1.2", "1.3", "1.4", "1.5", "1.6"):
         flags |= RequiredFlag.DIGESTS | RequiredFlag.MIXED_CORRECTIONS
-    if format_version in ("1.3", "1.4", "1.5") and entropy in EXPONENT_ENTROPY_MODES:
+    if format_version in ("1.3", "1.4", "1.5", "1.6") and entropy in EXPONENT_ENTROPY_MODES:
         flags |= RequiredFlag.EXPONENT
-    if format_version in ("1.4", "1.5") and sites:
+    if format_version in ("1.4", "1.5", "1.6") and sites:
         flags |= RequiredFlag.BANDS
-    if format_version == "1.5" and entropy in PARTS_ENTROPY_MODES:
+    if format_version in ("1.5", "1.6") and entropy in PARTS_ENTROPY_MODES:
         flags |= RequiredFlag.PARTS
+    if format_version == "1.6" and dtypes:
+        flags |= RequiredFlag.DTYPES
     return flags
 
 
 def minor_for(required_flags: int) -> int:
     """The lowest minor version whose features a file with these flags uses (SPEC.md 4,
-    Versions): 5 with PARTS, 4 with BANDS, 3 with EXPONENT, 2 with DIGESTS or MIXED_CORRECTIONS, else 1 with
+    Versions): 6 with DTYPES, 5 with PARTS, 4 with BANDS, 3 with EXPONENT, 2 with DIGESTS or MIXED_CORRECTIONS, else 1 with
     PLANES, else 0."""
+    if required_flags & RequiredFlag.DTYPES:
+        return 6
     if required_flags & RequiredFlag.PARTS:
         return 5
     if required_flags & RequiredFlag.BANDS:
@@ -295,10 +336,10 @@ def minor_for(required_flags: int) -> int:
     return 1 if required_flags & RequiredFlag.PLANES else 0
 
 
-def written_version(format_version: str, entropy: str, sites: bool = True) -> str:
-    """The version ("1.5" ... "1.0") of a file written as `format_version` with `entropy` (and
-    sites, unless `sites` is False: scheme none)."""
-    return f"{FORMAT_MAJOR}.{minor_for(required_flags_for(format_version, entropy, sites))}"
+def written_version(format_version: str, entropy: str, sites: bool = True, dtypes: bool = False) -> str:
+    """The version ("1.6" ... "1.0") of a file written as `format_version` with `entropy` (and
+    sites, unless `sites` is False: scheme none; EXTENDED_DTYPES if `dtypes`)."""
+    return f"{FORMAT_MAJOR}.{minor_for(required_flags_for(format_version, entropy, sites, dtypes))}"
 
 
 # ----------------------------------------------------------------------------- errors

@@ -29,6 +29,7 @@ from .constants import (
     MAX_DESCRIPTOR,
     MAX_METADATA,
     MIN_CHUNK_LENGTH,
+    REQUIRED_FLAGS_KNOWN,
     SECTION_ENTRY_SIZE,
 )
 from .container import records as R
@@ -360,7 +361,7 @@ def declared_bytes(data: bytes) -> int:
             end = pos + CHUNK_FIXED_SIZE + h.descriptor_length
             if h.descriptor_length <= MAX_DESCRIPTOR and end <= len(data):
                 try:
-                    program = parse_descriptor(data[pos + CHUNK_FIXED_SIZE : end])
+                    program = parse_descriptor(data[pos + CHUNK_FIXED_SIZE : end], REQUIRED_FLAGS_KNOWN)
                     worst = max(worst, working_set_bytes(program, min(h.chunk_length, len(data)), mixed=True, exponent=True, bands=True))
                 except BBFormatError:
                     pass

@@ -341,7 +341,7 @@ class Reader:
         e = self._entry(i)
         try:
             off, n = descriptor_extent(self._read_at(e.offset, CHUNK_FIXED_SIZE), e.length)
-            return parse_descriptor(self._read_at(e.offset + off, n))
+            return parse_descriptor(self._read_at(e.offset + off, n), self.header.required_flags)
         except FormatError:
             self.read_chunk(i)  # a damaged chunk is reported as such (E_CRC_CHUNK) ...
             raise  # ... else the descriptor itself is bad

@@ -165,7 +165,7 @@ def _part_codecs(raw: bytes | bytearray, payload: dict[str, Any], program: Block
         return None
     stored = memoryview(raw)[payload["offset"] : payload["offset"] + payload["stored_length"]]
     out: dict[str, int] = {}
-    for part in read_parts(stored, program.payload_symbols(), program.symbol_bits // 8, part_codecs(flags)):
+    for part in read_parts(stored, program.payload_symbols(), program.symbol_bits // 8, part_codecs(flags, program.symbol_dtype)):
         out[CODEC_NAMES[part.codec]] = out.get(CODEC_NAMES[part.codec], 0) + 1
     return out
 

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 from .codec.entropy import check_entropy_mode
 from .codec.payload import PartPool, code_payload, in_turn
-from .constants import PART_SYMBOLS, RequiredFlag, SectionKind, minor_for, required_flags_for
+from .constants import EXTENDED_DTYPES, FLOAT_DTYPES, PART_SYMBOLS, SYMBOL_BITS, RequiredFlag, SectionKind, minor_for, required_flags_for
 from .container.digest import content_crc
-from .container.program import BlockProgram
+from .container.program import BlockProgram, bits_of
 from .codec.section_kinds import BAND
 from .codec.sections import Section
 from .container.section_rules import band_widths
@@ -44,7 +44,7 @@ class WriterStateError(BBFormatError):
 class Writer:
     def __init__(self, dest: str | os.PathLike[str] | BinaryIO, scheme: str, chunk_count: int, metadata: dict[str, Any],
                  entropy: str = "none", background_header: bool = False, format_version: str = "1.3", *,
-                 overwrite: bool = False, threads: int | None = None, part_symbols: int = PART_SYMBOLS) -> None:
+                 overwrite: bool = False, threads: int | None = None, part_symbols: int = PART_SYMBOLS, dtypes: bool = False) -> None:
         """entropy: how add_chunk stores each payload (SPEC.md 8.6, 8.7): "none" raw, "zstd" one
         zstd frame, "planes" codec 2, "exponent" codec 3 (format 1.3), "auto" the smallest of
         those the format version allows, per chunk. "planes" and "auto" set the required flag
@@ -65,11 +65,16 @@ class Writer:
         threads: how many threads code the parts of one large payload (format 1.5, SPEC.md 8.9);
         None is every CPU this process may use. The bytes do not depend on it. part_symbols: a
         payload of more symbols is cut into parts of about this many (at most WRITER_PARTS;
-        SPEC.md 8.9's informative rule; smaller for tests and conformance vectors)."""
+        SPEC.md 8.9's informative rule; smaller for tests and conformance vectors).
+
+        dtypes: the chunks may hold tensors of the dtypes of format 1.6 (float64, the integers,
+        bool, float8; constants.EXTENDED_DTYPES): needs format_version "1.6", and sets
+        RequiredFlag.DTYPES (minor 6), which 1.5 readers refuse. Without it such a chunk is an
+        InputError. The header is written first, so this is said up front."""
         check_entropy_mode(entropy)
-        check_format_version(format_version, entropy)
+        check_format_version(format_version, entropy, dtypes)
         self._entropy = entropy
-        self._flags = required_flags_for(format_version, entropy, sites=scheme != "none")
+        self._flags = required_flags_for(format_version, entropy, sites=scheme != "none", dtypes=dtypes)
         fields = check_header(scheme, chunk_count, metadata, self._flags)  # refuses bad input before a temp file exists
         self._parts = PartPool(threads)
         self._part_symbols = check_count("part_symbols", part_symbols)
@@ -188,6 +193,7 @@ class Writer:
                                    else "a 1.1 writer records no content_crc")
         if self._added >= self._expected:
             raise WriterStateError(f"more chunks than the {self._expected} declared")
+        self._check_dtypes(program)
         banded = {sec.site for sec in sections if sec.kind == SectionKind.BAND}
         if banded != ({i for i, s in enumerate(program.sites) if not s.plain} if self.bands else set()):
             raise InputError("a 1.4 file with sites stores a band section for every non-PLAIN site (the encoder's bands=True)"
@@ -208,6 +214,22 @@ class Writer:
         if self._header is not None and not self._header.done():
             return
         self._flush()
+
+    def _check_dtypes(self, program: BlockProgram) -> None:
+        """What a reader would refuse as E_DTYPE or E_SITE (SPEC.md 5.2, 6.1, 6.2), refused here."""
+        used = {program.symbol_dtype, *(t.dtype for t in program.tensors)}
+        for dtype in sorted(used):
+            bits_of(dtype)  # an unknown name: InputError
+        if used & EXTENDED_DTYPES and not self._flags & RequiredFlag.DTYPES:
+            raise InputError(f"chunk {program.name!r} holds {', '.join(sorted(used & EXTENDED_DTYPES))}: "
+                             "a Writer(format_version='1.6', dtypes=True) stores them")
+        w = bits_of(program.symbol_dtype)
+        if w not in SYMBOL_BITS or any(bits_of(t.dtype) % w for t in program.tensors):
+            raise InputError(f"chunk {program.name!r}: symbol dtype {program.symbol_dtype} is not 8, 16 or 32 bits wide, "
+                             "or wider than a tensor")
+        anchors = {program.tensors[s.anchor].dtype for s in program.sites if 0 <= s.anchor < len(program.tensors)}
+        if program.sites and not {program.symbol_dtype, *anchors} <= set(FLOAT_DTYPES):
+            raise InputError(f"chunk {program.name!r}: sites need float symbols and float anchors")
 
     def add_encoded(self, enc: "EncodedChunk") -> None:
         """add_chunk for an encoder's chunk, with its digest when this writer records them."""

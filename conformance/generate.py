@@ -79,7 +79,7 @@ from bbformat.reader import Reader, iter_stream  # noqa: E402
 import impl_python  # noqa: E402
 import run as runner  # noqa: E402
 
-SPEC_VERSION = "1.5"  # of the manifest; each vector records the version that introduced it
+SPEC_VERSION = "1.6"  # of the manifest; each vector records the version that introduced it
 U64 = (1 << 64) - 1
 ZSTD = zstandard.ZstdCompressor(level=19, write_content_size=True, write_checksum=False)
 
@@ -507,7 +507,7 @@ CODES = {
     "E_MAGIC": ("a magic number is wrong: the file's leading magic (or a file shorter than 8 bytes), a chunk's, the index's (or an index shorter than 8 bytes); the footer's when reading forward", "§4, §5, §10.1, §10.3", 1),
     "E_TRUNCATED": ("the file ends early: shorter than 84 bytes, no footer magic at the end of a seekable file (random access), a read past the end, a stream ending early", "§10.2, §10.3", 2),
     "E_VERSION": ("major version not 1 (header or footer), or header and footer versions differ", "§4, §10.2", 3),
-    "E_REQUIRED_FLAG": ("a required_flags bit is set that the reader does not know (1.1 defines bit 0, PLANES; 1.2 bits 1, DIGESTS, and 2, MIXED_CORRECTIONS; 1.3 bit 3, EXPONENT; 1.4 bit 4, BANDS; 1.5 bit 5, PARTS; a 1.1 reader rejects a 1.2 file with either), or BANDS without DIGESTS", "§4", 4),
+    "E_REQUIRED_FLAG": ("a required_flags bit is set that the reader does not know (1.1 defines bit 0, PLANES; 1.2 bits 1, DIGESTS, and 2, MIXED_CORRECTIONS; 1.3 bit 3, EXPONENT; 1.4 bit 4, BANDS; 1.5 bit 5, PARTS; 1.6 bit 6, DTYPES; a 1.1 reader rejects a 1.2 file with either), or BANDS without DIGESTS", "§4", 4),
     "E_RESERVED": ("a reserved field or bit is not zero, including chunk offset 4 in a file without DIGESTS, site flag bits 2-7 and sign bitmap padding", "§1, §4, §5, §5.1, §5.3, §8.3, §10", 5),
     "E_SCHEME": ("header scheme byte not 1 (paper), 2 (symmetric) or 3 (none: no sites, since 1.2; a 1.1 reader rejects 3); scheme 3 without DIGESTS (1.5)", "§4", 6),
     "E_CODEC": ("metadata, section, residual-group or planes-group codec not 0 (raw) or 1 (zstd); section codec 2 (planes) except on the payload of a file with PLANES; a band section not raw (1.4); codec 4 (parts) except on the payload of a file with PARTS, or a part's codec not allowed (1.5)", "§4, §5.3, §8.2, §8.4, §8.6, §8.9", 7),
@@ -3186,8 +3186,11 @@ def add_v15(S: Suite) -> None:  # noqa: C901 - one list of vectors
     inv("x_parts_planes_no_leading", px(parts_bytes([zbad, (2, 100, planes0), raw(200, P)])),
         "part 0 a zstd part of the wrong size, part 1 a codec-2 part with segment count 0: codec 2 has no leading fields, so "
         "part 0's failure is reported", "E_SECTION_SIZE", 24)
-    S.invalid("x_required_flag_bit6", mod(bs, hdr={"required_flags": V15_ALL | 1 << 6, "minor": 5}).build(), "§4",
-              "required_flags PLANES, EXPONENT, PARTS and bit 6 (unknown in 1.5)", "E_REQUIRED_FLAG", 4, since=V)
+    # bit 6 is DTYPES since 1.6: x_required_flag_bit6 (these bytes) became v_dtypes_flag_minor5, and add_v16 holds the
+    # unknown-bit vector now
+    S.valid("v_dtypes_flag_minor5", mod(bs, hdr={"required_flags": V15_ALL | 1 << 6, "minor": 5}).build(), "§4",
+            "required_flags PLANES, EXPONENT, PARTS and bit 6 (DTYPES) with minor 5, no dtype code above 3: rejected by 1.5 "
+            "readers (it was x_required_flag_bit6), accepted since 1.6 (a minor alone never changes meaning)", since="1.6")
 
 
 def add_v15_rules(S: Suite) -> None:
@@ -3234,6 +3237,169 @@ def add_v15_rules(S: Suite) -> None:
             "x_scheme_3_without_digests with DIGESTS set (minor 2) and the chunk's content_crc: valid", eig=False, since=V)
 
 
+DTYPES_FLAG = int(RequiredFlag.DTYPES)
+V16_FLAGS = DIGESTS_FLAG | DTYPES_FLAG
+# SPEC.md 6.1's table, written out here (not taken from bbformat.constants): name -> (code, bits)
+DT16 = {"float16": (1, 16), "bfloat16": (2, 16), "float32": (3, 32), "float64": (4, 64), "int8": (5, 8), "uint8": (6, 8),
+        "int16": (7, 16), "uint16": (8, 16), "int32": (9, 32), "uint32": (10, 32), "int64": (11, 64), "uint64": (12, 64),
+        "bool": (13, 8), "float8_e4m3fn": (14, 8), "float8_e5m2": (15, 8)}
+
+
+def dt_tensor(seed: int, dtype: str, shape: tuple) -> tuple[str, tuple, bytes]:
+    """(dtype, shape, little-endian element bytes) of a tensor of arbitrary bit patterns, low
+    in entropy so that the entropy codecs have something to do (bool: bytes 0 and 1)."""
+    n = int(np.prod(shape, dtype=np.int64)) * DT16[dtype][1] // 8
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 2, n) if dtype == "bool" else rng.integers(0, 4, n) * rng.integers(0, 64, n)
+    return dtype, shape, data.astype(np.uint8).tobytes()
+
+
+def dt_chunk(name: str, sym: str, tensors: dict[str, tuple[str, tuple, bytes]], sites: list[tuple] | None = None) -> Chk:
+    """A chunk of these tensors pushed in order (no site takes bits back, so the payload is their
+    bytes in order, SPEC.md 6.3), raw payload, content_crc of SPEC.md 5.4 in the header field."""
+    recs = [(n, DT16[d][0], shape) for n, (d, shape, _) in tensors.items()]
+    ops = [(OpKind.SITE, i) for i in range(len(sites or []))] + [(OpKind.PUSH, i) for i in range(len(recs))]
+    data = b"".join(b for _, _, b in tensors.values())
+    c = Chk(program_rec(name, DT16[sym][0], recs, sites or [], ops), [raw_sec(SectionKind.PAYLOAD, NO_SITE, data)])
+    c.head["reserved0"] = crc32c(data)
+    return c
+
+
+def dt_file(chunks: list[Chk], flags: int = V16_FLAGS, minor: int = 6, scheme: int = 3) -> BB:
+    return BB(chunks, scheme=scheme, meta=meta("none" if scheme == 3 else "symmetric", 0.0), hdr={"required_flags": flags, "minor": minor})
+
+
+def dt_expected(chunks: list[dict[str, tuple[str, tuple, bytes]]]) -> dict[str, tuple[str, list, str]]:
+    return {n: (d, list(shape), hashlib.sha256(b).hexdigest()) for ts in chunks for n, (d, shape, b) in ts.items()}
+
+
+def add_v16(S: Suite) -> None:  # noqa: C901 - one list of vectors
+    """1.6: dtype codes 4-15 and W = 8 (SPEC.md 6.1, 6.2), DTYPES (bit 6); expected tensors are the
+    bytes this function made (hashed here), checked against the reference's decoding."""
+    V = "1.6"
+
+    def valid(vid: str, bb: BB, tensors: list[dict], what: str, section: str = "§6.1, §6.2") -> None:
+        data = bb.build()
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "v.bb"
+            path.write_bytes(data)
+            res = impl_python.decode_path(path)
+        assert res["result"] == "accept", (vid, res)
+        got = {n: (v["dtype"], v["shape"], v["sha256"]) for n, v in res["tensors"].items()}
+        assert got == dt_expected(tensors), vid
+        S.valid(vid, data, section, what, eig=False, since=V)
+
+    def inv(vid: str, data: bytes, what: str, code: str, rule: int, section: str = "§6.1, §6.2") -> None:
+        S.invalid(vid, data, section, what, code, rule, eig=False, since=V)
+
+    for k, dt in enumerate(n for n, (code, _) in DT16.items() if code > 3):
+        wide = DT16[dt][1] == 64
+        ts = {f"t_{dt}": dt_tensor(100 + k, dt, (3, 5))}
+        valid(f"v_dtypes_{dt}", dt_file([dt_chunk("one", "uint32" if wide else dt, ts)]), [ts],
+              f"one {dt} tensor of 3 x 5 elements alone in a chunk, symbol dtype "
+              + ("uint32 (W = 32: two symbols an element)" if wide else f"{dt} (W = {DT16[dt][1]})") + ", raw payload")
+    w8 = {"bits": dt_tensor(1, "bool", (5,)), "half": dt_tensor(2, "float16", (3, 4)), "long": dt_tensor(3, "int64", (3,)),
+          "e5m2": dt_tensor(4, "float8_e5m2", (2, 3, 3)), "none": dt_tensor(5, "uint8", (0, 4)), "scalar": dt_tensor(6, "int8", ()),
+          "wide": dt_tensor(7, "float64", (1, 2))}
+    w16 = {"ids": dt_tensor(8, "int16", (4, 7)), "act": dt_tensor(9, "bfloat16", (6, 9)), "w32": dt_tensor(10, "float32", (5,)),
+           "u64": dt_tensor(11, "uint64", (2,))}
+    w32 = {"f64": dt_tensor(12, "float64", (3, 3)), "i32": dt_tensor(13, "int32", (7,)), "f32": dt_tensor(14, "float32", (2, 2))}
+    c8, c16, c32 = dt_chunk("w8", "bool", w8), dt_chunk("w16", "bfloat16", w16), dt_chunk("w32", "int32", w32)
+    mixed = dt_file([c8, c16, c32])
+    valid("v_dtypes_mixed", mixed, [w8, w16, w32],
+          "three chunks mixing new dtypes with floats: W = 8 (symbol dtype bool; bool, float16, int64, float8_e5m2, a 0-element "
+          "uint8, a 0-d int8 and float64 tensors), W = 16 (symbol dtype bfloat16; int16, bfloat16, float32, uint64), W = 32 "
+          "(symbol dtype int32; float64, int32, float32); 64-bit elements are 8, 4 and 2 symbols")
+    p8 = b"".join(b for _, _, b in w8.values())
+    sym8 = np.frombuffer(p8, np.uint8)
+    n8 = sym8.size
+    valid("v_dtypes_w8_zstd", with_codec(mixed, 0, ZSTD.compress(p8), 1, V16_FLAGS, 6), [w8, w16, w32],
+          "v_dtypes_mixed with the W = 8 payload as one zstd frame", "§8.2")
+    pl = planes_bytes(sym8, 8, [seg(20, 5, 4, 61), seg(n8 - 20, 9, 1, 0)])
+    valid("v_dtypes_w8_planes", with_codec(mixed, 0, pl, 2, V16_FLAGS | PLANES_FLAG, 6), [w8, w16, w32],
+          "v_dtypes_mixed with the W = 8 payload in codec 2: a top plane only (the whole symbol), no lower plane; two segments, "
+          "the first with K = 4 row and column classes", "§8.6")
+    parts = parts_bytes([(0, 9, sym8[:9].tobytes()), (1, 11, ZSTD.compress(sym8[9:20].tobytes())),
+                         (2, n8 - 20, planes_bytes(sym8[20:], 8, [seg(n8 - 20, 4, 1, 0)]))])
+    valid("v_dtypes_w8_parts", with_codec(mixed, 0, parts, 4, V16_FLAGS | PLANES_FLAG | PARTS_FLAG, 6), [w8, w16, w32],
+          "v_dtypes_mixed with the W = 8 payload in codec 4: a raw, a zstd and a planes part", "§8.9")
+    p16 = np.frombuffer(b"".join(b for _, _, b in w16.values()), "<u2")
+    ex = exp_bytes(p16, 2, 1, [eseg(p16.size, 7, 1, 0)], 3)
+    valid("v_dtypes_w16_exponent", with_codec(mixed, 1, ex, 3, V16_FLAGS | EXPONENT_FLAG, 6), [w8, w16, w32],
+          "v_dtypes_mixed with the W = 16 payload (symbol dtype bfloat16) in codec 3: the symbols' fields are bfloat16's "
+          "whatever the tensors they come from (int16, uint64)", "§8.7")
+    f64 = {"f64": dt_tensor(15, "float64", (2, 5))}
+    c64 = dt_chunk("f64_in_16", "int16", f64)
+    s64 = np.frombuffer(f64["f64"][2], "<u2")
+    valid("v_dtypes_float64_w16_planes", with_codec(dt_file([c64]), 0, planes_bytes(s64, 16, [seg(s64.size, 20, 1, 0)]), 2,
+                                                     V16_FLAGS | PLANES_FLAG, 6), [f64],
+          "a float64 tensor in a chunk of symbol dtype int16: 4 symbols an element, low half first; codec 2", "§6.2, §8.6")
+
+    # invalid: the flag, the codes, the widths
+    inv("x_dtypes_without_flag", mod(mixed, hdr={"required_flags": DIGESTS_FLAG, "minor": 2}).build(),
+        "v_dtypes_mixed without DTYPES (minor 2): chunk 0's symbol dtype 13 (bool) is an unknown code, as for a 1.5 reader",
+        "E_DTYPE", 19)
+    inv("x_dtypes_tensor_without_flag", mod(dt_file([c16]), hdr={"required_flags": DIGESTS_FLAG, "minor": 2}).build(),
+        "the W = 16 chunk of v_dtypes_mixed alone, without DTYPES: symbol dtype bfloat16 is known, tensor dtype 7 (int16) is not",
+        "E_DTYPE", 19)
+    x = dt_file([dt_chunk("c", "uint8", {"a": dt_tensor(20, "uint8", (4,))})])
+    x.chunks[0].rec["tensors"][0]["dtype"] = 16
+    inv("x_dtypes_code_16", x.build(), "a tensor of dtype code 16 in a file with DTYPES: unknown", "E_DTYPE", 19)
+    inv("x_dtypes_symbol_float64", dt_file([dt_chunk("c", "float64", f64)]).build(),
+        "a chunk of one float64 tensor whose symbol dtype is float64: a 64-bit symbol dtype (W = 64) is not allowed", "E_DTYPE", 19)
+    inv("x_dtypes_symbol_uint64", dt_file([dt_chunk("c", "uint64", {"a": dt_tensor(21, "uint64", (3,))})]).build(),
+        "a chunk of one uint64 tensor whose symbol dtype is uint64", "E_DTYPE", 19)
+    inv("x_dtypes_narrower_than_symbols", dt_file([dt_chunk("c", "int16", {"a": dt_tensor(22, "int16", (2,)),
+                                                                         "b": dt_tensor(23, "int8", (4,))})]).build(),
+        "an int8 tensor in a chunk of symbol dtype int16 (W = 16)", "E_DTYPE", 19)
+    c = dt_chunk("w16", "int16", w16)
+    c.secs[0].stored, c.secs[0].codec = ex, 3
+    inv("x_dtypes_exponent_int_symbols", dt_file([c], V16_FLAGS | EXPONENT_FLAG).build(),
+        "the W = 16 chunk of v_dtypes_w16_exponent with symbol dtype int16 instead of bfloat16 (the same codec-3 bytes, which "
+        "would decode with bfloat16's fields): codec 3 needs a float16, bfloat16 or float32 symbol dtype", "E_CODEC", 7, "§8.7")
+    c = dt_chunk("w16", "uint16", w16)
+    c.secs[0].stored = parts_bytes([(0, 10, p16[:10].tobytes()), (3, p16.size - 10, exp_bytes(p16[10:], 2, 0, [eseg(p16.size - 10, 7, 1, 0)], 2))])
+    c.secs[0].codec = 4
+    inv("x_dtypes_parts_exponent_int_symbols", dt_file([c], V16_FLAGS | EXPONENT_FLAG | PARTS_FLAG).build(),
+        "a codec-4 payload of symbol dtype uint16 whose part 1 is codec 3: E_CODEC with the part's codec", "E_CODEC", 7, "§8.7, §8.9")
+    anchor = {"a": dt_tensor(24, "int16", (2, 2))}
+    inv("x_dtypes_site_int_anchor", dt_file([dt_chunk("c", "float16", {**anchor, "h": dt_tensor(25, "float16", (3,))},
+                                                      [("s", 2, 0, 0, SiteFlag.PLAIN)])], scheme=2).build(),
+        "a PLAIN site (D = 2) whose anchor is int16, symbol dtype float16: every site needs a float anchor", "E_SITE", 20, "§5.2")
+    inv("x_dtypes_site_int_symbols", dt_file([dt_chunk("c", "int16", {"a": dt_tensor(26, "float16", (2, 2))},
+                                                       [("s", 2, 0, 0, SiteFlag.PLAIN)])], scheme=2).build(),
+        "a PLAIN site whose anchor is float16 in a chunk of symbol dtype int16: every site needs float symbols", "E_SITE", 20, "§5.2")
+    inv("x_dtypes_site_w8", dt_file([dt_chunk("c", "bool", {"a": dt_tensor(27, "float16", (2, 2)), "b": dt_tensor(28, "bool", (1,))},
+                                              [("s", 2, 0, 1, SiteFlag.PLAIN)])], scheme=2).build(),
+        "a PLAIN site with a float16 anchor in a W = 8 chunk (symbol dtype bool)", "E_SITE", 20, "§5.2")
+    inv("x_required_flag_bit7", mod(mixed, hdr={"required_flags": V16_FLAGS | 1 << 7, "minor": 6}).build(),
+        "v_dtypes_mixed with required_flags bit 7 set too (unknown in 1.6)", "E_REQUIRED_FLAG", 4, "§4")
+    dtypes_writer_file(S, V)
+
+
+def dtypes_writer_file(S: Suite, V: str) -> None:
+    """The reference Writer's own 1.6 file (--entropy auto, parts of 200 symbols)."""
+    chunks = [{"emb": dt_tensor(30, "bfloat16", (40, 16)), "pos": dt_tensor(31, "int64", (40,))},
+              {"mask": dt_tensor(32, "bool", (600,)), "scale": dt_tensor(33, "float8_e4m3fn", (25, 20))},
+              {"big": dt_tensor(34, "uint64", (130,)), "f": dt_tensor(35, "float64", (3,))}]
+    buf = io.BytesIO()
+    w = bbformat.Writer(buf, "none", len(chunks), {"format": "bbformat", "format_version": "1.6", "scheme": "none", "tolerance": 0.0},
+                        entropy="auto", format_version="1.6", part_symbols=200, threads=1, dtypes=True)
+    for i, ts in enumerate(chunks):
+        raws = {n: RawTensor(d, np.frombuffer(b, f"<u{DT16[d][1] // 8}").reshape(shape)) for n, (d, shape, b) in ts.items()}
+        w.add_encoded(encode_chunk(ChunkLayout(f"c{i}", tuple(raws), ()), raws, {}, "symmetric", 0.0))
+    w.close()
+    data = buf.getvalue()
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "v.bb"
+        path.write_bytes(data)
+        res = impl_python.decode_path(path)
+    assert {n: (v["dtype"], v["shape"], v["sha256"]) for n, v in res["tensors"].items()} == dt_expected(chunks)
+    S.valid("v_dtypes_writer_auto", data, "§6.2, §12",
+            "the reference Writer's 1.6 file, --entropy auto with parts of 200 symbols: W = 16 (bfloat16 symbols, int64), W = 8 "
+            "(bool symbols, float8_e4m3fn), W = 32 (uint32 symbols for uint64 and float64 tensors)", eig=False, since=V)
+
+
 def add_all(S: Suite) -> None:
     add_valid(S)
     add_invalid(S)
@@ -3245,6 +3411,7 @@ def add_all(S: Suite) -> None:
     add_v14(S)
     add_v15(S)
     add_v15_rules(S)
+    add_v16(S)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -72,7 +72,7 @@ def sample_container(scheme: str = "symmetric", tolerance: float = 0.0, seed: in
     w = Writer(buf, scheme, 2, {"format": "bbformat", "scheme": scheme, "tolerance": tolerance}, entropy=entropy,
                format_version=format_version, **({} if part_symbols is None else {"part_symbols": part_symbols}))
     for lay, ts in ((l0, t0), (l1, t1)):
-        enc = encode_chunk(lay, ts, {}, scheme, tolerance, band=format_version != "1.1", bands=format_version in ("1.4", "1.5"))
+        enc = encode_chunk(lay, ts, {}, scheme, tolerance, band=format_version != "1.1", bands=format_version in ("1.4", "1.5", "1.6"))
         w.add_encoded(enc)
     w.close()
     return buf.getvalue()

@@ -1,7 +1,8 @@
 """Element types, their bit patterns, and exact rounding from float64.
 
 A tensor travels as `RawTensor`: its dtype name and an unsigned-integer array of
-its bit patterns (uint16 for float16/bfloat16, uint32 for float32).
+its bit patterns, as wide as its elements (uint16 for float16/bfloat16, uint8 for bool, int8 and
+float8, uint64 for float64/int64, ...). Only float16, bfloat16 and float32 have values here.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ..container.program import bits_of
 from ..errors import InputError
 from . import host_native
 
-_UINT: dict[int, np.dtype] = {16: np.dtype("<u2"), 32: np.dtype("<u4")}
+_UINT: dict[int, np.dtype] = {8: np.dtype("u1"), 16: np.dtype("<u2"), 32: np.dtype("<u4"), 64: np.dtype("<u8")}
 
 
 def uint_dtype(bits: int) -> np.dtype:
@@ -156,5 +157,6 @@ def symbols_to_tensor(sym: np.ndarray, dtype: str, shape: tuple[int, ...], symbo
 
 
 def wide_dtype(symbol_bits: int) -> np.dtype:
-    """Eigenvalues travel as floats twice the symbol width."""
-    return np.dtype("<f4") if symbol_bits == 16 else np.dtype("<f8")
+    """Eigenvalues travel as floats twice the symbol width (W = 16 or 32: sites need float symbols)."""
+    wide: dict[int, np.dtype] = {16: np.dtype("<f4"), 32: np.dtype("<f8")}
+    return wide[symbol_bits]

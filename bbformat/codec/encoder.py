@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..constants import NO_SITE, ROTATION_SCHEMES, OpKind, SectionKind, SiteFlag
+from ..constants import FLOAT_DTYPES, NO_SITE, ROTATION_SCHEMES, WRITER_WIDE_SYMBOLS, OpKind, SectionKind, SiteFlag
 from ..errors import InputError, check_choice
 from . import rotation as rot
 from .dtypes import RawTensor, bits_to_f64, f64_to_bits, little_endian_bytes, symbols_view, uint_dtype, wide_dtype
@@ -34,8 +34,21 @@ def touched_in_scheme(site: SiteSpec, scheme: str) -> list[str]:
 
 
 def choose_symbol_dtype(entries: list[TensorEntry]) -> str:
-    narrow = min(bits_of(t.dtype) for t in entries)
-    return next(t.dtype for t in entries if bits_of(t.dtype) == narrow)
+    """The narrowest width W of the chunk's tensors (32 when all are 64 bits wide: uint32
+    symbols), and of that width the first float in push order, else the first dtype (SPEC.md
+    6.2, informative): a float keeps codec 3 open to the payload."""
+    narrow = min(min(bits_of(t.dtype) for t in entries), 32)
+    same = [t.dtype for t in entries if bits_of(t.dtype) == narrow]
+    return next((d for d in same if d in FLOAT_DTYPES), same[0] if same else WRITER_WIDE_SYMBOLS)
+
+
+def check_site_dtypes(layout: ChunkLayout, entries: list[TensorEntry], sym_dtype: str) -> None:
+    """Sites need float symbols and float anchors (SPEC.md 5.2): else an InputError."""
+    dtypes = {e.name: e.dtype for e in entries}
+    for s in layout.sites:
+        if sym_dtype not in FLOAT_DTYPES or dtypes[s.anchor.tensor] not in FLOAT_DTYPES:
+            raise InputError(f"chunk {layout.name!r}: site {s.name!r} needs float symbols and a float anchor, "
+                             f"not {sym_dtype} and {dtypes[s.anchor.tensor]} (scheme none stores any dtype)")
 
 
 def _first_touched(layout: ChunkLayout, site: SiteSpec, scheme: str) -> int:
@@ -244,6 +257,7 @@ class _ChunkContext:
             layout = ChunkLayout(layout.name, layout.tensors, tuple(s for s in layout.sites if s not in dropped))
         entries = [TensorEntry(n, t.dtype, t.shape) for n in layout.tensors for t in (tensors[n],)]
         incoming_of = {n: [(ax, r) for (t, ax), r in incoming.items() if t == n] for n in layout.tensors}
+        check_site_dtypes(layout, entries, choose_symbol_dtype(entries))
         ctx = cls(layout, dropped, tensors, incoming_of, entries, choose_symbol_dtype(entries), plan_ops(layout, scheme), scheme,
                   tolerance, {} if canonical is None else canonical, _moments_after(moments or {}, incoming, incoming_of), defer, band, la,
                   bands)

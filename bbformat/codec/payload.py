@@ -195,14 +195,15 @@ def _code_symbols(data: Buffer, dtype: str, runs: list[tuple[int, int]], mode: s
         offer(Codec.ZSTD, compress(data, PAYLOAD_LEVEL))
     if mode in ("planes", "auto") and flags & RequiredFlag.PLANES:
         offer(Codec.PLANES, encode_planes(sym, w, runs))
-    if mode in ("exponent", "auto") and flags & RequiredFlag.EXPONENT:
+    if mode in ("exponent", "auto") and Codec.EXPONENT in payload_codecs(flags, dtype):
         offer(Codec.EXPONENT, encode_exponent(sym, dtype, runs))
     return best
 
 
-def part_codecs(flags: int) -> tuple[int, ...]:
-    """The codecs a part of a codec-4 payload may use in a file with these required flags."""
-    return tuple(c for c in payload_codecs(flags) if c != Codec.PARTS)
+def part_codecs(flags: int, symbol_dtype: str = "float16") -> tuple[int, ...]:
+    """The codecs a part of a codec-4 payload may use in a file with these required flags, in a
+    chunk of this symbol dtype (codec 3 only on floats, SPEC.md 8.7)."""
+    return tuple(c for c in payload_codecs(flags, symbol_dtype) if c != Codec.PARTS)
 
 
 def decode_payload(codec: int, stored: Buffer, program: BlockProgram, flags: int = DEFAULT_FLAGS | RequiredFlag.PARTS,
@@ -215,7 +216,7 @@ def decode_payload(codec: int, stored: Buffer, program: BlockProgram, flags: int
     new = alloc or np.empty
     if codec != Codec.PARTS:
         return _decode_into(codec, stored, program, total, new(total, dtype))
-    parts = read_parts(stored, total, program.symbol_bits // 8, part_codecs(flags))
+    parts = read_parts(stored, total, program.symbol_bits // 8, part_codecs(flags, program.symbol_dtype))
     tables = 0
     for k, p in enumerate(parts):  # SPEC.md 8.9: the codec-3 parts' leading fields before any part is decoded
         if p.codec == Codec.EXPONENT:

@@ -14,6 +14,8 @@ from ..constants import (
     CRC_SIZE,
     DTYPE_CODES,
     DTYPE_NAMES,
+    EXTENDED_DTYPES,
+    FLOAT_DTYPES,
     MAX_DESCRIPTOR,
     MAX_NDIM,
     MAX_SECTIONS_PER_CHUNK,
@@ -140,13 +142,22 @@ def _check_reserved(value: int, what: str) -> None:
         raise FormatError(f"reserved field {what} is not zero", "E_RESERVED")
 
 
-def parse_descriptor(data: bytes) -> BlockProgram:
-    """A chunk descriptor's bytes (SPEC.md 5.1) as a validated block program."""
+def known_dtypes(required_flags: int) -> dict[int, str]:
+    """Code -> name of the dtypes a file with these flags may use (SPEC.md 6.1): codes 4-15 only
+    with DTYPES (1.6)."""
+    extended = bool(required_flags & RequiredFlag.DTYPES)
+    return {c: n for c, n in DTYPE_NAMES.items() if extended or n not in EXTENDED_DTYPES}
+
+
+def parse_descriptor(data: bytes, required_flags: int = 0) -> BlockProgram:
+    """A chunk descriptor's bytes (SPEC.md 5.1) as a validated block program, in a file with
+    these required flags (which dtype codes are known)."""
     rec = R.read_descriptor(data)
     _check_reserved(rec["reserved0"] | rec["reserved1"], "descriptor")
-    if rec["symbol_dtype"] not in DTYPE_NAMES:
+    dtypes = known_dtypes(required_flags)
+    if rec["symbol_dtype"] not in dtypes:
         raise FormatError(f"unknown symbol dtype code {rec['symbol_dtype']}", "E_DTYPE")
-    tensors = [_tensor_entry(t) for t in rec["tensors"]]
+    tensors = [_tensor_entry(t, dtypes) for t in rec["tensors"]]
     sites = [_site_entry(s) for s in rec["sites"]]
     ops = []
     for o in rec["ops"]:
@@ -157,10 +168,10 @@ def parse_descriptor(data: bytes) -> BlockProgram:
     return program
 
 
-def _tensor_entry(t: dict[str, Any]) -> TensorEntry:
+def _tensor_entry(t: dict[str, Any], dtypes: dict[int, str]) -> TensorEntry:
     name, dtype, ndim, dims = t["name"], t["dtype"], t["ndim"], t["dims"]
     _check_reserved(t["reserved"], "tensor")
-    if dtype not in DTYPE_NAMES:
+    if dtype not in dtypes:
         raise FormatError(f"tensor {name!r} has unknown dtype code {dtype}", "E_DTYPE")
     if ndim > MAX_NDIM:
         raise LimitError(f"tensor {name!r} has {ndim} dimensions", "E_LIMIT_NDIM")
@@ -252,7 +263,6 @@ def parse_chunk(
     payload is refused (E_CODEC)."""
     mixed = bool(required_flags & RequiredFlag.MIXED_CORRECTIONS)
     bands = bool(required_flags & RequiredFlag.BANDS)
-    codecs = payload_codecs(required_flags)
     if len(data) < MIN_CHUNK_LENGTH:
         raise FormatError("chunk is truncated", "E_TRUNCATED")
     if data[: len(CHUNK_MAGIC)] != CHUNK_MAGIC:
@@ -276,11 +286,12 @@ def parse_chunk(
     table_end = table_off + SECTION_ENTRY_SIZE * head.section_count
     if table_end > len(data) - CRC_SIZE:
         raise FormatError("chunk descriptor or section table runs past the chunk", "E_BOUNDS")
-    program = parse_descriptor(bytes(data[CHUNK_FIXED_SIZE:table_off]))
+    program = parse_descriptor(bytes(data[CHUNK_FIXED_SIZE:table_off]), required_flags)
     if max_site_dim is not None:  # the caller's time budget: an eigendecomposition costs O(D^3)
         for s in program.sites:
             if not s.plain and s.dim > max_site_dim:
                 raise LimitError(f"site {s.name!r} has D = {s.dim}; this reader's limit is {max_site_dim}", "E_LIMIT_DIM")
+    codecs = payload_codecs(required_flags, program.symbol_dtype)
     entries = [R.SECTION_ENTRY.parse(data[table_off + i * SECTION_ENTRY_SIZE : table_off + (i + 1) * SECTION_ENTRY_SIZE])
                for i in range(head.section_count)]
     pos = table_end
@@ -293,7 +304,8 @@ def parse_chunk(
             raise FormatError("band section (kind 6) in a file without BANDS", "E_SECTION_KIND")
         rules = rules_of(e.kind)
         if e.codec not in codecs or e.codec not in rules.codecs:
-            raise FormatError(f"unknown section codec {e.codec}" + (" for this section kind" if e.codec in codecs else ""), "E_CODEC")
+            raise FormatError(f"unknown section codec {e.codec}" + (" for this section kind" if e.codec in codecs else "")
+                              + ("" if program.symbol_dtype in FLOAT_DTYPES else f" (symbol dtype {program.symbol_dtype})"), "E_CODEC")
         if e.offset != pos or e.stored_length > len(data) - CRC_SIZE - pos:
             raise FormatError("sections must be contiguous, in table order, inside the chunk", "E_BOUNDS")
         pos += e.stored_length

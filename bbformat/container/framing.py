@@ -57,12 +57,15 @@ class Header:
         return bool(self.required_flags & RequiredFlag.DIGESTS)
 
 
-def check_format_version(format_version: str, entropy: str = "none") -> None:
+def check_format_version(format_version: str, entropy: str = "none", dtypes: bool = False) -> None:
     """A version a writer can be asked to write (constants.FORMAT_VERSIONS), and one that
-    allows payload codec 3 if `entropy` is "exponent" (1.3 and later), else InputError."""
+    allows payload codec 3 if `entropy` is "exponent" (1.3 and later) and the dtypes of format
+    1.6 if `dtypes`, else InputError."""
     check_choice("format version", format_version, FORMAT_VERSIONS)
     if entropy == "exponent" and not required_flags_for(format_version, entropy) & RequiredFlag.EXPONENT:
         raise InputError(f"entropy mode 'exponent' (payload codec 3) needs format 1.3 or later, not {format_version}")
+    if dtypes and not required_flags_for(format_version, entropy, dtypes=True) & RequiredFlag.DTYPES:
+        raise InputError(f"dtypes other than float16, bfloat16 and float32 need format 1.6, not {format_version}")
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,25 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..constants import DTYPE_BITS, MIN_SITE_DIM, SITE_FLAGS_KNOWN, OpKind, SiteFlag
+from ..constants import DTYPE_BITS, FLOAT_DTYPES, MIN_SITE_DIM, SAFETENSORS_DTYPES, SITE_FLAGS_KNOWN, SYMBOL_BITS, OpKind, SiteFlag
 from ..errors import FormatError, InputError
 
+
 def bits_of(dtype: str) -> int:
-    """The width in bits of an element type SPEC.md names (float16, bfloat16, float32)."""
+    """The width in bits of an element type SPEC.md names (float16, ..., float8_e5m2)."""
     try:
         return DTYPE_BITS[dtype]
     except KeyError:
         raise InputError(f"unsupported element type {dtype!r}") from None
+
+
+def safetensors_dtype(code: str) -> str:
+    """The dtype name of a safetensors dtype string ("F16", "BOOL", ...); one the format cannot
+    store (F8_E8M0, F4, C64, ...) is an InputError naming it."""
+    try:
+        return SAFETENSORS_DTYPES[code]
+    except KeyError:
+        raise InputError(f"safetensors dtype {code!r} cannot be stored (one of {', '.join(SAFETENSORS_DTYPES)})") from None
 
 
 def block_size(dim: int) -> int:
@@ -127,9 +137,9 @@ class BlockProgram:
 
     def validate(self) -> None:
         """Structural rules a reader checks before decoding (SPEC.md section 6)."""
+        if DTYPE_BITS.get(self.symbol_dtype) not in SYMBOL_BITS:
+            raise FormatError(f"symbol dtype {self.symbol_dtype} is not 8, 16 or 32 bits wide", "E_DTYPE")
         w = self.symbol_bits
-        if self.symbol_dtype not in ("float16", "bfloat16", "float32"):
-            raise FormatError(f"unknown symbol dtype {self.symbol_dtype}", "E_DTYPE")
         names = set()
         for t in self.tensors:
             if t.name in names:
@@ -164,6 +174,8 @@ class BlockProgram:
             if not 0 <= s.anchor < len(self.tensors):
                 raise FormatError(f"site {s.name!r} anchor does not exist", "E_SITE")
             a = self.tensors[s.anchor]
+            if self.symbol_dtype not in FLOAT_DTYPES or a.dtype not in FLOAT_DTYPES:
+                raise FormatError(f"site {s.name!r}: symbols {self.symbol_dtype} and anchor {a.dtype} must both be floats", "E_SITE")
             if not 0 <= s.anchor_axis < len(a.shape) or a.shape[s.anchor_axis] != s.dim or s.dim < MIN_SITE_DIM:
                 raise FormatError(f"site {s.name!r} does not fit its anchor {a.name!r}", "E_SITE")
             if pos_push[s.anchor] < pos_site[i]:

@@ -82,8 +82,9 @@ const uint8_t *pc_group(pcur_t *c, uint64_t G, int *owned, const char *what);
 uint64_t pc_segments(pcur_t *c, uint64_t P, uint64_t **n, uint64_t **r, uint8_t **K);
 
 /* ---- dtypes (SPEC.md 6.1) ---- */
-enum { DT_F16 = 1, DT_BF16 = 2, DT_F32 = 3 };
-int dtype_bits(int code); /* 0 if unknown */
+enum { DT_F16 = 1, DT_BF16 = 2, DT_F32 = 3, DT_LAST = 15 }; /* 4-15 (1.6): opaque bit patterns */
+int dtype_bits(int code); /* 0 if unknown: codes 4-15 are known only with BB_FLAG_DTYPES */
+int dtype_is_float(int code); /* float16, bfloat16, float32: the dtypes with values */
 const char *dtype_name(int code);
 double dtype_to_f64(int code, uint32_t bits);
 uint32_t round_to_dtype(double x, int code); /* SPEC.md 7.4 */
@@ -114,7 +115,9 @@ void emit_tensor(const tensor_t *t);
 #define BB_FLAG_EXPONENT 8u /* 1.3: payload codec 3 (8.7) */
 #define BB_FLAG_BANDS   16u /* 1.4: a band section per non-PLAIN site (8.8); needs DIGESTS */
 #define BB_FLAG_PARTS   32u /* 1.5: payload codec 4 (8.9) */
-#define BB_KNOWN_FLAGS  (BB_FLAG_PLANES | BB_FLAG_DIGESTS | BB_FLAG_MIXED | BB_FLAG_EXPONENT | BB_FLAG_BANDS | BB_FLAG_PARTS)
+#define BB_FLAG_DTYPES  64u /* 1.6: dtype codes 4-15 and W = 8 (6.1, 6.2) */
+#define BB_KNOWN_FLAGS  (BB_FLAG_PLANES | BB_FLAG_DIGESTS | BB_FLAG_MIXED | BB_FLAG_EXPONENT | BB_FLAG_BANDS | BB_FLAG_PARTS \
+                         | BB_FLAG_DTYPES)
 extern uint32_t bb_required_flags;
 extern double bb_margin; /* 1.4: the smallest site margin met so far (SPEC.md 9 item 7); INFINITY if none */
 extern int bb_have_margin;

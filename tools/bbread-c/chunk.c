@@ -608,6 +608,7 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
         memset(ns.slot, 0, (size_t)cap * sizeof(*ns.slot));
         ns.mask = cap - 1;
     }
+    if (W != 8 && W != 16 && W != 32) fail("E_DTYPE", "chunk %u: symbol_dtype %d is %d bits wide", ci, sym_dtype, W);
     for (k = 0; k < T; k++) {
         if (nameset_add(&ns, &ts[k])) fail("E_DESCRIPTOR", "chunk %u: duplicate tensor name", ci);
         if (dtype_bits(ts[k].dtype) % W) fail("E_DTYPE", "chunk %u: tensor narrower than the symbols", ci);
@@ -641,6 +642,8 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
         if (s->flags & 0xFC) fail("E_RESERVED", "chunk %u: site %u has reserved flag bits", ci, k);
         if (s->anchor >= T) fail("E_SITE", "chunk %u: site %u anchor out of range", ci, k);
         a = &ts[s->anchor];
+        if (!dtype_is_float(sym_dtype) || !dtype_is_float(a->dtype))
+            fail("E_SITE", "chunk %u: site %u needs float symbols and a float anchor", ci, k);
         if (s->axis >= a->ndim || a->dims[s->axis] != s->D || s->D < 2)
             fail("E_SITE", "chunk %u: site %u does not fit its anchor", ci, k);
         if (push_pos[s->anchor] < s->op_pos) fail("E_SITE", "chunk %u: site %u anchor pushed before the site", ci, k);
@@ -669,7 +672,7 @@ void process_chunk(const uint8_t *buf, uint64_t len, uint32_t ci, uint32_t entry
         if (kind < 1 || kind > 6 || (kind == K_BAND && !(bb_required_flags & BB_FLAG_BANDS)))
             fail("E_SECTION_KIND", "chunk %u: section %u unknown kind %u", ci, k, kind);
         if (codec > 1 && !(codec == 2 && kind == K_PAYLOAD && (bb_required_flags & BB_FLAG_PLANES))
-                      && !(codec == 3 && kind == K_PAYLOAD && (bb_required_flags & BB_FLAG_EXPONENT))
+                      && !(codec == 3 && kind == K_PAYLOAD && (bb_required_flags & BB_FLAG_EXPONENT) && dtype_is_float(sym_dtype))
                       && !(codec == 4 && kind == K_PAYLOAD && (bb_required_flags & BB_FLAG_PARTS)))
             fail("E_CODEC", "chunk %u: section %u unknown codec %u", ci, k, codec);
         if (kind == K_BAND && codec != 0) fail("E_CODEC", "chunk %u: band section %u not raw", ci, k);

@@ -30,6 +30,7 @@ typedef struct {
 typedef struct {
     const uint8_t *s;
     uint64_t len, pos;
+    int sym_dtype; /* the chunk's: codec-3 parts need a float (8.7, 1.6) */
 } pt_cur;
 
 static uint64_t pt_varint(pt_cur *c, const char *field, uint64_t k)
@@ -41,13 +42,14 @@ static uint64_t pt_varint(pt_cur *c, const char *field, uint64_t k)
     return v;
 }
 
-/* c_k: 0 raw, 1 zstd, 2 planes (with PLANES), 3 exponent (with EXPONENT); else E_CODEC */
+/* c_k: 0 raw, 1 zstd, 2 planes (with PLANES), 3 exponent (with EXPONENT, float symbols: 8.7); else E_CODEC */
 static uint8_t pt_codec(pt_cur *c, uint64_t k)
 {
+    int exponent = (bb_required_flags & BB_FLAG_EXPONENT) && dtype_is_float(c->sym_dtype);
     uint8_t v;
     if (c->pos >= c->len) fail("E_SECTION_CONTENT", "parts payload: part %llu codec is missing", (unsigned long long)k);
     v = c->s[c->pos++];
-    if (!(v <= 1 || (v == 2 && (bb_required_flags & BB_FLAG_PLANES)) || (v == 3 && (bb_required_flags & BB_FLAG_EXPONENT))))
+    if (!(v <= 1 || (v == 2 && (bb_required_flags & BB_FLAG_PLANES)) || (v == 3 && exponent)))
         fail("E_CODEC", "parts payload: part %llu codec %u", (unsigned long long)k, v);
     return v;
 }
@@ -143,7 +145,7 @@ static void pt_decode(const uint8_t *sec, const part_t *p, int sym_dtype, int W,
 
 uint8_t *parts_decode(const uint8_t *sec, uint64_t len, uint64_t P, int sym_dtype, int W)
 {
-    pt_cur c = {sec, len, 0};
+    pt_cur c = {sec, len, 0, sym_dtype};
     part_t *pt;
     uint64_t S, k, WB = (uint64_t)W / 8;
     uint8_t *out;

@@ -472,19 +472,25 @@ uint64_t zstd_decode_into(const uint8_t *src, size_t n, uint8_t *dst, uint64_t c
 
 /* ------------------------------------------------------------------ dtypes */
 
+/* SPEC.md 6.1, codes 1-15: name and width */
+static const struct { const char *name; int bits; } DTYPES[DT_LAST + 1] = {
+    {"", 0}, {"float16", 16}, {"bfloat16", 16}, {"float32", 32}, {"float64", 64}, {"int8", 8}, {"uint8", 8},
+    {"int16", 16}, {"uint16", 16}, {"int32", 32}, {"uint32", 32}, {"int64", 64}, {"uint64", 64}, {"bool", 8},
+    {"float8_e4m3fn", 8}, {"float8_e5m2", 8},
+};
+
 int dtype_bits(int code)
 {
-    switch (code) {
-    case DT_F16: return 16;
-    case DT_BF16: return 16;
-    case DT_F32: return 32;
-    default: return 0;
-    }
+    if (code < DT_F16 || code > DT_LAST) return 0;
+    if (code > DT_F32 && !(bb_required_flags & BB_FLAG_DTYPES)) return 0;
+    return DTYPES[code].bits;
 }
+
+int dtype_is_float(int code) { return code >= DT_F16 && code <= DT_F32; }
 
 const char *dtype_name(int code)
 {
-    return code == DT_F16 ? "float16" : code == DT_BF16 ? "bfloat16" : "float32";
+    return dtype_bits(code) ? DTYPES[code].name : "";
 }
 
 void dtype_exp_field(int code, int *shift, int *width)
