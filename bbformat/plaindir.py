@@ -98,9 +98,13 @@ class PlainDir:
         if f.path not in self._maps:
             try:
                 with open(self.root / f.path, "rb") as fh:
-                    self._maps[f.path] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
             except (OSError, ValueError) as exc:
                 raise InputError(f"cannot map {self.root / f.path}: {exc}") from None
+            if len(mm) != len(f.header) + (f.tensors[-1].end if f.tensors else 0):
+                mm.close()
+                raise InputError(f"{self.root / f.path} changed size while it was packed")
+            self._maps[f.path] = mm
         return self._maps[f.path]
 
     def close(self) -> None:
@@ -233,10 +237,15 @@ def is_plain_dir(src: Path) -> bool:
     top = {p.name: p for p in src.iterdir() if p.is_file()}
     if any(n.endswith(".pt") for n in top):
         return False
-    if any(n.endswith(".safetensors") and f"{n[:-12]}.json" in top for n in top if n != "config.safetensors"):
+    if any(n.endswith(".safetensors") and f"{n[:-len('.safetensors')]}.json" in top for n in top):
         return False
-    return not any(_json_keys(p) & _SLICING_KEYS == _SLICING_KEYS or _json_keys(p) & {"sliced_base"}
-                   for n, p in top.items() if n.endswith(".json"))
+    return not any(_is_sliced_json(p) for n, p in top.items() if n.endswith(".json"))
+
+
+def _is_sliced_json(path: Path) -> bool:
+    """A SlicingConfig, or the config.json of a sliced model's HF directory (`sliced_base`)."""
+    keys = _json_keys(path)
+    return _SLICING_KEYS <= keys or "sliced_base" in keys
 
 
 def _json_keys(path: Path) -> set[str]:
@@ -280,16 +289,18 @@ def read_plain_dir(root: Path, budget: int) -> PlainDir:
     safetensors header; then the other files (at most `budget` bytes with the headers)."""
     paths = walk(root)
     st_paths = [p for p in paths if p.endswith(".safetensors")]
+    is_weights = set(st_paths)
     _refuse_other_formats(root, paths, st_paths)
     shards = _model_shards(root, paths)
-    ordered = shards + sorted(p for p in st_paths if p not in shards)
+    model = set(shards)
+    ordered = shards + [p for p in st_paths if p not in model]  # st_paths: sorted
     weights = [read_header(root / p, p) for p in ordered]
     for f in weights:
-        f.name_tensors("" if f.path in shards else f"{f.path}/")
+        f.name_tensors("" if f.path in model else f"{f.path}/")
     _check_names(weights)
     if INDEX in paths:
         _check_index(root, weights[: len(shards)])
-    others = [p for p in paths if p not in st_paths]
+    others = [p for p in paths if p not in is_weights]
     _check_budget(root, others, sum(len(f.header) for f in weights), budget)
     files = {p: _read(root / p) for p in others}
     return PlainDir(root, _architecture(files), files, weights)

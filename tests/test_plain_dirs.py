@@ -405,3 +405,57 @@ def test_unpack_into_a_directory_that_holds_files(tmp_path: Path) -> None:
     with pytest.raises(BBFormatError, match="model-00001-of-00002.safetensors of another model"):
         bbformat.unpack(tmp_path / "m.bb", back, overwrite=True)
     assert sorted(p.name for p in back.iterdir() if p.name.startswith(".")) == [".gitattributes"]  # no staging left
+
+
+def test_chunks_are_cut_by_the_byte_budget(tmp_path: Path) -> None:
+    from bbformat import plaindir
+
+    src = _gpt2(tmp_path / "src")
+    with plaindir.read_plain_dir(src, 1 << 20) as d:
+        names = json.loads(_header(src / "model.safetensors")[8:])
+        count = len([k for k in names if k != "__metadata__"])
+        assert [len(c.tensors) for c in plaindir.plain_layout(d, chunk_bytes=1).chunks] == [1] * count
+        chunks = plaindir.plain_layout(d).chunks
+    assert sum(len(c.tensors) for c in chunks) == count
+    for c in chunks:  # one layer per chunk: h.0. and h.1. never together
+        assert len({n.split(".")[1] for n in c.tensors if n.startswith("h.")}) <= 1, c
+
+
+def _directory(header: bytes, tensors: list[str]) -> dict[str, Any]:
+    import base64
+
+    return {"safetensors": [{"path": "model.safetensors", "header": base64.b64encode(header).decode(), "tensors": tensors}]}
+
+
+@pytest.mark.parametrize("case, fragment", [
+    ("dtype", "in the container"), ("shape", "in the container"), ("count", "2 tensor names for 1 header entries"),
+    ("base64", "not base64"), ("clash", "both a file and a folder"), ("twice", "named twice"), ("path", "not a relative path"),
+    ("not-a-list", "no list of safetensors files"),
+])
+def test_unpack_plan_checks_the_directory_metadata(case: str, fragment: str) -> None:
+    from bbformat import plaindir
+
+    raw = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    header = struct.pack("<Q", len(raw)) + raw
+    entries: dict[str, tuple[str, tuple[int, ...]]] = {"w": ("float32", (2,))}
+    directory, files = _directory(header, ["w"]), {"config.json": b"{}"}
+    if case == "dtype":
+        entries["w"] = ("float16", (2,))
+    elif case == "shape":
+        entries["w"] = ("float32", (1, 2))
+    elif case == "count":
+        directory["safetensors"][0]["tensors"] = ["w", "v"]
+    elif case == "base64":
+        directory["safetensors"][0]["header"] = "not base64!"
+    elif case == "clash":
+        files["model.safetensors/x"] = b""
+    elif case == "twice":
+        files["model.safetensors"] = b""
+    elif case == "path":
+        directory["safetensors"][0]["path"] = "/etc/model.safetensors"
+    else:
+        directory = {"safetensors": "model.safetensors"}
+    assert plaindir.unpack_plan(_directory(header, ["w"]), {"config.json": b"{}"}, {"w": ("float32", (2,))})  # as made, fine
+    with pytest.raises(FormatError) as info:
+        plaindir.unpack_plan(directory, files, entries)
+    assert info.value.code == "E_METADATA" and fragment in str(info.value), str(info.value)
