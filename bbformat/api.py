@@ -753,11 +753,11 @@ def _unpack_plain(r: Reader, dst: Path, fmt: str, wanted: dict[str, TensorEntry]
         raise InputError("a packed plain Hugging Face directory unpacks as hf (its default) or safetensors, not pt")
     if max_shard_size is not None:
         raise InputError("max_shard_size: a plain directory's safetensors files come back as they were packed")
-    files = _decode_files(r.metadata.get("files", {}))
+    files = plaindir.decode_files(r.metadata.get("files", {}))
     plan = plaindir.unpack_plan(r.metadata["directory"], files, {k: (e.dtype, e.shape) for k, e in wanted.items()})
     index = {plaindir.INDEX: files.pop(plaindir.INDEX)} if fmt == "hf" and plaindir.INDEX in files else {}
-    files.pop(plaindir.INDEX, None)
-    written = [f.path for f in plan] + list(index) if fmt == "hf" else [plaindir.WEIGHTS]
+    files.pop(plaindir.INDEX, None)  # safetensors: one file, no shards to index
+    written = ([f.path for f in plan] + list(index)) if fmt == "hf" else [plaindir.WEIGHTS]
     from .checkpoint import publish_directory
 
     if fmt == "safetensors" and plaindir.WEIGHTS in files:

@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .codec.dtypes import RawTensor
+from .codec.dtypes import RawTensor, uint_dtype
 from .codec.layout import ChunkLayout, ModelLayout
 from .constants import DTYPE_BITS, PLAIN_CHUNK_BYTES, SAFETENSORS_DTYPES
 from .errors import FormatError, InputError
@@ -88,7 +88,8 @@ class PlainDir:
         f, t = self._where[key]
         mm = self._map(f)
         start = len(f.header) + t.begin
-        bits = np.frombuffer(mm, dtype=_uint(t.dtype), count=int(np.prod(t.shape, dtype=np.int64)), offset=start)
+        kind = uint_dtype(DTYPE_BITS[t.dtype]).newbyteorder("<")
+        bits = np.frombuffer(mm, dtype=kind, count=int(np.prod(t.shape, dtype=np.int64)), offset=start)
         out = RawTensor(t.dtype, bits.reshape(t.shape).copy())
         del bits
         _release(mm, start, len(f.header) + t.end)
@@ -120,10 +121,6 @@ class PlainDir:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _uint(dtype: str) -> np.dtype:
-    return np.dtype(f"<u{DTYPE_BITS[dtype] // 8}")
 
 
 def _release(mm: mmap.mmap, start: int, end: int) -> None:
@@ -434,6 +431,16 @@ def directory_metadata(d: PlainDir) -> dict[str, Any]:
     """The container's `directory` metadata (SPEC.md 4.1)."""
     return {"safetensors": [{"path": f.path, "header": base64.b64encode(f.header).decode("ascii"), "tensors": f.keys}
                             for f in d.weights]}
+
+
+def decode_files(files: Any) -> dict[str, bytes]:
+    """The metadata's `files` (relative path -> base64), decoded (FormatError E_METADATA if not that)."""
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise FormatError("metadata 'files' is not an object of base64 strings", "E_METADATA")
+    try:
+        return {k: base64.b64decode(v, validate=True) for k, v in files.items()}
+    except (binascii.Error, ValueError):
+        raise FormatError("metadata 'files' holds a value that is not base64", "E_METADATA") from None
 
 
 def unpack_plan(directory: Any, files: dict[str, bytes], entries: dict[str, tuple[str, tuple[int, ...]]]) -> list[StFile]:

@@ -459,3 +459,13 @@ def test_unpack_plan_checks_the_directory_metadata(case: str, fragment: str) -> 
     with pytest.raises(FormatError) as info:
         plaindir.unpack_plan(directory, files, entries)
     assert info.value.code == "E_METADATA" and fragment in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("files", [[], {"config.json": 3}, {"config.json": "no base64!"}])
+def test_decode_files_refuses_what_is_not_base64_by_path(files: Any) -> None:
+    from bbformat import plaindir
+
+    assert plaindir.decode_files({"a/b.txt": "aGk="}) == {"a/b.txt": b"hi"}
+    with pytest.raises(FormatError) as info:
+        plaindir.decode_files(files)
+    assert info.value.code == "E_METADATA"
