@@ -17,9 +17,10 @@ import numpy as np
 from .codec.dtypes import RawTensor
 from .codec.linalg import REFERENCE, Linalg, device_backend, torch_device_of
 from .codec.entropy import check_entropy_mode
-from .constants import FORMAT_VERSIONS, PACK_SCHEMES, RequiredFlag, written_version
+from . import plaindir
+from .constants import FORMAT_VERSIONS, PACK_SCHEMES, SIDE_FILES_MAX_BYTES, RequiredFlag, written_version
 from .container.framing import Header, check_format_version
-from .codec.encoder import EncodedChunk, SiteReport
+from .codec.encoder import EncodedChunk, Moments, SiteReport
 from .codec.layout import ChunkLayout, ModelLayout
 from .container.program import TensorEntry, bits_of
 from .compat import legacy_reader_problems
@@ -74,7 +75,7 @@ def pack(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
     *,
-    scheme: str = "symmetric",
+    scheme: str | None = None,
     tolerance: float | None = None,
     verify: bool = False,
     progress: Progress | None = None,
@@ -87,7 +88,13 @@ def pack(
     overwrite: bool = False,
     threads: int | None = None,
 ) -> PackReport:
-    """Encode a SliceGPT checkpoint directory (TransformerCompression layout) into `dst`.
+    """Encode a SliceGPT checkpoint directory (TransformerCompression layout), or any plain
+    Hugging Face model directory, into `dst`.
+
+    A plain directory (config.json, safetensors weights, no SlicingConfig; bbformat.plaindir)
+    is packed with scheme "none", every file of it byte for byte: `unpack` gives the same
+    directory back. `scheme` None (the default) is "symmetric" for a sliced checkpoint and
+    "none" for a plain directory; "symmetric" or "paper" on a plain directory is InputError.
 
     `dst` must not exist unless `overwrite` (OutputExistsError, E_EXISTS, before any work); the
     finished file is published under its name atomically and, without `overwrite`, only if
@@ -140,14 +147,19 @@ def pack(
     environment (the moments are rounded to 10 bits, which makes a differing BLAS or
     thread count flip a rounding decision rarely, but not never). On another device, for a
     given device model, driver and library versions (README, Devices)."""
-    check_choice("scheme", scheme, PACK_SCHEMES)
+    if scheme is not None:
+        check_choice("scheme", scheme, PACK_SCHEMES)
     check_entropy_mode(entropy)
     check_format_version(format_version, entropy)
-    if scheme == "none" and format_version == "1.1":
-        raise InputError("scheme 'none' needs format 1.2 or later (1.1 readers know only the paper and symmetric schemes)")
-    if scheme == "none" and calibration is not None:
-        raise InputError("--calibration rounds rotated weights; scheme 'none' rotates nothing")
+    _check_scheme_options(scheme, format_version, calibration)
     _refuse_output_early(Path(src), Path(dst), overwrite)
+    if plaindir.is_plain_dir(Path(src)):
+        if scheme not in (None, "none"):
+            raise InputError(f"scheme {scheme!r} needs SliceGPT's rotation sites (a sliced checkpoint with its SlicingConfig); "
+                             f"{src} is a plain Hugging Face directory: pack it with scheme 'none' (its default)")
+        _check_scheme_options("none", format_version, calibration)
+        return _pack_plain(Path(src), dst, tolerance, verify, progress, entropy, format_version, device, overwrite, threads)
+    scheme = scheme or "symmetric"
     from .checkpoint import read_checkpoint  # torch: after the refusals that need none
 
     _check_paths(Path(src), Path(dst), overwrite)
@@ -158,6 +170,46 @@ def pack(
     with read_checkpoint(Path(src)) as ckpt:
         return _pack_checkpoint(ckpt, dst, scheme, tolerance, verify, progress, calibration, calibration_samples,
                                 calibration_seqlen, entropy, format_version, la, overwrite, threads)
+
+
+def _check_scheme_options(scheme: str | None, format_version: str, calibration: object) -> None:
+    if scheme == "none" and format_version == "1.1":
+        raise InputError("scheme 'none' needs format 1.2 or later (1.1 readers know only the paper and symmetric schemes)")
+    if scheme == "none" and calibration is not None:
+        raise InputError("--calibration rounds rotated weights; scheme 'none' rotates nothing")
+
+
+def _pack_plain(src: Path, dst: str | os.PathLike[str], tolerance: float | None, verify: bool, progress: Progress | None,
+                entropy: str, format_version: str, device: str | Linalg | None, overwrite: bool, threads: int | None) -> PackReport:
+    """pack of a plain Hugging Face directory: scheme none, every file kept (bbformat.plaindir)."""
+    _check_output_against(plaindir.walk(src), src, Path(dst), overwrite)
+    tolerance = _checked_tolerance(0.0 if tolerance is None else tolerance)
+    la = device_backend(device)
+    with plaindir.read_plain_dir(src, SIDE_FILES_MAX_BYTES) as d:  # every check before dst is created
+        layout = plaindir.plain_layout(d)
+        dtypes = d.extended_dtypes()  # a file holding them is 1.6 (DTYPES); one of floats alone stays 1.5 or lower
+        if dtypes and format_version != "1.6":
+            raise InputError(f"{src} holds {', '.join(sorted(dtypes))} tensors, which only format 1.6 stores "
+                             f"(--format-version {format_version} was asked for)")
+        metadata = {
+            "format": "bbformat",
+            "format_version": written_version(format_version, entropy, sites=False, dtypes=bool(dtypes)),
+            "architecture": d.architecture,
+            "scheme": "none",
+            "tolerance": tolerance,
+            "keys": d.keys,
+            "files": _encode_files(d.files),
+            "directory": plaindir.directory_metadata(d),
+        }
+        report = PackReport(str(dst), "none", tolerance, d.architecture, 0, 0, 0, 0)
+        return _encode_into(dst, layout, d.tensor, metadata, report, None, verify, progress, entropy, format_version, la,
+                            overwrite, threads, dtypes=bool(dtypes))
+
+
+def _checked_tolerance(tolerance: float) -> float:
+    if not (tolerance >= 0 and np.isfinite(tolerance)):
+        raise InputError(f"tolerance must be a finite number >= 0, got {tolerance}")
+    return tolerance
 
 
 def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str, tolerance: float | None, verify: bool,
@@ -171,8 +223,7 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
         layout = ModelLayout(layout.architecture, "none", [ChunkLayout(c.name, c.tensors, ()) for c in layout.chunks])
     if tolerance is None:
         tolerance = DEFAULT_TOLERANCE.get((scheme, layout.architecture), 0.0)
-    if not (tolerance >= 0 and np.isfinite(tolerance)):
-        raise InputError(f"tolerance must be a finite number >= 0, got {tolerance}")
+    tolerance = _checked_tolerance(tolerance)
     metadata = {
         "format": "bbformat",
         "format_version": written_version(format_version, entropy, sites=scheme != "none"),
@@ -205,13 +256,24 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
 
     report = PackReport(str(dst), scheme, tolerance, layout.architecture, 0, 0, 0, 0,
                         warnings=legacy_reader_problems(ckpt.extra_files))
+    return _encode_into(dst, layout, get, metadata, report, moments, verify, progress, entropy, format_version, la, overwrite,
+                        threads)
+
+
+def _encode_into(dst: str | os.PathLike[str], layout: ModelLayout, get: Callable[[str], RawTensor], metadata: dict[str, object],
+                 report: PackReport, moments: Moments | None, verify: bool, progress: Progress | None, entropy: str, format_version: str,
+                 la: Linalg, overwrite: bool, threads: int | None, dtypes: bool = False) -> PackReport:
+    """Encode the layout's chunks (tensors from `get`) into a container at dst, filling `report`
+    (`dtypes`: some tensors are of format 1.6's EXTENDED_DTYPES)."""
+    scheme, tolerance = report.scheme, report.tolerance
     digests: list[dict[str, str]] = []
     # The pipeline (packing.py): chunk i is compressed and written by one worker, in order, while
     # chunk i + 1 encodes; the bytes are those of a sequential pack. A chunk is dropped as soon
     # as it is written: the encoder holds one block, the worker at most PACK_QUEUE more.
     coding = "symmetric" if scheme == "none" else scheme  # no sites: no mode to choose
     with Writer(dst, scheme, len(layout.chunks), metadata, entropy=entropy, background_header=True,
-                format_version=format_version, overwrite=overwrite, threads=threads) as w, BoundedWorker() as worker, la.threads():
+                format_version=format_version, overwrite=overwrite, threads=threads, dtypes=dtypes) as w, \
+            BoundedWorker() as worker, la.threads():
         chain = EncodeChain(layout, get, coding, tolerance, moments, band=w.mixed_corrections, progress=progress, la=la,
                             bands=w.bands)
         for _chunk, enc in encode_chunks(chain):
@@ -254,7 +316,12 @@ def _check_paths(src: Path, dst: Path, overwrite: bool = False) -> None:
     not a regular file, or exists without `overwrite`."""
     from .checkpoint import input_files
 
-    inputs = input_files(src)  # also: SRC exists and holds a weights file
+    _check_output_against(input_files(src), src, dst, overwrite)  # also: SRC exists and holds a weights file
+
+
+def _check_output_against(inputs: list[Path] | list[str], src: Path, dst: Path, overwrite: bool) -> None:
+    """_check_paths for these input files (paths, or relative to src)."""
+    inputs = [src / p if isinstance(p, str) else p for p in inputs]
     if dst.is_dir():
         raise InputError(f"{dst} is a directory; give the path of the .bb file to write")
     check_output_parent(dst)
@@ -477,7 +544,7 @@ def unpack(
     src: str | os.PathLike[str] | BinaryIO,
     dst: str | os.PathLike[str],
     *,
-    fmt: str = "pt",
+    fmt: str | None = None,
     progress: Progress | None = None,
     max_block_bytes: int | str | None = "auto",
     max_site_dim: int | None = None,
@@ -488,11 +555,16 @@ def unpack(
     max_shard_size: int | None = None,
     threads: int | None = None,
 ) -> Path:
-    """Write the TransformerCompression layout back: <stem>.pt (or .safetensors) and the JSON
-    files; or, with fmt="hf", a Hugging Face directory that transformers'
+    """Write the TransformerCompression layout back: <stem>.pt (fmt "pt", the default, or
+    .safetensors) and the JSON files; or, with fmt="hf", a Hugging Face directory that transformers'
     `AutoModelForCausalLM.from_pretrained(dst, trust_remote_code=True)` loads without bbformat
     (bbformat.hfdir: config.json, the modeling file, model.safetensors or shards of at most
     `max_shard_size` bytes (default 5 GB) with their index, the tokenizer files).
+
+    A packed plain Hugging Face directory (metadata `directory`) comes back with fmt "hf" (its
+    default) byte for byte: the same files, subfolders, safetensors headers and shards. Its
+    fmt "safetensors" writes those files but with one `model.safetensors` holding every tensor
+    (by container name) in place of the safetensors files and index; "pt" is InputError.
 
     `dst` must be absent or an empty directory unless `overwrite` (OutputExistsError, E_EXISTS,
     naming what would be replaced, before anything is decoded); then files of the same names
@@ -514,9 +586,9 @@ def unpack(
     `device`: where the linear algebra runs (Reader); chunks it misses are decoded again with
     the reference, and a DeviceNote says how many. `threads`: how many threads decode the parts
     of one block's payload (format 1.5; None: every CPU this process may use)."""
-    if fmt not in ("pt", "safetensors", "hf"):
+    if fmt not in (None, "pt", "safetensors", "hf"):
         raise InputError(f"unknown output format {fmt!r} (choose 'pt', 'safetensors' or 'hf')")
-    if max_shard_size is not None and fmt != "hf":
+    if max_shard_size is not None and fmt not in (None, "hf"):
         raise InputError("max_shard_size applies to fmt='hf' only")
     check_output_parent(Path(dst))
     if not isinstance(src, (str, os.PathLike)) and not src.seekable():
@@ -531,6 +603,14 @@ def unpack(
         missing = [k for k in keys if k not in entries]
         if missing:
             raise InputError(f"container lacks tensors listed in its metadata: {missing[:3]}")
+        if "directory" in r.metadata:
+            out = _unpack_plain(r, Path(dst), fmt or "hf", {k: entries[k] for k in keys}, progress, workers, inexact, overwrite,
+                                max_shard_size)
+            inexact.warn()
+            return out
+        fmt = fmt or "pt"
+        if max_shard_size is not None and fmt != "hf":
+            raise InputError("max_shard_size applies to fmt='hf' only")
         stem = r.metadata.get("stem", "model")
         files = _decode_files(r.metadata.get("files", {}))
         if not overwrite:  # before the heavy imports below (torch): a refusal takes no time
@@ -552,19 +632,24 @@ def unpack(
     return out
 
 
-def _unpack_stream(f: BinaryIO, dst: Path, fmt: str, progress: Progress | None, max_block_bytes: int | str | None,
+def _unpack_stream(f: BinaryIO, dst: Path, fmt: str | None, progress: Progress | None, max_block_bytes: int | str | None,
                    max_site_dim: int | None, allow_inexact: bool, device: str | Linalg | None, overwrite: bool,
                    threads: int | None) -> Path:
     """unpack from a stream that cannot seek (a pipe), decoding each block as its bytes arrive:
     `.pt` only, whose records may come in any order (a safetensors header lists every tensor
     first, and the container lists them only at its end). The tensor names come from the
     header's metadata (`keys`); whether every one was decoded is checked after the last block."""
-    if fmt != "pt":
+    if fmt not in (None, "pt"):
         raise InputError(f"unpack from a stream writes fmt='pt' only ({fmt!r} needs every tensor's descriptor before the first "
                          "block, which a container gives at its end); copy the stream into a file first")
     sr = StreamReader(f, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact,
                       device=device, threads=threads)
     meta = sr.header.metadata
+    if "directory" in meta:
+        raise InputError("this container holds a plain Hugging Face directory, which unpacks as hf (every tensor's descriptor "
+                         "is needed before the first block, and a container gives them at its end): copy the stream into a "
+                         "file first (the CLI does so with --format hf)")
+    fmt = "pt"
     keys = meta.get("keys")
     if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
         raise InputError("this container's metadata lists no tensor names (keys): unpack it from a file, not a stream")
@@ -666,6 +751,53 @@ def _unpack_hf(r: Reader, dst: Path, stem: str, files: dict[str, bytes], wanted:
             write_synced(where / hfdir.INDEX, hfdir.index_json(groups, names, sum(nbytes.values())))
 
     return publish_directory(dst, side, written, write, overwrite=overwrite)
+
+
+def _unpack_plain(r: Reader, dst: Path, fmt: str, wanted: dict[str, TensorEntry], progress: Progress | None,
+                  workers: int | None, inexact: InexactBlocks, overwrite: bool, max_shard_size: int | None) -> Path:
+    """unpack of a packed plain directory: its files, and its safetensors files written back
+    byte for byte (fmt "hf") or all its tensors in one model.safetensors (fmt "safetensors")."""
+    if fmt == "pt":
+        raise InputError("a packed plain Hugging Face directory unpacks as hf (its default) or safetensors, not pt")
+    if max_shard_size is not None:
+        raise InputError("max_shard_size: a plain directory's safetensors files come back as they were packed")
+    files = plaindir.decode_files(r.metadata.get("files", {}))
+    plan = plaindir.unpack_plan(r.metadata["directory"], files, {k: (e.dtype, e.shape) for k, e in wanted.items()})
+    index = {plaindir.INDEX: files.pop(plaindir.INDEX)} if fmt == "hf" and plaindir.INDEX in files else {}
+    files.pop(plaindir.INDEX, None)  # safetensors: one file, no shards to index
+    written = ([f.path for f in plan] + list(index)) if fmt == "hf" else [plaindir.WEIGHTS]
+    from .checkpoint import publish_directory
+
+    if fmt == "safetensors" and plaindir.WEIGHTS in files:
+        raise FormatError(f"metadata 'files' holds {plaindir.WEIGHTS}", "E_METADATA")
+    if not overwrite:
+        refuse_existing(dst, sorted(files) + written)
+    elif dst.is_dir():  # replaced files are fine; another model's weights left beside them are not
+        stale = sorted(p.name for p in dst.iterdir() if p.name.endswith(".safetensors") and p.name not in written)
+        if stale:
+            raise OutputExistsError(f"{dst} holds {', '.join(stale[:3])}{' ...' if len(stale) > 3 else ''} of another model, "
+                                    f"which would sit beside the new weights; remove them or give an empty directory")
+
+    def write(where: Path) -> None:
+        if fmt == "safetensors":
+            _stream_weights(r, where / plaindir.WEIGHTS, fmt, wanted, progress, workers, inexact)
+            return
+        plaindir.write_safetensors(where, plan, _plain_tensors(_reader_blocks(r, workers), len(r), progress, inexact))
+        for name, data in index.items():
+            write_synced(where / name, data)
+
+    return publish_directory(dst, files, written, write, overwrite=overwrite, nested=True)
+
+
+def _plain_tensors(blocks: Iterator[DecodedBlock], n: int, progress: Progress | None,
+                   inexact: InexactBlocks) -> Iterator[tuple[str, RawTensor]]:
+    """Every decoded tensor by name, block after block (progress and digests noted)."""
+    for k, block in enumerate(blocks):
+        inexact.see(block)
+        yield from block.tensors.items()
+        if progress is not None:
+            progress(k + 1, n, block.name)
+        del block
 
 
 def _reader_blocks(r: Reader, workers: int | None) -> Iterator[DecodedBlock]:

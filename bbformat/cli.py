@@ -202,7 +202,7 @@ def _larger_than_plain(t: dict[str, Any]) -> str:
 def _shard_size(a: argparse.Namespace) -> int | None:
     if a.max_shard_size is None:
         return None
-    if a.format != "hf" or not isinstance(a.max_shard_size, int):
+    if a.format not in ("hf", None) or not isinstance(a.max_shard_size, int):
         raise InputError("--max-shard-size takes a size in bytes, with --format hf only")
     return a.max_shard_size
 
@@ -212,13 +212,14 @@ def _stdin_or(src: str) -> Any:
     return sys.stdin.buffer if src == "-" else src
 
 
-def _spooled_stdin(fmt: str) -> Any:
-    """unpack's `-`: standard input itself if it can seek (a file) or the output is `.pt`
-    (decoded as it arrives: api.unpack streams it), else copied into an unlinked temporary
+def _spooled_stdin(fmt: str | None) -> Any:
+    """unpack's `-`: standard input itself if it can seek (a file) or the output is `.pt` or
+    not given (decoded as it arrives: api.unpack streams it; a plain directory's container,
+    whose default is hf, is refused there: give --format hf), else copied into an unlinked temporary
     file (gone however the process ends): safetensors and hf writers need every tensor's
     descriptor before the first block, and a container lists them all only at its end."""
     f = sys.stdin.buffer
-    if f.seekable() or fmt == "pt":
+    if f.seekable() or fmt in (None, "pt"):
         return f
     spool = None
     try:
@@ -233,7 +234,7 @@ def _spooled_stdin(fmt: str) -> Any:
 
 
 def _cmd_unpack(a: argparse.Namespace) -> int:
-    if a.src == "-" and a.format != "pt":  # refuse what can be refused before copying a pipe (maybe gigabytes) aside
+    if a.src == "-" and a.format not in (None, "pt"):  # refuse what can be refused before copying a pipe (maybe gigabytes) aside
         check_output_parent(Path(a.dst))
         if not a.force:
             refuse_existing(Path(a.dst), [])
@@ -404,12 +405,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action=_VersionAction, nargs=0,
                    help="print the package version and the container format versions it writes and reads")
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)  # none given: main() prints the help
-    pk = sub.add_parser("pack", help="encode a SliceGPT checkpoint directory into a .bb container")
-    pk.add_argument("src", help="directory in TransformerCompression layout (<stem>.pt or .safetensors, <stem>.json, config.json)")
+    pk = sub.add_parser("pack", help="encode a SliceGPT checkpoint or a Hugging Face model directory into a .bb container")
+    pk.add_argument("src", help="directory in TransformerCompression layout (<stem>.pt or .safetensors, <stem>.json, config.json), "
+                                "or any Hugging Face model directory with safetensors weights (every file kept byte for byte)")
     pk.add_argument("out", help="output .bb file (written atomically)")
-    pk.add_argument("--scheme", choices=PACK_SCHEMES, default=PACK_SCHEMES[0],
-                    help="symmetric (default): bits back, the stored model is an equivalent rotated one; paper: the paper's "
-                         "Algorithms 1-6; none: no rotation, the entropy stage alone (unpack gives back the input's bits)")
+    pk.add_argument("--scheme", choices=PACK_SCHEMES, default=None,
+                    help="symmetric (the default for a sliced checkpoint): bits back, the stored model is an equivalent "
+                         "rotated one; paper: the paper's Algorithms 1-6; none (the default, and the only scheme, for a "
+                         "plain Hugging Face directory): no rotation, the entropy stage alone (unpack gives back the input's bits)")
     pk.add_argument("--tolerance", type=float, default=None, help="max error of regenerated values (default: 0 = exact for symmetric; paper: 0.01 OPT, 0.005 Llama)")
     pk.add_argument("--verify", action="store_true", help="decode the result and check it bit for bit against the encoder's intent")
     pk.add_argument("--calibration", default=None, metavar="TEXT",
@@ -441,9 +444,11 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("unpack", help="decode a container back to the TransformerCompression layout, or to a Hugging Face directory")
     up.add_argument("src", help=f"the container; {STDIN_HELP}")
     up.add_argument("dst", help="output directory")
-    up.add_argument("--format", choices=("pt", "safetensors", "hf"), default="pt",
-                    help="pt / safetensors: TransformerCompression's layout; hf: a Hugging Face directory that "
-                         "AutoModelForCausalLM.from_pretrained(DST, trust_remote_code=True) loads without bbformat")
+    up.add_argument("--format", choices=("pt", "safetensors", "hf"), default=None,
+                    help="pt (the default for a sliced checkpoint) / safetensors: TransformerCompression's layout; hf: a "
+                         "Hugging Face directory that AutoModelForCausalLM.from_pretrained(DST, trust_remote_code=True) "
+                         "loads without bbformat. A packed plain directory: hf (its default) gives it back byte for byte, "
+                         "safetensors writes its files with every tensor in one model.safetensors")
     up.add_argument("--max-shard-size", type=_size, metavar="BYTES",
                     help="with --format hf: shard the weights above this size (K/M/G/T: powers of 1024; default 5 GB, "
                          "5*10^9 B, as save_pretrained)")

@@ -266,6 +266,12 @@ EXPONENT_FIELD = {"float16": (10, 5), "bfloat16": (7, 8), "float32": (23, 8)}
 
 METADATA_ZSTD_ABOVE = 4096
 """The writer tries zstd on metadata longer than this (SPEC.md 4.1, informative)."""
+SIDE_FILES_MAX_BYTES = 46 << 20
+"""Side files travel base64-encoded in the metadata, which a reader refuses past 64 MiB
+(MAX_METADATA): 3/4 of that, less room for the tensor keys, is their budget."""
+PLAIN_CHUNK_BYTES = 128 << 20
+"""A plain directory's chunks: consecutive tensors of one file, one layer and one symbol width
+class, up to this many bytes (a larger tensor is a chunk of its own)."""
 ENTROPY_MODES = ("none", "zstd", "planes", "exponent", "auto")
 """How a writer stores payloads (`pack --entropy`, SPEC.md 8.6, 8.7): raw, one zstd frame,
 codec 2, codec 3 (format 1.3), or the smallest of those the format version allows, per chunk."""

@@ -336,6 +336,8 @@ class AtomicOutput:
 
     def _sync(self) -> None:
         if self.file is None:
+            for sub in sorted(p for p in self.temp.rglob("*") if p.is_dir() and not p.is_symlink()):
+                fsync_dir(sub)  # a plain directory's subfolders (1_Pooling/ ...)
             fsync_dir(self.temp)  # its files were fsynced by whoever wrote them
         elif not self.file.closed:
             self.file.flush()
@@ -366,6 +368,8 @@ class AtomicOutput:
         self.path.mkdir(exist_ok=True)
         moved: list[str] = []
         for entry in names:
+            if "/" in entry:  # a subfolder's file: its folder is made in DST, and left there
+                (self.path / entry).parent.mkdir(parents=True, exist_ok=True)
             if self.replace:
                 os.replace(self.temp / entry, self.path / entry)
             else:
@@ -378,6 +382,10 @@ class AtomicOutput:
                     raise
             moved.append(entry)
             self.moved += 1
+        for sub in sorted((p for p in self.temp.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            os.rmdir(sub)  # emptied subfolders, deepest first
+        for entry in {str(Path(e).parent) for e in names if "/" in e}:
+            fsync_dir(self.path / entry)
         os.rmdir(self.temp)
         self._done = True
         self._unlock()
@@ -410,6 +418,15 @@ class AtomicOutput:
             except BaseException:
                 self.discard()
                 raise
+
+
+def check_relative_path(name: str, what: str = "file") -> str:
+    """A relative POSIX path inside a directory: no absolute path, `.` or `..` part, empty part,
+    backslash or NUL (InputError)."""
+    if (not name or name.startswith("/") or "\\" in name or "\x00" in name
+            or any(p in ("", ".", "..") for p in name.split("/"))):
+        raise InputError(f"refusing {what} name {name!r}: not a relative path inside the directory")
+    return name
 
 
 def refuse_existing(dst: Path, order: list[str]) -> None:

@@ -131,8 +131,9 @@ def _info(name: str, header: Header, meta: dict[str, Any], blocks: list[dict[str
         "tolerance": meta.get("tolerance"),
         "content_digests": header.has_digests,
         "band_widths": bool(header.required_flags & RequiredFlag.BANDS),
-        "warnings": legacy_reader_problems(_side_files(meta)),
+        "warnings": [] if "directory" in meta else legacy_reader_problems(_side_files(meta)),  # plain: not for TC's loader
         "dtypes": sorted({t["dtype"] for b in blocks for t in b["tensors"]}),
+        "directory": _directory_counts(meta),
         "blocks": blocks,
         "totals": {
             "plain_bytes": tot_plain,
@@ -182,6 +183,14 @@ def bound_words(info: dict[str, Any]) -> str:
             "rotations alone can save" + ("; the entropy stage saves beyond it" if coded else "") + ")")
 
 
+def _directory_counts(meta: dict[str, Any]) -> dict[str, int] | None:
+    """A packed plain directory's file counts (metadata `directory`); None for a sliced checkpoint."""
+    st, files = (meta.get("directory") or {}), meta.get("files")
+    if not isinstance(st, dict) or not isinstance(st.get("safetensors"), list):
+        return None
+    return {"safetensors_files": len(st["safetensors"]), "other_files": len(files) if isinstance(files, dict) else 0}
+
+
 def format_summary(info: dict[str, Any]) -> str:
     t = info["totals"]
     plainly = any(r["stored_plainly"] for b in info["blocks"] for r in b["rotations"])
@@ -191,6 +200,9 @@ def format_summary(info: dict[str, Any]) -> str:
         "content digests: " + ("yes (every chunk records a CRC32C of its decoded values; `bbformat verify` checks them)"
                                if info["content_digests"] else "no (format 1.0/1.1: exactness on another reader cannot be checked)")
         + ("; band widths stored (`bbformat verify` reports this reader's margin)" if info.get("band_widths") else ""),
+        *([] if not info.get("directory") else [
+            f"a plain Hugging Face directory: {info['directory']['safetensors_files']} safetensors files and "
+            f"{info['directory']['other_files']} other files, kept byte for byte (`bbformat unpack` gives it back)"]),
         "",
         f"{'#':>3} {'block':<14} {'tensors':>7} {'rotations (dim)':<22} {'plain B':>11} {'payload B':>11} {'coding':>6} {'sign b':>6} {'corr':>7} {'corr B':>8} {'crc':>5}",
     ]

@@ -1,9 +1,7 @@
-"""Plain containers for the loading tests: a save_pretrained directory's safetensors tensors,
-packed as they are (scheme "none": the entropy stage alone, no rotation), with metadata
-marking the container plain ("directory") and carrying the directory's JSON files.
-
-The one place the tests make plain containers: once `bbformat.pack` packs plain Hugging Face
-directories itself, pack_plain becomes a call to it."""
+"""Plain containers for the loading tests: pack_plain is `bbformat.pack` of a save_pretrained
+directory; craft_plain writes one from the tensors with the low-level Writer, for containers
+pack refuses to make (no config.json, a config.json that is not JSON): metadata marking the
+container plain ("directory") and carrying the directory's JSON files."""
 from __future__ import annotations
 
 import base64
@@ -30,6 +28,14 @@ def _chunk_of(name: str) -> str:
 
 
 def pack_plain(src: Path, dst: Path, entropy: str = "auto") -> Path:
+    """`bbformat.pack(src, dst)`: a plain directory, scheme none by default."""
+    import bbformat
+
+    bbformat.pack(src, dst, entropy=entropy)
+    return dst
+
+
+def craft_plain(src: Path, dst: Path, entropy: str = "auto") -> Path:
     """Pack every tensor of src's *.safetensors files (a file in a subfolder: names prefixed
     with its folder, "2_Dense/linear.weight") into dst, plain."""
     tensors = {}

@@ -13,7 +13,7 @@ LAYERS = [
     {"constants", "errors", "zstdframe", "fsutil", "bytecursor"},
     {"container"},
     {"codec"},
-    {"checkpoint", "adapters", "compat", "tensors", "stream_writers", "hfdir"},
+    {"checkpoint", "adapters", "compat", "tensors", "stream_writers", "hfdir", "plaindir"},
     {"reader", "writer"},
 ]
 

@@ -21,7 +21,7 @@ from safetensors.torch import save_file  # noqa: E402
 
 import bbformat  # noqa: E402
 from bbformat.errors import InputError, UnsupportedModelError  # noqa: E402
-from plain_fixture import pack_plain  # noqa: E402
+from plain_fixture import craft_plain, pack_plain  # noqa: E402
 
 VOCAB = 96
 HAS_CUDA = torch.cuda.is_available()
@@ -174,7 +174,7 @@ def test_subfolder_tensors_are_loaded_by_load_file_only(packed: dict[str, tuple[
     dense = {"linear.weight": torch.randn(8, 48)}
     save_file(dense, str(src / "2_Dense" / "model.safetensors"))
     bb = pack_plain(src, tmp_path / "st.bb")
-    assert torch.equal(bbformat.load_file(bb)["2_Dense/linear.weight"], dense["linear.weight"])
+    assert torch.equal(bbformat.load_file(bb)["2_Dense/model.safetensors/linear.weight"], dense["linear.weight"])
     with torch.no_grad():
         assert torch.equal(bbformat.load_model(bb)(_ids()).logits, _reference(src)(_ids()).logits)
 
@@ -195,7 +195,7 @@ def _edited(src: Path, dst: Path, config: dict[str, Any] | None = None, tensors:
         sd = st_load_file(str(dst / "model.safetensors"))
         tensors(sd)
         save_file(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    return pack_plain(dst, dst.with_suffix(".bb"))
+    return (craft_plain if drop_config else pack_plain)(dst, dst.with_suffix(".bb"))
 
 
 def _refused(bb: Path, cls: type[Exception], *words: str) -> None:
@@ -216,7 +216,7 @@ def test_refuses_custom_code_unknown_class_and_missing_config(packed: dict[str, 
     _refused(_edited(src, tmp_path / "noconfig", drop_config=True), InputError, "config.json")
     shutil.copytree(src, tmp_path / "badjson")
     (tmp_path / "badjson" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"],')
-    _refused(pack_plain(tmp_path / "badjson", tmp_path / "badjson.bb"), InputError, "config.json", "not valid JSON")
+    _refused(craft_plain(tmp_path / "badjson", tmp_path / "badjson.bb"), InputError, "config.json", "not valid JSON")
 
 
 def test_refuses_tensors_that_do_not_fit(packed: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:

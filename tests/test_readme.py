@@ -16,18 +16,44 @@ def _blocks(lang: str) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
 
 
-def test_walkthrough_commands(tmp_path: Path) -> None:
-    walk = README.split("## Walk-through", 1)[1]
-    block = re.search(r"```sh\n(.*?)```", walk, flags=re.S)
-    assert block is not None
-    for line in block.group(1).splitlines():
+def _run_commands(block: str, cwd: Path) -> list[str]:
+    """Run each `bbformat ...` line of an sh block; their standard outputs."""
+    outs = []
+    for line in block.splitlines():
         cmd = line.split("#", 1)[0].strip()
         if not cmd:
             continue
         argv = shlex.split(cmd)
         assert argv[0] == "bbformat"
-        r = subprocess.run([sys.executable, "-m", "bbformat", *argv[1:]], cwd=tmp_path, capture_output=True, text=True)
+        r = subprocess.run([sys.executable, "-m", "bbformat", *argv[1:]], cwd=cwd, capture_output=True, text=True)
         assert r.returncode == 0, (cmd, r.stderr)
+        outs.append(r.stdout)
+    return outs
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_walkthrough_plain_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("transformers")
+    walk = README.split("## Walk-through", 1)[1].split("### SliceGPT checkpoints", 1)[0]
+    (make,) = re.findall(r"```python\n(.*?)```", walk, flags=re.S)
+    (block,) = re.findall(r"```sh\n(.*?)```", walk, flags=re.S)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(make, "README.md", "exec"), {})
+    outs = _run_commands(block, tmp_path)
+    shards = sorted(p.name for p in (tmp_path / "tiny-llama").glob("*.safetensors"))
+    assert len(shards) == 4 and (tmp_path / "tiny-llama" / "model.safetensors.index.json").is_file()
+    assert "a plain Hugging Face directory: 4 safetensors files and 3 other files" in outs[1] and "exact: all" in outs[2]
+    assert _tree(tmp_path / "tiny-back") == _tree(tmp_path / "tiny-llama")  # diff -r finds nothing
+
+
+def test_walkthrough_commands(tmp_path: Path) -> None:
+    walk = README.split("### SliceGPT checkpoints: bits back", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", walk, flags=re.S)
+    assert block is not None
+    _run_commands(block.group(1), tmp_path)
     assert (tmp_path / "demo" / "unpacked").is_dir() and list((tmp_path / "demo" / "st").glob("*.safetensors"))
 
 
@@ -79,12 +105,10 @@ def test_hf_loading_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap
 def test_loading_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     transformers = pytest.importorskip("transformers")
     import bbformat
-    from plain_fixture import pack_plain
-
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                                    num_attention_heads=2, max_position_embeddings=32)
     transformers.LlamaForCausalLM(cfg).save_pretrained(str(tmp_path / "plain"))
-    pack_plain(tmp_path / "plain", tmp_path / "plain.bb")
+    bbformat.pack(tmp_path / "plain", tmp_path / "plain.bb")
     section = README.split("### Loading\n", 1)[1]
     (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)[:1]
     monkeypatch.chdir(tmp_path)

@@ -10,14 +10,12 @@ from typing import Any
 
 import torch
 
+from ..constants import SIDE_FILES_MAX_BYTES as SIDE_FILES_MAX_BYTES  # re-exported: the side files' budget
 from ..errors import InputError
 from .mapped import MappedWeights
 
 WEIGHT_SUFFIXES = (".pt", ".safetensors")
 FORMATS = ("pt", "safetensors")  # what a weights file is written as (its suffix without the dot)
-# Side files travel base64-encoded in the container's metadata, which a reader refuses past
-# 64 MiB (SPEC.md, reader limits): 3/4 of that, less room for the tensor keys, is their budget.
-SIDE_FILES_MAX_BYTES = 46 << 20
 # Non-JSON side files that travel with the checkpoint (tokenizers and the like).
 _SIDE_NAMES = {"merges.txt", "vocab.txt", "chat_template.jinja"}
 _SIDE_SUFFIXES = (".json", ".model", ".tiktoken")

@@ -58,13 +58,14 @@ def publish_checkpoint(dst: Path | str, stem: str, files: Mapping[str, bytes], f
 
 
 def publish_directory(dst: Path | str, files: Mapping[str, bytes], written: list[str], write: Callable[[Path], None], *,
-                      overwrite: bool = False) -> Path:
+                      overwrite: bool = False, nested: bool = False) -> Path:
     """publish_checkpoint's publication for any directory: the side `files` (name -> bytes) and
     the files `write(staging_dir)` creates there, named in `written` in the order they are
     published (the weights last: a sharded model's index after its shards). The same refusals,
-    atomicity and errors as publish_checkpoint."""
+    atomicity and errors as publish_checkpoint. `nested`: names are relative POSIX paths (a
+    plain directory's: subfolders, dot files, any suffix)."""
     dst, files = Path(dst), dict(files)
-    order = _publish_order(dst, files, written)
+    order = _publish_order(dst, files, written, nested)
     if not overwrite:
         fsutil.refuse_existing(dst, order)
     label = os.path.basename(os.path.abspath(dst)) or "checkpoint"
@@ -78,6 +79,7 @@ def publish_directory(dst: Path | str, files: Mapping[str, bytes], written: list
         staging = _staging(dst, label, existed, overwrite)
         with staging:  # an exception, KeyboardInterrupt included, removes the staging directory
             for name in sorted(files):
+                (staging.temp / name).parent.mkdir(parents=True, exist_ok=True)
                 fsutil.write_synced(staging.temp / name, files[name])
             write(staging.temp)
             _publish(staging, order)
@@ -96,14 +98,18 @@ def publish_directory(dst: Path | str, files: Mapping[str, bytes], written: list
     return dst
 
 
-def _publish_order(dst: Path, files: dict[str, bytes], written: list[str]) -> list[str]:
+def _publish_order(dst: Path, files: dict[str, bytes], written: list[str], nested: bool = False) -> list[str]:
     """The names to publish, the written ones (weights) last; refuses bad names and a DST that
     cannot take them."""
     for name in files:
-        if not name or "/" in name or "\\" in name or name.startswith(".") or name.endswith(WEIGHT_SUFFIXES):
+        if nested:
+            fsutil.check_relative_path(name, "side file")
+        elif not name or "/" in name or "\\" in name or name.startswith(".") or name.endswith(WEIGHT_SUFFIXES):
             raise InputError(f"refusing to write side file {name!r}")
     for name in written:
-        if not name or "/" in name or "\\" in name or name.startswith("."):
+        if nested:
+            fsutil.check_relative_path(name)
+        elif not name or "/" in name or "\\" in name or name.startswith("."):
             raise InputError(f"refusing to write {name!r}")
     if set(files) & set(written) or len(set(written)) != len(written):
         raise InputError(f"a file is named twice among {sorted(files) + written}")
