@@ -201,8 +201,8 @@ def format_summary(info: dict[str, Any]) -> str:
                                if info["content_digests"] else "no (format 1.0/1.1: exactness on another reader cannot be checked)")
         + ("; band widths stored (`bbformat verify` reports this reader's margin)" if info.get("band_widths") else ""),
         *([] if not info.get("directory") else [
-            f"a plain Hugging Face directory: {info['directory']['safetensors_files']} safetensors files and "
-            f"{info['directory']['other_files']} other files, kept byte for byte (`bbformat unpack` gives it back)"]),
+            f"a plain Hugging Face directory: {_count(info['directory']['safetensors_files'], 'safetensors file')} and "
+            f"{_count(info['directory']['other_files'], 'other file')}, kept byte for byte (`bbformat unpack` gives it back)"]),
         "",
         f"{'#':>3} {'block':<14} {'tensors':>7} {'rotations (dim)':<22} {'plain B':>11} {'payload B':>11} {'coding':>6} {'sign b':>6} {'corr':>7} {'corr B':>8} {'crc':>5}",
     ]
@@ -225,3 +225,8 @@ def format_summary(info: dict[str, Any]) -> str:
         + (f"  band widths {t['band_bytes']:,} B" if t.get("band_bytes") else "") + f"  CRC {'all ok' if t['all_crc_ok'] else 'MISMATCH'}",
     ]
     return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    """"1 other file", "12 other files"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
