@@ -21,6 +21,7 @@ from types import ModuleType
 import numpy as np
 
 from ..constants import EXPONENT_FIELD
+from . import scratch
 from .native import load
 
 ABI = 4  # the compiled module's functions and argument lists that this file passes
@@ -61,7 +62,7 @@ def _f64(x: np.ndarray) -> np.ndarray:
 def widen(bits: np.ndarray, dtype: str) -> np.ndarray:
     """dtypes.bits_to_f64: the exact float64 values of bit patterns, in bits' shape."""
     src = np.ascontiguousarray(bits, dtype=_UINT[dtype])  # 0-d becomes 1-d: the shape is given back below
-    out = np.empty(src.shape, np.float64)
+    out = scratch.empty(src.shape, np.float64)
     _lib().map(MAP_WIDEN, src, DTYPE_CODES[dtype], out)
     return out.reshape(np.shape(bits))
 
@@ -134,7 +135,7 @@ def apply_residuals(approx: np.ndarray, base: np.ndarray, keep: np.ndarray | Non
     shift, nbits = EXPONENT_FIELD[dtype]
     a = np.ascontiguousarray(approx, dtype=_UINT[dtype]).reshape(-1)
     b = np.ascontiguousarray(base, dtype=_UINT[dtype]).reshape(-1)
-    out = np.empty(a.size, a.dtype)
+    out = scratch.empty(a.size, a.dtype)
     err = int(_lib().apply_residuals(a, b, _keep_bytes(keep), a.itemsize * 8, shift, nbits, tuple(groups), out))
     if err == 4:  # RES_RANGE
         return None
