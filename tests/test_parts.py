@@ -375,6 +375,23 @@ def test_scratch_takes_a_free_buffer_up_to_twice_its_size_and_a_payload_one_to_a
 
 
 @needs_counts
+def test_the_pool_keeps_no_more_bytes_than_it_lent_at_once() -> None:
+    pool = OutputBuffers(keep=8)
+    u1 = np.dtype(np.uint8)
+    a, b = pool.scratch(1000, u1), pool.scratch(500, u1)  # 1500 lent at once
+    del a, b
+    c = pool.scratch(1200, u1)  # no fit: 2700 pooled, over 1500; the 500 goes back, then the 1000
+    assert sorted(x.nbytes for x in pool._bufs) == [1200]
+    d = pool.scratch(700, u1)  # 1900 lent at once: both kept
+    assert sorted(x.nbytes for x in pool._bufs) == [700, 1200]
+    del c, d
+    assert pool.scratch(600, u1).base.nbytes == 700 and pool.scratch(1100, u1).base.nbytes == 1200
+    full = OutputBuffers(keep=2)
+    held = [full.scratch(100 * (k + 1), u1) for k in range(3)]  # none free: the third stays out of the pool
+    assert len(full._bufs) == 2 and not any(held[2].base is x for x in full._bufs)
+
+
+@needs_counts
 def test_scratch_comes_from_the_installed_pool_only_and_only_when_large() -> None:
     from bbformat.codec import scratch
 
