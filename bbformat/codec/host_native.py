@@ -24,7 +24,7 @@ from ..constants import EXPONENT_FIELD
 from . import scratch
 from .native import load
 
-ABI = 4  # the compiled module's functions and argument lists that this file passes
+ABI = 5  # the compiled module's functions and argument lists that this file passes
 
 compiled = load("_host_native", ABI)
 
@@ -97,6 +97,20 @@ def min_distance(x: np.ndarray, dtype: str, skip: np.ndarray | None = None) -> f
         mask = np.zeros(src.size, np.uint8)
         mask[skip] = 1
     return float(_lib().min_distance(src, DTYPE_CODES[dtype], mask))
+
+
+def upper(x: np.ndarray) -> np.ndarray:
+    """rotation.matrix_to_block: a square matrix's diagonal, then its strict upper triangle row by row."""
+    src = _f64(x)
+    d = src.shape[0]
+    out = scratch.empty(d * (d + 1) // 2, np.float64)
+    _lib().upper(src, d, out)
+    return out
+
+
+def all_finite(x: np.ndarray) -> bool:
+    """Whether every value of a float64 array is finite (np.isfinite(x).all())."""
+    return bool(_lib().all_finite(_f64(x)))
 
 
 def nonfinite(bits: np.ndarray, dtype: str) -> tuple[int, int]:
