@@ -304,10 +304,15 @@ def test_zero_dimensional_arrays_keep_their_shape():
         assert band.boundary_distance(x, dtype).shape == band.in_band(x, dtype, 0.1).shape == ()
 
 
+torch = pytest.importorskip("torch")
+TORCH_CPU = __import__("bbformat.codec.linalg", fromlist=["TorchLinalg"]).TorchLinalg("cpu")
+
+
 @pytest.mark.parametrize("d", [0, 1, 2, 5, 64, 257])
 def test_upper_triangle_matches_reference(d):
-    """rotation.matrix_to_block: the compiled copy gives the reference's bits, for C-ordered
-    and transposed input; the block's length and order checked against an index formula."""
+    """rotation.matrix_to_block and the backends' block(): the compiled copy gives the
+    reference's bits, for C-ordered and transposed input; the block's length and order
+    checked against an index formula."""
     from bbformat.codec.linalg import REFERENCE
     from bbformat.codec.rotation import block_size, matrix_to_block
 
@@ -321,6 +326,8 @@ def test_upper_triangle_matches_reference(d):
         rows, cols = np.triu_indices(d, 1)
         assert np.array_equal(f64_bits(got), f64_bits(np.concatenate([np.diag(m), m[rows, cols]])))
         assert np.array_equal(f64_bits(REFERENCE.block(m)), f64_bits(want))
+        assert np.array_equal(f64_bits(TORCH_CPU.block(torch.from_numpy(m))), f64_bits(want))
+        assert np.array_equal(f64_bits(reference(TORCH_CPU.block, torch.from_numpy(m))), f64_bits(want))
 
 
 def test_all_finite_matches_numpy():
@@ -338,7 +345,9 @@ def test_all_finite_matches_numpy():
             x[rng.integers(0, n, 3)] = rng.choice(edge, 3)
         for m in (x, x.reshape(1, -1).T):
             assert REFERENCE.all_finite(m) is reference(REFERENCE.all_finite, m) is True
+            assert TORCH_CPU.all_finite(torch.from_numpy(m)) is True
         for k in range(n and 4):
             y = x.copy()
             y[[0, n - 1, n // 2, int(rng.integers(0, n))][k]] = bad[int(rng.integers(0, bad.size))]
             assert REFERENCE.all_finite(y) is reference(REFERENCE.all_finite, y) is False
+            assert TORCH_CPU.all_finite(torch.from_numpy(y)) is reference(TORCH_CPU.all_finite, torch.from_numpy(y)) is False

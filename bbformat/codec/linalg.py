@@ -320,7 +320,13 @@ class TorchLinalg:
         return w, v
 
     def all_finite(self, a: Any) -> bool:
+        if self._compiled_host(a):  # one pass over the memory, no boolean temporary
+            return host_native.all_finite(self.host(a))
         return bool(self._torch.isfinite(a).all())
+
+    def _compiled_host(self, a: Any) -> bool:
+        """Whether a (a float64 tensor) is in host memory that host_native can read in place."""
+        return self.device.type == "cpu" and host_native.active() and a.dtype == self._torch.float64
 
     def nan_square(self, d: int) -> Any:
         return self._torch.full((d, d), float("nan"), dtype=self._torch.float64, device=self.device)
@@ -344,6 +350,8 @@ class TorchLinalg:
         return mask
 
     def block(self, x: Any) -> np.ndarray:
+        if self._compiled_host(x):  # one copy, not a mask's gather and a concatenation
+            return rot.matrix_to_block(self.host(x))
         d = x.shape[0]
         return self.host(self._torch.cat([x.diagonal(), x[self._upper(d)]]))
 
