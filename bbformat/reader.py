@@ -14,6 +14,7 @@ from typing import BinaryIO, Iterator
 import numpy as np
 
 from .codec.dtypes import RawTensor
+from .codec import scratch
 from .codec.payload import PartPool
 from .codec.decoder import decode_program
 from .container.program import BlockProgram, TensorEntry
@@ -247,12 +248,14 @@ class Reader:
             raise
         self.linalg, self.note = reader_backend(asked, self.has_digests, source if isinstance(source, (str, os.PathLike)) else "input")
 
-    def _read_into(self, offset: int, n: int) -> memoryview:
-        """_read_at into a numpy buffer of its own (writable, not zero-filled first as a
-        bytearray would be, and on huge pages where numpy asks for them): arrays over it are
-        writable, so shared tensors go to torch without a copy (writable_chunks). An anonymous
-        mapping per chunk read 3-4x slower on this project's VM (BENCHMARKS.md 18)."""
-        view = np.empty(n, np.uint8).data
+    def _read_into(self, offset: int, n: int, writable: bool = True) -> memoryview:
+        """_read_at into a numpy buffer from the reader's pool (not zero-filled first as a
+        bytearray would be, on huge pages where numpy asks for them, and reused from chunk to
+        chunk once nothing refers to it: fresh pages cost the kernel's zeroing, BENCHMARKS.md
+        19). writable: arrays over it are writable, so shared tensors go to torch without a
+        copy (writable_chunks); else it is read-only, as bytes would be. An anonymous mapping
+        per chunk read 3-4x slower on this project's VM (BENCHMARKS.md 18)."""
+        view = self._parts.buffers.scratch(n, np.dtype(np.uint8)).data
         got = 0
         if self._own and hasattr(os, "preadv"):
             while got < n:
@@ -270,7 +273,7 @@ class Reader:
                     got += k
         if got != n:
             raise FormatError("unexpected end of file", "E_TRUNCATED")
-        return view
+        return view if writable else view.toreadonly()
 
     def _read_at(self, offset: int, n: int) -> bytes:
         if self._own and hasattr(os, "pread"):  # a file this reader opened: positional reads, no lock
@@ -331,7 +334,7 @@ class Reader:
 
     def read_chunk(self, i: int) -> ParsedChunk:
         e = self._entry(i)
-        data = self._read_into(e.offset, e.length) if self._writable else self._read_at(e.offset, e.length)
+        data = self._read_into(e.offset, e.length, self._writable)
         return parse_chunk(data, expected_index=i, expected_crc=e.crc, max_block_bytes=self._budget,
                            max_site_dim=self._max_dim, required_flags=self.header.required_flags, decode_payload=self._parts.decode)
 
@@ -364,7 +367,8 @@ class Reader:
         return self.header.has_digests
 
     def decode_block(self, i: int) -> DecodedBlock:
-        return decode_parsed(self.read_chunk(i), self._allow_inexact, self.linalg, self._fallback, self._margins, self._share)
+        with scratch.using(self._parts.buffers.scratch):
+            return decode_parsed(self.read_chunk(i), self._allow_inexact, self.linalg, self._fallback, self._margins, self._share)
 
     def iter_blocks(self, order: str = "forward", workers: int = 1) -> Iterator[DecodedBlock]:
         """Decode blocks in order, one at a time (workers=1: memory about one block), or with

@@ -302,3 +302,52 @@ def test_zero_dimensional_arrays_keep_their_shape():
         b = np.array(15360, UINT[dtype])
         assert bits_to_f64(b, dtype).shape == () and float(bits_to_f64(b, dtype)) == float(reference(bits_to_f64, b, dtype))
         assert band.boundary_distance(x, dtype).shape == band.in_band(x, dtype, 0.1).shape == ()
+
+
+torch = pytest.importorskip("torch")
+TORCH_CPU = __import__("bbformat.codec.linalg", fromlist=["TorchLinalg"]).TorchLinalg("cpu")
+
+
+@pytest.mark.parametrize("d", [0, 1, 2, 5, 64, 257])
+def test_upper_triangle_matches_reference(d):
+    """rotation.matrix_to_block and the backends' block(): the compiled copy gives the
+    reference's bits, for C-ordered and transposed input; the block's length and order
+    checked against an index formula."""
+    from bbformat.codec.linalg import REFERENCE
+    from bbformat.codec.rotation import block_size, matrix_to_block
+
+    rng = np.random.default_rng(d)
+    x = rng.normal(size=(d, d))
+    x[rng.random((d, d)) < 0.05] = np.nan
+    for m in (x, x.T):
+        got = matrix_to_block(m)
+        want = reference(matrix_to_block, m)
+        assert got.size == block_size(d) and np.array_equal(f64_bits(got), f64_bits(want))
+        rows, cols = np.triu_indices(d, 1)
+        assert np.array_equal(f64_bits(got), f64_bits(np.concatenate([np.diag(m), m[rows, cols]])))
+        assert np.array_equal(f64_bits(REFERENCE.block(m)), f64_bits(want))
+        assert np.array_equal(f64_bits(TORCH_CPU.block(torch.from_numpy(m))), f64_bits(want))
+        assert np.array_equal(f64_bits(reference(TORCH_CPU.block, torch.from_numpy(m))), f64_bits(want))
+
+
+def test_all_finite_matches_numpy():
+    """NumpyLinalg.all_finite: one NaN or infinity anywhere (both signs, any payload, in the
+    vectorised runs or their tail) makes it false; zeros, subnormals and the largest finite
+    values do not."""
+    from bbformat.codec.linalg import REFERENCE
+
+    rng = np.random.default_rng(3)
+    edge = np.array([0.0, -0.0, 5e-324, -5e-324, np.finfo(np.float64).max, -np.finfo(np.float64).max])
+    bad = np.array([np.nan, -np.nan, np.inf, -np.inf, np.uint64(0x7FF0000000000001).view(np.float64)])
+    for n in (0, 1, 7, 4095, 4096, 4097, 10_000):
+        x = rng.normal(size=n)
+        if n:
+            x[rng.integers(0, n, 3)] = rng.choice(edge, 3)
+        for m in (x, x.reshape(1, -1).T):
+            assert REFERENCE.all_finite(m) is reference(REFERENCE.all_finite, m) is True
+            assert TORCH_CPU.all_finite(torch.from_numpy(m)) is True
+        for k in range(n and 4):
+            y = x.copy()
+            y[[0, n - 1, n // 2, int(rng.integers(0, n))][k]] = bad[int(rng.integers(0, bad.size))]
+            assert REFERENCE.all_finite(y) is reference(REFERENCE.all_finite, y) is False
+            assert TORCH_CPU.all_finite(torch.from_numpy(y)) is reference(TORCH_CPU.all_finite, torch.from_numpy(y)) is False

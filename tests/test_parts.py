@@ -359,6 +359,99 @@ def test_a_free_buffer_of_another_size_gives_its_place_and_memory() -> None:
     assert pool._bufs == [] and pool.array(0, np.dtype("<u2")).size == 0
 
 
+@needs_counts
+def test_scratch_takes_a_free_buffer_up_to_twice_its_size_and_a_payload_one_to_an_eighth() -> None:
+    pool = OutputBuffers(keep=4)
+    u1 = np.dtype(np.uint8)
+    big = pool.scratch(1000, u1)
+    where = big.ctypes.data
+    del big
+    half = pool.scratch(500, u1)  # 1000 <= 2 x 500: the same memory
+    assert half.ctypes.data == where and half.size == 500
+    assert pool.array(500, u1).ctypes.data != where  # held
+    del half
+    assert pool.array(800, u1).ctypes.data != where  # 1000 is more than 800 + 1/8: not a payload's fit
+    assert pool.scratch(499, u1).ctypes.data != where  # nor under half of it a scratch's
+
+
+@needs_counts
+def test_the_pool_keeps_no_more_bytes_than_it_lent_at_once() -> None:
+    pool = OutputBuffers(keep=8)
+    u1 = np.dtype(np.uint8)
+    a, b = pool.scratch(1000, u1), pool.scratch(500, u1)  # 1500 lent at once
+    del a, b
+    c = pool.scratch(1200, u1)  # no fit: 2700 pooled, over 1500; the 500 goes back, then the 1000
+    assert sorted(x.nbytes for x in pool._bufs) == [1200]
+    d = pool.scratch(700, u1)  # 1900 lent at once: both kept
+    assert sorted(x.nbytes for x in pool._bufs) == [700, 1200]
+    del c, d
+    assert pool.scratch(600, u1).base.nbytes == 700 and pool.scratch(1100, u1).base.nbytes == 1200
+    full = OutputBuffers(keep=2)
+    held = [full.scratch(100 * (k + 1), u1) for k in range(3)]  # none free: the third stays out of the pool
+    assert len(full._bufs) == 2 and not any(held[2].base is x for x in full._bufs)
+
+
+@needs_counts
+def test_scratch_comes_from_the_installed_pool_only_and_only_when_large() -> None:
+    from bbformat.codec import scratch
+
+    pool = OutputBuffers(keep=4)
+    n = scratch.MIN_BYTES // 8
+    with scratch.using(pool.scratch):
+        a = scratch.empty((n // 4, 4), np.float64)
+        small = scratch.empty(16, np.float64)
+    assert a.shape == (n // 4, 4) and a.dtype == np.float64 and small.shape == (16,)
+    assert any(np.shares_memory(a, b) for b in pool._bufs)
+    assert not any(np.shares_memory(small, b) for b in pool._bufs)
+    assert not any(np.shares_memory(scratch.empty(n, np.float64), b) for b in pool._bufs)  # none installed
+
+
+def _blocks_of_sizes(sizes: tuple[int, ...], entropy: str) -> bytes:
+    """A 1.5 container of one float32 tensor a block, `sizes` elements each (read chunks and
+    payloads of several sizes, which the pool hands out again)."""
+    from bbformat.codec.dtypes import RawTensor
+    from bbformat.codec.encoder import encode_chunk
+    from bbformat.codec.layout import ChunkLayout
+
+    rng = np.random.default_rng(5)
+    buf = io.BytesIO()
+    w = Writer(buf, "symmetric", len(sizes), {"format": "bbformat", "scheme": "symmetric", "tolerance": 0.0},
+               entropy=entropy, format_version="1.5")
+    for k, n in enumerate(sizes):
+        t = RawTensor.from_f64(rng.normal(0, 0.05, (n // 64, 64)), "float32")
+        w.add_encoded(encode_chunk(ChunkLayout(f"block{k}", (f"t{k}",), ()), {f"t{k}": t}, {}, "symmetric", 0.0))
+    w.close()
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("entropy", ["none", "exponent"])
+def test_pooled_chunks_of_other_sizes_decode_the_same_and_held_ones_stay(entropy: str, tmp_path: Path) -> None:
+    """Blocks of several sizes (2^18 float32 elements: pooled), read from a path: every block
+    held at once equals a fresh reader's copy and stays read-only (a raw payload's tensors are
+    views of the read chunk); then, dropped, two more passes reuse the read memory and give the
+    same bytes."""
+    sizes = (1 << 18, 3 << 16, 1 << 18, 5 << 16, 1 << 17)
+    path = tmp_path / "sizes.bb"
+    path.write_bytes(_blocks_of_sizes(sizes, entropy))
+    with Reader(path) as fresh:  # not shared: owning copies
+        want = [{n: t.tobytes() for n, t in b.tensors.items()} for b in fresh.iter_blocks()]
+    assert [len(next(iter(w.values()))) for w in want] == [4 * n for n in sizes]
+    with Reader(path, share_payload=True) as r:
+        held = list(r.iter_blocks())
+        assert [{n: t.tobytes() for n, t in b.tensors.items()} for b in held] == want
+        if entropy == "none":
+            assert not any(t.bits.flags.writeable for b in held for t in b.tensors.values())
+        pooled = [(p.ctypes.data, p.ctypes.data + p.nbytes) for p in r._parts.buffers._bufs]
+        del held
+        for _ in range(2):
+            again, reused = [], 0
+            for b in r.iter_blocks():
+                again.append({n: t.tobytes() for n, t in b.tensors.items()})
+                reused += any(lo <= t.bits.ctypes.data < hi for t in b.tensors.values() for lo, hi in pooled)
+            assert again == want
+        assert reused or not COUNTS_REFERENCES
+
+
 def _same_size_blocks(n: int = 5) -> bytes:
     """A 1.5 container of n blocks of one layout (sample_container's first block, new values
     each): payloads of one size, which a pool that ignored a holder would hand out again."""

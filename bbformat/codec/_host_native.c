@@ -1,7 +1,8 @@
 /* The host's per-value work between a block's linear algebra and its tensors, compiled, with
  * the GIL released: widening bit patterns to float64, rounding float64 to a dtype (SPEC.md 7.4),
  * the distance of a value to its dtype's nearest rounding boundary (SPEC.md 9 item 7, 12.6),
- * and the x_residuals correction (SPEC.md 8.4). Each function is the exact counterpart of a
+ * the x_residuals correction (SPEC.md 8.4), a regenerated block's upper triangle and a
+ * finiteness test of float64 matrices. Each function is the exact counterpart of a
  * numpy function that stays the reference (codec/dtypes.py, band.py, varint.py,
  * section_kinds.py); tests/test_host_native.py proves the two give the same bits.
  *
@@ -16,7 +17,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define ABI 4
+#define ABI 5
 
 enum { F16 = 0, BF16 = 1, F32 = 2 };
 enum { RES_OK = 0, RES_COUNT = 1, RES_LONG = 2, RES_BIG = 3, RES_RANGE = 4 };
@@ -543,7 +544,67 @@ static PyObject *nonfinite(PyObject *self, PyObject *args)
     return result;
 }
 
+/* upper(x, d, out): rotation.matrix_to_block of a C-contiguous d x d float64 matrix: its
+ * diagonal, then its strict upper triangle row by row. Copies only: the same bits. */
+static PyObject *upper(PyObject *self, PyObject *args)
+{
+    Py_buffer x, out;
+    Py_ssize_t d;
+    if (!PyArg_ParseTuple(args, "y*nw*", &x, &d, &out))
+        return NULL;
+    const int ok = d >= 0 && d <= (1 << 24) && x.len == d * d * 8 && out.len == d * (d + 1) / 2 * 8;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        const double *a = x.buf;
+        double *o = out.buf;
+        for (Py_ssize_t i = 0; i < d; ++i)
+            o[i] = a[i * d + i];
+        o += d;
+        for (Py_ssize_t i = 0; i + 1 < d; ++i) {
+            memcpy(o, a + i * d + i + 1, (size_t)(d - 1 - i) * 8);
+            o += d - 1 - i;
+        }
+        Py_END_ALLOW_THREADS
+    } else {
+        PyErr_SetString(PyExc_ValueError, "_host_native.upper: inconsistent arguments");
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    return ok ? Py_NewRef(Py_None) : NULL;
+}
+
+/* all_finite(x) -> whether every float64 of x is finite (its exponent field not all ones). */
+static PyObject *all_finite(PyObject *self, PyObject *args)
+{
+    Py_buffer x;
+    if (!PyArg_ParseTuple(args, "y*", &x))
+        return NULL;
+    const Py_ssize_t n = x.len / 8;
+    uint64_t any = 0;
+    Py_BEGIN_ALLOW_THREADS
+    const uint64_t expo = 0x7FF0000000000000ull;
+    const unsigned char *p = x.buf;
+    for (Py_ssize_t i = 0; i < n && !any; i += 4096) { /* in runs, so the inner loop vectorises */
+        const Py_ssize_t end = n - i < 4096 ? n : i + 4096;
+        for (Py_ssize_t k = i; k < end; ++k) {
+            uint64_t b;
+            memcpy(&b, p + 8 * k, 8);
+            any |= (uint64_t)((b & expo) == expo);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    const int bad = x.len % 8 != 0;
+    PyBuffer_Release(&x);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "_host_native.all_finite: not float64");
+        return NULL;
+    }
+    return PyBool_FromLong(!any);
+}
+
 static PyMethodDef methods[] = {
+    {"upper", upper, METH_VARARGS, "upper(x, d, out): the diagonal, then the strict upper triangle row by row."},
+    {"all_finite", all_finite, METH_VARARGS, "all_finite(x) -> whether every float64 of x is finite."},
     {"nonfinite", nonfinite, METH_VARARGS, "nonfinite(bits, code) -> (NaN count, infinity count)."},
     {"map", map, METH_VARARGS, "map(kind, src, code, out, delta=0): widen (0), round (1), distance (2) or in_band (3), per value."},
     {"round_int_to", round_int_to, METH_VARARGS, "round_int_to(x, code, out): SPEC.md Appendix C's integer rounding (tests)."},

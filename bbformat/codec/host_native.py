@@ -21,9 +21,10 @@ from types import ModuleType
 import numpy as np
 
 from ..constants import EXPONENT_FIELD
+from . import scratch
 from .native import load
 
-ABI = 4  # the compiled module's functions and argument lists that this file passes
+ABI = 5  # the compiled module's functions and argument lists that this file passes
 
 compiled = load("_host_native", ABI)
 
@@ -61,7 +62,7 @@ def _f64(x: np.ndarray) -> np.ndarray:
 def widen(bits: np.ndarray, dtype: str) -> np.ndarray:
     """dtypes.bits_to_f64: the exact float64 values of bit patterns, in bits' shape."""
     src = np.ascontiguousarray(bits, dtype=_UINT[dtype])  # 0-d becomes 1-d: the shape is given back below
-    out = np.empty(src.shape, np.float64)
+    out = scratch.empty(src.shape, np.float64)
     _lib().map(MAP_WIDEN, src, DTYPE_CODES[dtype], out)
     return out.reshape(np.shape(bits))
 
@@ -96,6 +97,20 @@ def min_distance(x: np.ndarray, dtype: str, skip: np.ndarray | None = None) -> f
         mask = np.zeros(src.size, np.uint8)
         mask[skip] = 1
     return float(_lib().min_distance(src, DTYPE_CODES[dtype], mask))
+
+
+def upper(x: np.ndarray) -> np.ndarray:
+    """rotation.matrix_to_block: a square matrix's diagonal, then its strict upper triangle row by row."""
+    src = _f64(x)
+    d = src.shape[0]
+    out = scratch.empty(d * (d + 1) // 2, np.float64)
+    _lib().upper(src, d, out)
+    return out
+
+
+def all_finite(x: np.ndarray) -> bool:
+    """Whether every value of a float64 array is finite (np.isfinite(x).all())."""
+    return bool(_lib().all_finite(_f64(x)))
 
 
 def nonfinite(bits: np.ndarray, dtype: str) -> tuple[int, int]:
@@ -134,7 +149,7 @@ def apply_residuals(approx: np.ndarray, base: np.ndarray, keep: np.ndarray | Non
     shift, nbits = EXPONENT_FIELD[dtype]
     a = np.ascontiguousarray(approx, dtype=_UINT[dtype]).reshape(-1)
     b = np.ascontiguousarray(base, dtype=_UINT[dtype]).reshape(-1)
-    out = np.empty(a.size, a.dtype)
+    out = scratch.empty(a.size, a.dtype)
     err = int(_lib().apply_residuals(a, b, _keep_bytes(keep), a.itemsize * 8, shift, nbits, tuple(groups), out))
     if err == 4:  # RES_RANGE
         return None

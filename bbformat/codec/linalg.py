@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import DeviceError, InputError, check_choice
-from . import rotation as rot
+from . import host_native, rotation as rot
 from .dtypes import RawTensor
 
 Array = Any  # a backend's own array: numpy.ndarray or torch.Tensor
@@ -159,6 +159,8 @@ class NumpyLinalg:
             raise EigenFailure(str(exc)) from None
 
     def all_finite(self, a: np.ndarray) -> bool:
+        if host_native.active() and a.dtype == np.float64:
+            return host_native.all_finite(a)
         return bool(np.all(np.isfinite(a)))
 
     def nan_square(self, d: int) -> np.ndarray:
@@ -318,7 +320,13 @@ class TorchLinalg:
         return w, v
 
     def all_finite(self, a: Any) -> bool:
+        if self._compiled_host(a):  # one pass over the memory, no boolean temporary
+            return host_native.all_finite(self.host(a))
         return bool(self._torch.isfinite(a).all())
+
+    def _compiled_host(self, a: Any) -> bool:
+        """Whether a (a float64 tensor) is in host memory that host_native can read in place."""
+        return self.device.type == "cpu" and host_native.active() and a.dtype == self._torch.float64
 
     def nan_square(self, d: int) -> Any:
         return self._torch.full((d, d), float("nan"), dtype=self._torch.float64, device=self.device)
@@ -342,6 +350,8 @@ class TorchLinalg:
         return mask
 
     def block(self, x: Any) -> np.ndarray:
+        if self._compiled_host(x):  # one copy, not a mask's gather and a concatenation
+            return rot.matrix_to_block(self.host(x))
         d = x.shape[0]
         return self.host(self._torch.cat([x.diagonal(), x[self._upper(d)]]))
 

@@ -71,37 +71,63 @@ COUNTS_REFERENCES = (sys.implementation.name == "cpython" and sys.version_info <
 
 
 class OutputBuffers:
-    """The memory decoded payloads are written to, reused from block to block. Fresh pages cost
-    the kernel's zeroing, about a fifth of an entropy-decoding pass (BENCHMARKS.md 15). A buffer
-    is handed out again only when nothing but this pool refers to it (its reference count), so a
+    """The memory decoded payloads, read chunks and a decode's large temporaries are written
+    to, reused from block to block. Fresh pages cost the kernel's zeroing, about a fifth of an
+    entropy-decoding pass (BENCHMARKS.md 15) and more than widening itself (19). A buffer is
+    handed out again only when nothing but this pool refers to it (its reference count), so a
     block whose payload or tensors a caller still holds keeps its memory, and nothing it holds
-    is ever written. A request takes the smallest free buffer of its size to 1/8 more; else a
-    new one, which takes the place of a free buffer of another size (that memory goes back) or,
-    while fewer than `keep` are pooled, is added. So the pool holds no more free memory than
-    the payloads it was last asked for."""
+    is ever written. A payload takes the smallest free buffer of its size to 1/8 more (a caller
+    may hold it: little to spare); scratch (`scratch`: read chunks, temporaries) the smallest
+    of its size to twice it. Else a new one, added to the pool; then free buffers go back,
+    smallest first, while the pool holds more than `keep` buffers or more bytes than it ever
+    lent at once. So the free memory it keeps takes the process little past the peak that
+    fresh buffers reach (+0.1 GiB decoding the one-layer Llama-2-7B shape), and a later block of the sizes seen
+    before gets most of its memory from the pool."""
 
-    SLACK = 8  # a free buffer fits a request of at least 1/SLACK less than its size
+    SLACK = 8  # a free buffer fits a payload of at least 1/SLACK less than its size
+    SCRATCH = 2  # ... and scratch of at least 1/SCRATCH of its size
 
     def __init__(self, keep: int) -> None:
         self._keep = keep if COUNTS_REFERENCES else 0
         self._bufs: list[np.ndarray] = []
+        self._peak = 0  # the most bytes of its buffers lent at once
         self._lock = threading.Lock()
 
     def array(self, total: int, dtype: np.dtype) -> np.ndarray:
-        """An uninitialised array of `total` elements of `dtype`."""
+        """An uninitialised array of `total` elements of `dtype`, for a payload."""
         nbytes = total * dtype.itemsize
+        return self._take(nbytes, nbytes + nbytes // self.SLACK)[:nbytes].view(dtype)
+
+    def scratch(self, total: int, dtype: np.dtype) -> np.ndarray:
+        """An uninitialised array of `total` elements of `dtype`, for a chunk's bytes or a temporary."""
+        nbytes = total * dtype.itemsize
+        return self._take(nbytes, nbytes * self.SCRATCH)[:nbytes].view(dtype)
+
+    def _take(self, nbytes: int, most: int) -> np.ndarray:
         with self._lock:
             free = [i for i in range(len(self._bufs)) if sys.getrefcount(self._bufs[i]) == 2]  # the list's and the call's
-            fits = [i for i in free if nbytes <= self._bufs[i].nbytes <= nbytes + nbytes // self.SLACK]
+            fits = [i for i in free if nbytes <= self._bufs[i].nbytes <= most]
             if fits:
-                buf = self._bufs[min(fits, key=lambda i: self._bufs[i].nbytes)]
-            else:
-                buf = np.empty(nbytes, np.uint8)
-                if free:
-                    self._bufs[free[0]] = buf
-                elif len(self._bufs) < self._keep:
-                    self._bufs.append(buf)
-        return buf[:nbytes].view(dtype)
+                return self._bufs[min(fits, key=lambda i: self._bufs[i].nbytes)]
+            buf = np.empty(nbytes, np.uint8)
+            if self._keep:
+                self._bufs.append(buf)
+                self._peak = max(self._peak, sum(b.nbytes for b in self._bufs) - sum(self._bufs[i].nbytes for i in free))
+                self._trim(free)
+            return buf
+
+    def _trim(self, free: list[int]) -> None:
+        """Drops free buffers, smallest first, while the pool holds more than `keep` buffers or
+        more bytes than it ever lent at once."""
+        total, drop = sum(b.nbytes for b in self._bufs), set[int]()
+        for i in sorted(free, key=lambda i: self._bufs[i].nbytes):
+            if total <= self._peak and len(self._bufs) - len(drop) <= self._keep:
+                break
+            drop.add(i)
+            total -= self._bufs[i].nbytes
+        if len(self._bufs) - len(drop) > self._keep:  # none free: the new one stays out
+            drop.add(len(self._bufs) - 1)
+        self._bufs = [b for i, b in enumerate(self._bufs) if i not in drop]
 
     def clear(self) -> None:
         with self._lock:
@@ -118,7 +144,7 @@ class PartPool:
         self.threads = part_threads(threads)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
-        self.buffers = OutputBuffers(2 * self.threads + 2)
+        self.buffers = OutputBuffers(2 * self.threads + 10)  # a block's chunk, payload and temporaries, and the parts'
 
     def runner(self) -> Runner:
         """on_pool of the pool, made now if not yet; in_turn for threads=1."""

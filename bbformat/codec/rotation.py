@@ -16,6 +16,8 @@ from time import perf_counter
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from . import host_native
+
 
 def axis_matrix(x: np.ndarray, axis: int) -> np.ndarray:
     """M = moveaxis(x, axis, -1).reshape(-1, D): rows are the vectors the site rotates."""
@@ -120,6 +122,10 @@ def block_to_matrix(values: np.ndarray, d: int) -> np.ndarray:
 
 
 def matrix_to_block(x: np.ndarray) -> np.ndarray:
+    """Symmetric X -> its block: the diagonal, then the strict upper triangle row by row
+    (compiled where host_native is active: one copy, no list of row views)."""
+    if host_native.active() and x.ndim == 2 and x.shape[0] == x.shape[1] and x.dtype == np.float64:
+        return host_native.upper(x)
     d = x.shape[0]
     return np.concatenate([np.diag(x)] + [x[i, i + 1 :] for i in range(d - 1)])
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import FormatError
+from . import scratch
 from .dtypes import uint_dtype
 
 
@@ -32,7 +33,7 @@ class SymbolStack:
         s = np.asarray(symbols).reshape(-1)
         need = self._ntop + s.size
         if need > self._top.size:
-            grown = np.empty(max(need, self._reserve, 2 * self._ntop, 1024), self._dtype)
+            grown = scratch.empty(max(need, self._reserve, 2 * self._ntop, 1024), self._dtype)
             grown[: self._ntop] = self._top[: self._ntop]
             self._top = grown
         self._top[self._ntop : need] = s
