@@ -194,12 +194,16 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
         metadata["rounding"] = "feedback"
         metadata["calibration_tokens"] = int(tokens.numel())
 
-    from .tensors import torch_to_raw
+    from .tensors import raw_dtype, torch_to_raw
 
     def get(name: str) -> RawTensor:
         raw = torch_to_raw(ckpt.state_dict[name], name)
         ckpt.release(name)
         return raw
+
+    def describe(name: str) -> tuple[str, tuple[int, ...]]:
+        t = ckpt.state_dict[name]
+        return raw_dtype(t, name), tuple(int(n) for n in t.shape)
 
     report = PackReport(str(dst), scheme, tolerance, layout.architecture, 0, 0, 0, 0,
                         warnings=legacy_reader_problems(ckpt.extra_files))
@@ -211,7 +215,7 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
     with Writer(dst, scheme, len(layout.chunks), metadata, entropy=entropy, background_header=True,
                 format_version=format_version, overwrite=overwrite, threads=threads) as w, BoundedWorker() as worker, la.threads():
         chain = EncodeChain(layout, get, coding, tolerance, moments, band=w.mixed_corrections, progress=progress, la=la,
-                            bands=w.bands)
+                            bands=w.bands, describe=describe)
         for _chunk, enc in encode_chunks(chain):
             if verify:  # what --verify compares the decoded file against; nothing else reads them
                 digests.append({n: _digest(t) for n, t in enc.intended.items()})

@@ -15,10 +15,16 @@ _TO_TORCH = {v: k for k, v in _TO_NAME.items()}
 _INT_VIEW = {16: (torch.int16, np.uint16), 32: (torch.int32, np.uint32)}
 
 
-def torch_to_raw(t: torch.Tensor, name: str = "") -> RawTensor:
+def raw_dtype(t: torch.Tensor, name: str = "") -> str:
+    """The SPEC dtype name of a tensor torch_to_raw would convert (its data is not read)."""
     dtype = _TO_NAME.get(t.dtype)
     if dtype is None:
         raise UnsupportedModelError(f"tensor {name!r} has dtype {t.dtype}; only float16, bfloat16 and float32 are stored")
+    return dtype
+
+
+def torch_to_raw(t: torch.Tensor, name: str = "") -> RawTensor:
+    dtype = raw_dtype(t, name)
     width = 16 if dtype != "float32" else 32
     tv, nv = _INT_VIEW[width]
     src = t.detach().cpu()

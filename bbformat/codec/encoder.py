@@ -242,7 +242,7 @@ class _ChunkContext:
         dropped = [s for s in layout.sites if _first_touched(layout, s, scheme) == 0]
         if dropped:
             layout = ChunkLayout(layout.name, layout.tensors, tuple(s for s in layout.sites if s not in dropped))
-        entries = [TensorEntry(n, t.dtype, t.shape) for n in layout.tensors for t in (tensors[n],)]
+        entries = [tensor_entry(tensors, n) for n in layout.tensors]
         incoming_of = {n: [(ax, r) for (t, ax), r in incoming.items() if t == n] for n in layout.tensors}
         ctx = cls(layout, dropped, tensors, incoming_of, entries, choose_symbol_dtype(entries), plan_ops(layout, scheme), scheme,
                   tolerance, {} if canonical is None else canonical, _moments_after(moments or {}, incoming, incoming_of), defer, band, la,
@@ -272,6 +272,17 @@ class _ChunkContext:
                 a = s.anchor.tensor
                 self.canonical[s.name] = canonical_rotation(self.base(a), s.anchor.axis, self.la) if self.incoming_of[a] else \
                     canonical_rotation_of(self.tensors[a], s.anchor.axis, self.la)
+
+
+def tensor_entry(tensors: Mapping[str, RawTensor], name: str) -> TensorEntry:
+    """A tensor's record. From the mapping's describe(name) where it has one (packing's
+    LazyTensors: each access reads and copies the tensor, which a record does not need)."""
+    describe = getattr(tensors, "describe", None)
+    if describe is not None:
+        dtype, shape = describe(name)
+        return TensorEntry(name, dtype, tuple(shape))
+    t = tensors[name]
+    return TensorEntry(name, t.dtype, t.shape)
 
 
 def _moments_after(moments: Moments, incoming: Rotations, incoming_of: dict[str, list[tuple[int, np.ndarray]]]) -> Moments:
