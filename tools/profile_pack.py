@@ -76,6 +76,8 @@ def _step(func: tuple[str, int, str]) -> str | None:
     base = path.rsplit("/", 1)[-1]
     if (base, name) in LINALG:
         return "linear algebra"
+    if "importlib" in path and name == "_find_and_load":
+        return "imports (torch, on first use)"
     if "bbformat" not in path:
         return None
     for (f, n), step in STEPS:
@@ -93,7 +95,7 @@ def attribute(stats: pstats.Stats) -> dict[str, float]:
         """How one second of func's time divides among steps."""
         step = _step(func)
         if step is not None or depth > 40:
-            return {step or "other": 1.0}
+            return {step or "other (mostly imports)": 1.0}
         if func in memo:
             return memo[func]
         callers = table[func][4]
@@ -102,13 +104,13 @@ def attribute(stats: pstats.Stats) -> dict[str, float]:
         for caller, v in callers.items():
             for s, f in shares(caller, depth + 1).items():
                 out[s] = out.get(s, 0.0) + f * v[3] / total
-        memo[func] = out or {"other": 1.0}
+        memo[func] = out or {"other (mostly imports)": 1.0}
         return memo[func]
 
     steps: dict[str, float] = {}
     for func, (_, _, tt, _, callers) in table.items():
         if _step(func) is not None or not callers:
-            s = _step(func) or "other"
+            s = _step(func) or "other (mostly imports)"
             steps[s] = steps.get(s, 0.0) + tt
             continue
         total = sum(v[3] for v in callers.values()) or 1.0
