@@ -140,9 +140,22 @@ def profile(src: str, dst: str, out: str) -> None:
     print(json.dumps({"cpu": round(cpu, 2), "host": round(host, 2)}))
 
 
+def _load(path: str) -> dict[str, Any]:
+    """A profile's json, its steps attributed afresh from its .prof where that is kept (so runs
+    profiled by another version of this file share its steps)."""
+    with open(path) as f:
+        run: dict[str, Any] = json.load(f)
+    try:
+        run["steps"] = attribute(pstats.Stats(path + ".prof"))
+    except OSError:
+        return run
+    run["host"] = sum(v for k, v in run["steps"].items() if k != "linear algebra")
+    return run
+
+
 def table(paths: list[str]) -> str:
     """Markdown: steps as rows, a before/after pair of columns per (before, after) pair of files."""
-    runs = [json.load(open(p)) for p in paths]
+    runs = [_load(p) for p in paths]
     pairs = list(zip(runs[0::2], runs[1::2]))
     names = sorted({k for r in runs for k in r["steps"] if k != "linear algebra"},
                    key=lambda k: -max(r["steps"].get(k, 0.0) for r in runs))
