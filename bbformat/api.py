@@ -203,7 +203,7 @@ def _pack_plain(src: Path, dst: str | os.PathLike[str], tolerance: float | None,
         }
         report = PackReport(str(dst), "none", tolerance, d.architecture, 0, 0, 0, 0)
         return _encode_into(dst, layout, d.tensor, metadata, report, None, verify, progress, entropy, format_version, la,
-                            overwrite, threads, dtypes=bool(dtypes))
+                            overwrite, threads, dtypes=bool(dtypes), describe=d.describe)
 
 
 def _checked_tolerance(tolerance: float) -> float:
@@ -247,24 +247,30 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
         metadata["rounding"] = "feedback"
         metadata["calibration_tokens"] = int(tokens.numel())
 
-    from .tensors import torch_to_raw
+    from .tensors import raw_dtype, torch_to_raw
 
     def get(name: str) -> RawTensor:
         raw = torch_to_raw(ckpt.state_dict[name], name)
         ckpt.release(name)
         return raw
 
+    def describe(name: str) -> tuple[str, tuple[int, ...]]:
+        t = ckpt.state_dict[name]
+        return raw_dtype(t, name), tuple(int(n) for n in t.shape)
+
     report = PackReport(str(dst), scheme, tolerance, layout.architecture, 0, 0, 0, 0,
                         warnings=legacy_reader_problems(ckpt.extra_files))
     return _encode_into(dst, layout, get, metadata, report, moments, verify, progress, entropy, format_version, la, overwrite,
-                        threads)
+                        threads, describe=describe)
 
 
 def _encode_into(dst: str | os.PathLike[str], layout: ModelLayout, get: Callable[[str], RawTensor], metadata: dict[str, object],
                  report: PackReport, moments: Moments | None, verify: bool, progress: Progress | None, entropy: str, format_version: str,
-                 la: Linalg, overwrite: bool, threads: int | None, dtypes: bool = False) -> PackReport:
-    """Encode the layout's chunks (tensors from `get`) into a container at dst, filling `report`
-    (`dtypes`: some tensors are of format 1.6's EXTENDED_DTYPES)."""
+                 la: Linalg, overwrite: bool, threads: int | None, dtypes: bool = False,
+                 describe: Callable[[str], tuple[str, tuple[int, ...]]] | None = None) -> PackReport:
+    """Encode the layout's chunks (tensors from `get`; `describe` gives a tensor's dtype and shape
+    without reading it) into a container at dst, filling `report` (`dtypes`: some tensors are
+    of format 1.6's EXTENDED_DTYPES)."""
     scheme, tolerance = report.scheme, report.tolerance
     digests: list[dict[str, str]] = []
     # The pipeline (packing.py): chunk i is compressed and written by one worker, in order, while
@@ -275,7 +281,7 @@ def _encode_into(dst: str | os.PathLike[str], layout: ModelLayout, get: Callable
                 format_version=format_version, overwrite=overwrite, threads=threads, dtypes=dtypes) as w, \
             BoundedWorker() as worker, la.threads():
         chain = EncodeChain(layout, get, coding, tolerance, moments, band=w.mixed_corrections, progress=progress, la=la,
-                            bands=w.bands)
+                            bands=w.bands, describe=describe)
         for _chunk, enc in encode_chunks(chain):
             if verify:  # what --verify compares the decoded file against; nothing else reads them
                 digests.append({n: _digest(t) for n, t in enc.intended.items()})

@@ -30,15 +30,25 @@ CANONICAL_AHEAD = 2
 
 Progress = Callable[[int, int, str], None]
 TensorSource = Callable[[str], RawTensor]
+Describer = Callable[[str], tuple[str, tuple[int, ...]]]  # name -> (dtype, shape), no data read
 T = TypeVar("T")
 
 
 class LazyTensors(Mapping[str, RawTensor]):
     """A chunk's input tensors, read from the checkpoint on each access and not kept: the encoder
-    holds each only while it rotates or pushes it (a block of a 13B model is 0.5 GB)."""
+    holds each only while it rotates or pushes it (a block of a 13B model is 0.5 GB).
+    describe(name): a tensor's dtype and shape without reading it (encoder.tensor_entry)."""
 
-    def __init__(self, get: TensorSource, names: Sequence[str]) -> None:
-        self._get, self._names = get, dict.fromkeys(names)
+    def __init__(self, get: TensorSource, names: Sequence[str], describe: Describer | None = None) -> None:
+        self._get, self._names, self._describe = get, dict.fromkeys(names), describe
+
+    def describe(self, name: str) -> tuple[str, tuple[int, ...]]:
+        if name not in self._names:
+            raise KeyError(name)
+        if self._describe is None:
+            t = self._get(name)
+            return t.dtype, t.shape
+        return self._describe(name)
 
     def __getitem__(self, name: str) -> RawTensor:
         if name not in self._names:
@@ -79,6 +89,7 @@ class EncodeChain:
     progress: Progress | None = None
     bands: bool = False  # format 1.4: band sections (SPEC.md 8.8)
     la: Linalg = REFERENCE  # where the linear algebra runs
+    describe: Describer | None = None  # LazyTensors' describe: dtype and shape without a read
     canonical: dict[str, np.ndarray] = field(default_factory=dict)
     pending: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
 
@@ -92,7 +103,7 @@ class EncodeChain:
         self._take_later_canonicals(ci, local)
         incoming = {k: v for k, v in self.pending.items() if k[0] in local}
         moments = {n: m for n, m in self.moments.items() if n in local} if self.moments else None
-        enc = encode_chunk(chunk, LazyTensors(self.get, chunk.tensors), incoming, self.scheme, self.tolerance, self.canonical,
+        enc = encode_chunk(chunk, LazyTensors(self.get, chunk.tensors, self.describe), incoming, self.scheme, self.tolerance, self.canonical,
                            moments, defer=True, band=self.band, la=self.la, bands=self.bands)
         for k in incoming:
             self.pending.pop(k, None)

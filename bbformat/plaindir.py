@@ -83,6 +83,11 @@ class PlainDir:
     def keys(self) -> list[str]:
         return list(self._where)
 
+    def describe(self, key: str) -> tuple[str, tuple[int, ...]]:
+        """The tensor's dtype and shape, from its header (nothing read)."""
+        t = self._where[key][1]
+        return t.dtype, t.shape
+
     def extended_dtypes(self) -> set[str]:
         """The dtypes of its tensors that only format 1.6 stores (EXTENDED_DTYPES)."""
         return {t.dtype for f in self.weights for t in f.tensors} & EXTENDED_DTYPES

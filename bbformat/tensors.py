@@ -24,11 +24,17 @@ _TO_TORCH = {v: k for k, v in _TO_NAME.items()}
 _INT_VIEW = {8: (torch.int8, np.uint8), 16: (torch.int16, np.uint16), 32: (torch.int32, np.uint32), 64: (torch.int64, np.uint64)}
 
 
-def torch_to_raw(t: torch.Tensor, name: str = "") -> RawTensor:
+def raw_dtype(t: torch.Tensor, name: str = "") -> str:
+    """The SPEC dtype name of a tensor torch_to_raw would convert (its data is not read)."""
     dtype = _TO_NAME.get(t.dtype)
     if dtype is None:
         raise UnsupportedModelError(f"tensor {name!r} has dtype {t.dtype}, which the format cannot store "
                                     f"(one of {', '.join(_TO_TORCH)})")
+    return dtype
+
+
+def torch_to_raw(t: torch.Tensor, name: str = "") -> RawTensor:
+    dtype = raw_dtype(t, name)
     tv, nv = _INT_VIEW[bits_of(dtype)]
     src = t.detach().cpu()
     if src.is_contiguous():

@@ -304,6 +304,56 @@ def test_zero_dimensional_arrays_keep_their_shape():
         assert band.boundary_distance(x, dtype).shape == band.in_band(x, dtype, 0.1).shape == ()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rounding_into_an_array_matches_reference(dtype):
+    """f64_to_bits_into writes f64_to_bits's bits: in place where it can (C-contiguous, native
+    width), through a temporary elsewhere (a strided view, the numpy path); edge values, odd and
+    empty lengths."""
+    from bbformat.codec.dtypes import f64_to_bits_into
+
+    x = near_boundaries(dtype, np.random.default_rng(7))
+    x = x[: x.size - (x.size % 2 == 0)]  # an odd length
+    want = reference(f64_to_bits, x, dtype)
+    for out in (np.zeros(x.size, UINT[dtype]), np.zeros((x.size, 2), UINT[dtype])[:, 1]):
+        f64_to_bits_into(x, dtype, out)
+        assert np.array_equal(out, want)
+        out[...] = 0
+        with host_native.reference_only():
+            f64_to_bits_into(x, dtype, out)
+        assert np.array_equal(out, want)
+    empty = np.zeros(0, UINT[dtype])
+    f64_to_bits_into(np.zeros(0), dtype, empty)
+    block = np.zeros((3, 5), UINT[dtype])
+    f64_to_bits_into(x[:15].reshape(3, 5), dtype, block)
+    assert np.array_equal(block, want[:15].reshape(3, 5))
+
+
+def test_rounding_into_refuses_an_array_it_cannot_fill():
+    x = np.ones(4)
+    for out in (np.zeros(3, np.uint16), np.zeros(4, np.uint32), np.zeros(8, np.uint16)[::2]):
+        with pytest.raises(ValueError):
+            host_native.round_to(x, "bfloat16", out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scheme", ["symmetric", "paper"])
+def test_pack_in_row_blocks_writes_the_same_bytes_on_both_paths(tmp_path, monkeypatch, dtype, scheme):
+    """Every tensor large (codec/encoder.py's row blocks: rounded into the output in place, the
+    Gram summed in place): the same file with the compiled path as with numpy."""
+    from bbformat.api import pack
+    from bbformat.checkpoint import write_checkpoint
+    from bbformat.codec import encoder
+    from bbformat.testing import make_tiny_checkpoint
+
+    monkeypatch.setattr(encoder, "LARGE_F64_BYTES", 0)
+    monkeypatch.setattr(encoder, "BLOCK_F64_BYTES", 8 * 64 * 7)
+    write_checkpoint(make_tiny_checkpoint("llama", seed=12, layers=2, dtype=dtype), tmp_path / "m")
+    pack(tmp_path / "m", tmp_path / "c.bb", scheme=scheme, tolerance=0.0, verify=True)
+    with host_native.reference_only():
+        pack(tmp_path / "m", tmp_path / "r.bb", scheme=scheme, tolerance=0.0, verify=True)
+    assert (tmp_path / "c.bb").read_bytes() == (tmp_path / "r.bb").read_bytes()
+
+
 torch = pytest.importorskip("torch")
 TORCH_CPU = __import__("bbformat.codec.linalg", fromlist=["TorchLinalg"]).TorchLinalg("cpu")
 

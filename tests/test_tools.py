@@ -521,3 +521,31 @@ def test_text_reader_refuses_a_directory_and_non_utf8_in_one_line(tmp_path: Path
     good = tmp_path / "ok.txt"
     good.write_text("prose\n", encoding="utf-8")
     assert textdata.read_text(good, "t", "--x") == "prose\n"
+
+
+def test_profile_pack_splits_the_pack_into_steps_and_writes_the_same_bytes(tmp_path: Path) -> None:
+    """tools/profile_pack.py: one sequential pack, profiled; its steps share out the profiled CPU
+    time (the linear algebra apart), the container is the threaded pack's byte for byte, and
+    --table renders a before/after pair."""
+    import os
+
+    import bbformat
+    from bbformat.checkpoint import write_checkpoint
+    from bbformat.testing import make_tiny_checkpoint
+
+    src = tmp_path / "src"
+    write_checkpoint(make_tiny_checkpoint("llama", seed=4, layers=2, dtype="bfloat16"), src)
+    env = dict(os.environ, PYTHONPATH=str(TOOLS.parent))
+    p = subprocess.run([sys.executable, str(TOOLS / "profile_pack.py"), str(src), str(tmp_path / "p.bb"), str(tmp_path / "p.json")],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr
+    res = json.loads((tmp_path / "p.json").read_text())
+    steps = res["steps"]
+    assert steps["linear algebra"] > 0 and steps["payload: codec 3 (exponent)"] > 0 and steps["simulated decode: round regenerated X"] > 0
+    assert 0.5 * res["cpu"] < sum(steps.values()) <= 1.01 * res["cpu"]
+    assert abs(res["host"] - (sum(steps.values()) - steps["linear algebra"])) < 1e-6
+    bbformat.pack(src, tmp_path / "t.bb")
+    assert (tmp_path / "p.bb").read_bytes() == (tmp_path / "t.bb").read_bytes()
+    t = subprocess.run([sys.executable, str(TOOLS / "profile_pack.py"), "--table", str(tmp_path / "p.json"), str(tmp_path / "p.json")],
+                       capture_output=True, text=True, timeout=60)
+    assert t.returncode == 0 and "| **host total** | **" in t.stdout and "(1.00×)" in t.stdout

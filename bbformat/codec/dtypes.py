@@ -88,6 +88,16 @@ def _f64_to_f32_round_to_odd(x: np.ndarray) -> np.ndarray:
     return b
 
 
+def f64_to_bits_into(x: np.ndarray, dtype: str, out: np.ndarray) -> None:
+    """out[...] = f64_to_bits(x, dtype), without the temporary where the compiled path can
+    write into `out` (C-contiguous, of x's shape and the dtype's width)."""
+    if (dtype in host_native.DTYPE_CODES and host_native.active() and out.flags.c_contiguous and out.shape == np.shape(x)
+            and out.dtype == uint_dtype(bits_of(dtype))):
+        host_native.round_to(x, dtype, out)
+    else:
+        out[...] = f64_to_bits(x, dtype)
+
+
 def f64_to_bits(x: np.ndarray, dtype: str) -> np.ndarray:
     """Round float64 values to `dtype` (IEEE round-to-nearest-even), returning bit patterns.
     Compiled where host_native is active; the numpy below is the reference."""

@@ -11,7 +11,7 @@ import numpy as np
 from ..constants import FLOAT_DTYPES, NO_SITE, ROTATION_SCHEMES, WRITER_WIDE_SYMBOLS, OpKind, SectionKind, SiteFlag
 from ..errors import InputError, check_choice
 from . import rotation as rot
-from .dtypes import RawTensor, bits_to_f64, f64_to_bits, little_endian_bytes, symbols_view, uint_dtype, wide_dtype
+from .dtypes import RawTensor, bits_to_f64, f64_to_bits, f64_to_bits_into, little_endian_bytes, symbols_view, uint_dtype, wide_dtype
 from ..container.program import BlockProgram, Op, SiteEntry, TensorEntry, bits_of
 from .layout import ChunkLayout, SiteSpec
 from .rounding import round_feedback
@@ -156,7 +156,10 @@ def canonical_rotation_of(t: RawTensor, axis: int, la: Linalg = REFERENCE) -> np
     step = _row_blocks(m).step
     for i in _row_blocks(m):
         part = la.gram(la.widen(RawTensor(t.dtype, m[i : i + step])))
-        g = part if g is None else g + part
+        if g is None:
+            g = part
+        else:
+            g += part  # in place: the same sums as g + part, without a fresh D x D array each block
     _, u0 = la.eigh(g)
     return la.host(u0)
 
@@ -169,7 +172,7 @@ def rotate_rounded_blocks(t: RawTensor, axis: int, r: np.ndarray, la: Linalg = R
     step = _row_blocks(m).step
     rd = la.asarray(r)
     for i in _row_blocks(m):
-        om[i : i + step] = f64_to_bits(la.host(la.matmul(la.widen(RawTensor(t.dtype, m[i : i + step])), rd)), t.dtype)
+        f64_to_bits_into(la.host(la.matmul(la.widen(RawTensor(t.dtype, m[i : i + step])), rd)), t.dtype, om[i : i + step])
     return RawTensor(t.dtype, out)
 
 
@@ -255,7 +258,7 @@ class _ChunkContext:
         dropped = [s for s in layout.sites if _first_touched(layout, s, scheme) == 0]
         if dropped:
             layout = ChunkLayout(layout.name, layout.tensors, tuple(s for s in layout.sites if s not in dropped))
-        entries = [TensorEntry(n, t.dtype, t.shape) for n in layout.tensors for t in (tensors[n],)]
+        entries = [tensor_entry(tensors, n) for n in layout.tensors]
         incoming_of = {n: [(ax, r) for (t, ax), r in incoming.items() if t == n] for n in layout.tensors}
         check_site_dtypes(layout, entries, choose_symbol_dtype(entries))
         ctx = cls(layout, dropped, tensors, incoming_of, entries, choose_symbol_dtype(entries), plan_ops(layout, scheme), scheme,
@@ -286,6 +289,17 @@ class _ChunkContext:
                 a = s.anchor.tensor
                 self.canonical[s.name] = canonical_rotation(self.base(a), s.anchor.axis, self.la) if self.incoming_of[a] else \
                     canonical_rotation_of(self.tensors[a], s.anchor.axis, self.la)
+
+
+def tensor_entry(tensors: Mapping[str, RawTensor], name: str) -> TensorEntry:
+    """A tensor's record. From the mapping's describe(name) where it has one (packing's
+    LazyTensors: each access reads and copies the tensor, which a record does not need)."""
+    describe = getattr(tensors, "describe", None)
+    if describe is not None:
+        dtype, shape = describe(name)
+        return TensorEntry(name, dtype, tuple(shape))
+    t = tensors[name]
+    return TensorEntry(name, t.dtype, t.shape)
 
 
 def _moments_after(moments: Moments, incoming: Rotations, incoming_of: dict[str, list[tuple[int, np.ndarray]]]) -> Moments:

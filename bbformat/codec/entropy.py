@@ -104,15 +104,21 @@ def _segment_top(top: np.ndarray, r: int, k: int, z: Compressor) -> tuple[bytes,
     return row_cls.tobytes() + col_cls.tobytes(), b"".join(parts)
 
 
-def encode_planes(symbols: np.ndarray, symbol_bits: int, runs: list[tuple[int, int]]) -> bytes:
-    """Codec 2 bytes for a payload (deterministic: per segment, the smallest of CLASS_CHOICES)."""
+def encode_planes(symbols: np.ndarray, symbol_bits: int, runs: list[tuple[int, int]], limit: int | None = None) -> bytes | None:
+    """Codec 2 bytes for a payload (deterministic: per segment, the smallest of CLASS_CHOICES).
+    limit: None as soon as the bytes are known to be more than `limit` (the lower planes are
+    coded first, then the top plane's segments; what is coded only grows), else the same bytes."""
     z = compressor(PLANES_LEVEL)
     sym = np.asarray(symbols).astype(uint_dtype(symbol_bits), copy=False)
+    lower = [encode_group(((sym >> (8 * b)) & 0xFF).astype(np.uint8).tobytes(), z, SMALL_GROUP) for b in range(symbol_bits // 8 - 2, -1, -1)]
     top = (sym >> (symbol_bits - 8)).astype(np.uint8)
     head = [encode_varint(len(runs))]
     maps, tops = [], []
+    size = sum(map(len, lower)) + len(head[0])
     pos = 0
     for n, r in runs:
+        if limit is not None and size > limit:
+            return None
         best = None
         for k in CLASS_CHOICES:
             if k > 1 and n < MIN_CONTEXT_SEGMENT:
@@ -125,8 +131,10 @@ def encode_planes(symbols: np.ndarray, symbol_bits: int, runs: list[tuple[int, i
         head.append(encode_varint(n) + encode_varint(r) + bytes([k]))
         maps.append(m)
         tops.append(g)
+        size += len(head[-1]) + len(g)  # the class maps are one group, maybe compressed: not counted
         pos += n
-    lower = [encode_group(((sym >> (8 * b)) & 0xFF).astype(np.uint8).tobytes(), z, SMALL_GROUP) for b in range(symbol_bits // 8 - 2, -1, -1)]
+    if limit is not None and size > limit:
+        return None
     return b"".join(head) + encode_group(b"".join(maps), z, SMALL_GROUP) + b"".join(tops) + b"".join(lower)
 
 

@@ -67,10 +67,14 @@ def widen(bits: np.ndarray, dtype: str) -> np.ndarray:
     return out.reshape(np.shape(bits))
 
 
-def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
-    """dtypes.f64_to_bits: float64 rounded to dtype (SPEC.md 7.4), as bit patterns in x's shape."""
+def round_to(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """dtypes.f64_to_bits: float64 rounded to dtype (SPEC.md 7.4), as bit patterns in x's shape;
+    written into `out` where given (a C-contiguous array of x's size and the dtype's width)."""
     src = _f64(x)
-    out = np.empty(src.shape, _UINT[dtype])
+    if out is None:
+        out = np.empty(src.shape, _UINT[dtype])
+    elif out.dtype != _UINT[dtype] or out.size != src.size or not out.flags.c_contiguous:
+        raise ValueError(f"round_to: out must be a C-contiguous {np.dtype(_UINT[dtype])} array of {src.size} values")
     _lib().map(MAP_ROUND, src, DTYPE_CODES[dtype], out)
     return out.reshape(np.shape(x))
 

@@ -24,6 +24,9 @@ from .exponent import decode_exponent, encode_exponent, table_count
 from .parts import Part, cut_runs, encode_parts, part_cuts, read_parts
 
 DEFAULT_FLAGS = int(RequiredFlag.PLANES | RequiredFlag.EXPONENT)
+# Whether a payload candidate's coding stops once it cannot be chosen (False: every candidate is
+# coded whole, as before; tests compare the two).
+PRUNE_CANDIDATES = True
 T = TypeVar("T")
 
 
@@ -219,10 +222,16 @@ def _code_symbols(data: Buffer, dtype: str, runs: list[tuple[int, int]], mode: s
 
     if mode in ("zstd", "auto"):
         offer(Codec.ZSTD, compress(data, PAYLOAD_LEVEL))
-    if mode in ("planes", "auto") and flags & RequiredFlag.PLANES:
-        offer(Codec.PLANES, encode_planes(sym, w, runs))
-    if mode in ("exponent", "auto") and Codec.EXPONENT in payload_codecs(flags, dtype):
-        offer(Codec.EXPONENT, encode_exponent(sym, dtype, runs))
+    planes = mode in ("planes", "auto") and bool(flags & RequiredFlag.PLANES)
+    exponent = encode_exponent(sym, dtype, runs) if mode in ("exponent", "auto") and Codec.EXPONENT in payload_codecs(flags, dtype) else None
+    if planes:
+        # codec 2 is kept only if no larger than codec 3 (a tie keeps 2) and smaller than the best so far,
+        # so its coding stops as soon as it is known to be more than that (the same bytes when not)
+        limit = len(best[1]) - 1 if mode == "auto" else len(data) - 1
+        if mode == "auto" and exponent is not None:
+            limit = min(limit, len(exponent))
+        offer(Codec.PLANES, encode_planes(sym, w, runs, limit if PRUNE_CANDIDATES else None))
+    offer(Codec.EXPONENT, exponent)
     return best
 
 
