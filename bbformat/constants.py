@@ -284,11 +284,19 @@ PARTS_ENTROPY_MODES = ("zstd", "planes", "exponent", "auto")
 mode that codes payloads at all."""
 PART_SYMBOLS = 1 << 21
 """The reference writer cuts a payload of more symbols than this into parts of about this many
-(SPEC.md 8.9, informative), at most WRITER_PARTS. Each part costs its tables and about half a
+(SPEC.md 8.9, informative), at most WRITER_PARTS; where its rows change codec, also there
+(POPULATION_BLOCK). Each part costs its tables and about half a
 millisecond of Python before its compiled decoding (a few milliseconds for 2 Mi symbols), so
 parts are not made smaller: on SmolLM2's bfloat16 payloads, parts of 2 Mi store no more than
 one part (1 Mi: 0.01% more), and a 3.5 Mi-symbol layer splits into two, one per core of a
 2-core machine."""
+POPULATION_BLOCK = 1 << 16
+"""The reference writer estimates, per block of about this many symbols (whole rows), whether
+codec 2 or codec 3 stores them smaller, and cuts parts where that changes (SPEC.md 8.9,
+informative): large enough for order-0 estimates over 2^11 codes."""
+POPULATION_SWITCH_BITS = 8 * 4096
+"""What the writer's cut rule charges a change of codec between blocks: about the tables and
+records of one more part (SPEC.md 8.9, informative)."""
 WRITER_PARTS = 64
 """The most parts the reference writer cuts a payload into: enough for the cores of one
 machine, and few enough that the codec-3 parts keep their column classes within the 1,024

@@ -16,7 +16,8 @@ from bbformat import Reader, Writer
 from bbformat.codec import exponent
 from bbformat.codec.entropy import payload_segments
 from bbformat.codec.exponent import encode_exponent, table_count
-from bbformat.codec.parts import cut_runs, encode_parts, part_cuts, read_parts
+from bbformat.codec import payload
+from bbformat.codec.parts import cut_runs, encode_parts, part_cuts, population_cuts, read_parts
 from bbformat.codec.varint import encode_varint
 from bbformat.codec.payload import COUNTS_REFERENCES, OutputBuffers, code_payload, decode_payload, in_turn, on_pool, part_threads
 from bbformat.constants import MAX_EXPONENT_TABLES, MAX_PAYLOAD_PARTS, PART_SYMBOLS, WRITER_PARTS, Codec, OpKind, RequiredFlag
@@ -119,6 +120,85 @@ def test_codec3_parts_stay_within_the_payload_table_limit(monkeypatch: pytest.Mo
     counts = [table_count(p.stored, p.hi - p.lo, "bfloat16") for p in parts if p.codec == Codec.EXPONENT]
     assert counts and sum(counts) <= 2 and len(counts) < len(parts)
     assert decode_payload(codec, stored, prog, ALL).tobytes() == data
+
+
+# ----------------------------------------------------------------------------- cuts where the rows change codec
+
+LOW_ROWS, ROWS, COLS = 700, 2000, 256  # rows 0..699 low-precision, the rest full precision
+
+
+def _two_populations(seed: int = 0) -> tuple[BlockProgram, bytes]:
+    """float32 rows: first float16-precision values (low 13 mantissa bits zero: codec 2's
+    lower planes are nearly free), then full-precision ones (codec 3's exponent model wins)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0, 0.02, (ROWS, COLS)).astype(np.float32)
+    x[:LOW_ROWS] = x[:LOW_ROWS].astype(np.float16).astype(np.float32)
+    return _program([(ROWS, COLS)], "float32"), x.tobytes()
+
+
+def _even_rule_payload(monkeypatch: pytest.MonkeyPatch, prog: BlockProgram, data: bytes, part_symbols: int) -> bytes:
+    """The payload the writer stored before cuts followed the rows' codec: cuts part_cuts' alone."""
+    with monkeypatch.context() as m:
+        m.setattr(payload, "population_cuts", lambda sym, dtype, runs, ps: part_cuts(runs, len(sym), ps))
+        return code_payload(prog, data, "auto", ALL, part_symbols=part_symbols)[1]
+
+
+@pytest.mark.parametrize("part_symbols", [PART_SYMBOLS, 200_000])
+def test_a_cut_falls_where_the_rows_change_codec_and_the_payload_shrinks(monkeypatch: pytest.MonkeyPatch, part_symbols: int) -> None:
+    prog, data = _two_populations()
+    total = ROWS * COLS
+    codec, stored = code_payload(prog, data, "auto", ALL, part_symbols=part_symbols)
+    assert codec == Codec.PARTS
+    parts = read_parts(stored, total, 4, (0, 1, 2, 3))
+    assert LOW_ROWS * COLS in [p.lo for p in parts]  # the boundary, found inside a 64 Ki-symbol block
+    assert parts[0].codec == Codec.PLANES and parts[-1].codec == Codec.EXPONENT
+    assert all(p.hi - p.lo <= part_symbols for p in parts)
+    assert len(stored) < len(_even_rule_payload(monkeypatch, prog, data, part_symbols))
+    with ThreadPoolExecutor(3) as pool:
+        for run in (in_turn, on_pool(pool)):
+            assert decode_payload(codec, stored, prog, ALL, run).tobytes() == data
+        assert code_payload(prog, data, "auto", ALL, on_pool(pool), part_symbols) == (codec, stored)
+
+
+def test_one_population_keeps_the_even_cuts() -> None:
+    prog = _program([(ROWS, COLS)], "float32")
+    sym = np.frombuffer(_weights(prog, 2), "<u4")
+    runs = payload_segments(prog)
+    for part_symbols in (PART_SYMBOLS, 100_000, 30_000):
+        assert population_cuts(sym, "float32", runs, part_symbols) == part_cuts(runs, sym.size, part_symbols)
+
+
+def test_population_cuts_keep_the_part_limits() -> None:
+    """Rows that change codec every 1,000 rows: a cut at each change while the parts fit in
+    max_parts, else part_cuts' even bounds; parts of at most part_symbols (and a row)."""
+    rows, cols, stretch = 8000, 256, 1000
+    x = np.random.default_rng(4).normal(0, 0.02, (rows, cols)).astype(np.float32)
+    for lo in range(0, rows, 2 * stretch):
+        x[lo : lo + stretch] = x[lo : lo + stretch].astype(np.float16).astype(np.float32)
+    sym, runs = x.view("<u4").ravel(), [(rows * cols, cols)]
+    changes = list(range(0, rows + 1, stretch))
+    assert [c // cols for c in population_cuts(sym, "float32", runs, 1 << 21)] == changes
+    assert population_cuts(sym, "float32", runs, 1 << 21, max_parts=5) == part_cuts(runs, sym.size, 1 << 21, 5)
+    small = population_cuts(sym, "float32", runs, 50_000)
+    assert set(changes) <= {c // cols for c in small} and all(c % cols == 0 for c in small)
+    assert all(b - a <= 50_000 + cols for a, b in zip(small, small[1:]))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_population_cuts_of_random_stretches_are_valid_bounds(seed: int) -> None:
+    """Stretches of 50..3,000 rows, low or full precision at random (changes close together
+    included): the cuts increase from 0 to the end, on row starts, each part at most
+    part_symbols and a row."""
+    rng = np.random.default_rng(seed)
+    cols, ends = 64, np.cumsum(rng.integers(50, 3000, 12))
+    x = rng.normal(0, 0.02, (int(ends[-1]), cols)).astype(np.float32)
+    for lo, hi in zip(np.concatenate(([0], ends[:-1])), ends):
+        if rng.random() < 0.5:
+            x[lo:hi] = x[lo:hi].astype(np.float16).astype(np.float32)
+    sym, runs = x.view("<u4").ravel(), [(x.size, cols)]
+    cuts = population_cuts(sym, "float32", runs, 200_000)
+    assert cuts[0] == 0 and cuts[-1] == x.size and all(a < b for a, b in zip(cuts, cuts[1:]))
+    assert all(c % cols == 0 for c in cuts) and all(b - a <= 200_000 + cols for a, b in zip(cuts, cuts[1:]))
 
 
 # ----------------------------------------------------------------------------- the reader's rules

@@ -10,9 +10,16 @@ from typing import NamedTuple
 import numpy as np
 
 from ..bytecursor import ByteCursor
-from ..constants import MAX_PAYLOAD_PARTS, WRITER_PARTS, Codec
+from ..constants import (
+    EXPONENT_FIELD,
+    MAX_PAYLOAD_PARTS,
+    POPULATION_BLOCK,
+    POPULATION_SWITCH_BITS,
+    WRITER_PARTS,
+    Codec,
+)
 from ..errors import FormatError, LimitError
-from ..zstdframe import Buffer
+from ..zstdframe import PLANES_LEVEL, Buffer, compressor
 from .varint import encode_varint
 
 
@@ -26,23 +33,183 @@ class Part(NamedTuple):
 
 
 def part_cuts(runs: list[tuple[int, int]], total: int, part_symbols: int, max_parts: int = WRITER_PARTS) -> list[int]:
-    """The reference writer's part bounds [0, c_1, ..., total] (SPEC.md 8.9, informative):
-    S = min(ceil(total / part_symbols), max_parts) parts cut at about k·total/S, each cut moved
-    down to the start of a row of the run (segment) it falls in; [0, total] when S is 1."""
-    parts = min(-(-total // part_symbols), max_parts)
-    if parts < 2:
-        return [0, total]
-    starts = np.cumsum([0] + [n for n, _ in runs])
-    cuts = [0]
-    for k in range(1, parts):
-        c = k * total // parts
-        j = int(np.searchsorted(starts, c, side="right")) - 1
-        r = runs[j][1]
-        c = int(starts[j]) + (c - int(starts[j])) // r * r
+    """The even part bounds [0, c_1, ..., total] (SPEC.md 8.9, informative): S = min(ceil(total
+    / part_symbols), max_parts) parts cut at about k·total/S, each cut moved down to the start
+    of a row of the run (segment) it falls in; [0, total] when S is 1."""
+    return _even_cuts(runs, 0, total, min(-(-total // part_symbols), max_parts))
+
+
+def _row_start(runs: list[tuple[int, int]], c: int) -> int:
+    """Symbol c moved down to the start of the row of the run it falls in."""
+    start = 0
+    for n, r in runs:
+        if c < start + n:
+            return start + (c - start) // r * r
+        start += n
+    return start
+
+
+def _even_cuts(runs: list[tuple[int, int]], lo: int, hi: int, parts: int) -> list[int]:
+    """[lo, ..., hi]: symbols [lo, hi) cut into `parts` pieces at about lo + k·(hi−lo)/parts,
+    each cut moved down to a row start (lo itself is one)."""
+    cuts = [lo]
+    for k in range(1, max(parts, 1)):
+        c = _row_start(runs, lo + k * (hi - lo) // parts)
         if c > cuts[-1]:
             cuts.append(c)
-    cuts.append(total)
+    cuts.append(hi)
     return cuts
+
+
+def population_cuts(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]], part_symbols: int,
+                    max_parts: int = WRITER_PARTS) -> list[int]:
+    """The reference writer's part bounds for a float payload whose parts may take codec 2 or 3
+    (SPEC.md 8.9, informative): first a cut wherever the rows change from those codec 2 is
+    estimated to store smaller to those codec 3 is (or back), then each stretch between such
+    cuts cut evenly as part_cuts does. part_cuts' bounds when there is no change or the parts
+    would pass `max_parts`."""
+    total = len(sym)
+    even = part_cuts(runs, total, part_symbols, max_parts)
+    blocks = _even_cuts(runs, 0, total, total // POPULATION_BLOCK)
+    if len(blocks) < 3:
+        return even
+    two, three = _block_costs(sym, dtype, blocks)
+    labels = _labels(two, three)
+    changes = [b for b in range(1, len(labels)) if labels[b] != labels[b - 1]]
+    if not changes:
+        return even
+    bounds = [0]
+    for b in changes:  # refined cuts of neighbouring changes may cross: keep them in order
+        bounds.append(max(bounds[-1], _refine(sym, dtype, runs, blocks, labels, b)))
+    cuts = [0]
+    for lo, hi in zip(bounds, bounds[1:] + [total]):
+        if hi > lo:
+            cuts += _even_cuts(runs, lo, hi, -(-(hi - lo) // part_symbols))[1:]
+    return cuts if len(cuts) - 1 <= max_parts else even
+
+
+def _planes_of(sym: np.ndarray) -> np.ndarray:
+    """The symbols' byte planes (codec 2's planes, SPEC.md 8.6): column b holds byte b."""
+    return sym.view(np.uint8).reshape(len(sym), sym.itemsize)
+
+
+def _codes_of(sym: np.ndarray, dtype: str, joined: int) -> tuple[np.ndarray, int, int]:
+    """(codes, code bits, rest bits) of the symbols with `joined` mantissa bits (SPEC.md 8.7)."""
+    shift, width = EXPONENT_FIELD[dtype]
+    bits = width + joined
+    return ((sym >> (shift - joined)) & ((1 << bits) - 1)).astype(np.intp), bits, shift + width + 1 - bits
+
+
+JOINED = 3  # the most mantissa bits the estimate joins to the code (as the codec-3 writer tries)
+
+
+def _entropy_bits(hist: np.ndarray) -> np.ndarray:
+    """Order-0 entropy, in bits, of each row of counts times its count."""
+    n = hist.sum(axis=1, keepdims=True).astype(np.float64)
+    c = hist.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(c > 0, c * np.log2(n / np.where(c > 0, c, 1)), 0.0)
+    return terms.sum(axis=1)  # type: ignore[no-any-return]
+
+
+def _block_costs(sym: np.ndarray, dtype: str, blocks: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Estimated bits of each block [blocks[i], blocks[i+1]) under codec 2 (each byte plane
+    zstd'd as codec 2 does, at most raw) and codec 3 (order-0 entropy of the code, for the best
+    joined bits, plus the rest raw)."""
+    planes = _planes_of(sym)
+    shift, width = EXPONENT_FIELD[dtype]
+    bits = width + JOINED
+    z = compressor(PLANES_LEVEL)
+    two = np.zeros(len(blocks) - 1)
+    codes = np.zeros((len(blocks) - 1, 1 << bits), np.int64)
+    for i, (lo, hi) in enumerate(zip(blocks, blocks[1:])):
+        for b in range(sym.itemsize):
+            two[i] += 8 * min(len(z.compress(planes[lo:hi, b].tobytes())), hi - lo)
+        codes[i] = np.bincount((sym[lo:hi] >> (shift - JOINED)) & ((1 << bits) - 1), minlength=1 << bits)
+    sizes = np.diff(np.asarray(blocks))
+    rest = 8 * sym.itemsize - bits
+    three = np.full(len(sizes), np.inf)
+    for _ in range(JOINED + 1):
+        three = np.minimum(three, _entropy_bits(codes) + sizes * rest)
+        codes, rest = codes[:, 0::2] + codes[:, 1::2], rest + 1
+    return two, three
+
+
+def _labels(two: np.ndarray, three: np.ndarray) -> list[int]:
+    """Per block 2 or 3, the codec of the least estimated bits over all blocks, a change of codec
+    between neighbouring blocks costing POPULATION_SWITCH_BITS (a Viterbi path)."""
+    cost = {2: float(two[0]), 3: float(three[0])}
+    back: list[dict[int, int]] = []
+    for b in range(1, len(two)):
+        step = {c: min((cost[p] + (0 if p == c else POPULATION_SWITCH_BITS), p) for p in (2, 3)) for c in (2, 3)}
+        back.append({c: step[c][1] for c in (2, 3)})
+        cost = {2: step[2][0] + float(two[b]), 3: step[3][0] + float(three[b])}
+    labels = [min((2, 3), key=lambda c: (cost[c], c))]
+    for choice in reversed(back):
+        labels.append(choice[labels[-1]])
+    return labels[::-1]
+
+
+def _refine(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]], blocks: list[int], labels: list[int], b: int) -> int:
+    """The row start in blocks b−1 and b (the codec changes between them) where a cut leaves
+    the fewest estimated bits: each side's symbols costed under a model of its own codec taken
+    from the blocks of the same codec next to it (order-0 cross-entropy)."""
+    lo, hi = blocks[b - 1], blocks[b + 1]
+    left = _model_span(blocks, labels, b - 1, -1)
+    right = _model_span(blocks, labels, b, 1)
+    window = sym[lo:hi]
+    cost_left = _cross_bits(window, sym[left[0] : left[1]], dtype, labels[b - 1])
+    cost_right = _cross_bits(window, sym[right[0] : right[1]], dtype, labels[b])
+    total = np.concatenate(([0.0], np.cumsum(cost_left))) + np.concatenate(([0.0], np.cumsum(cost_right[::-1])))[::-1]
+    starts = _row_starts(runs, lo, hi)
+    return lo + int(starts[int(np.argmin(total[starts]))])
+
+
+def _row_starts(runs: list[tuple[int, int]], lo: int, hi: int) -> np.ndarray:
+    """The row starts in [lo, hi), lo (a row start) first, as offsets from lo."""
+    out, start = [], 0
+    for n, r in runs:
+        a, b = max(start, lo), min(start + n, hi)
+        if a < b:
+            first = start + -(-(a - start) // r) * r
+            out.append(np.arange(first, b, r) - lo)
+        start += n
+    return np.concatenate(out)
+
+
+def _model_span(blocks: list[int], labels: list[int], b: int, step: int) -> tuple[int, int]:
+    """The symbols of block b and of up to 7 blocks of its codec beyond it (in direction
+    `step`): what models that side of a change."""
+    end = b
+    while 0 <= end + step < len(labels) and labels[end + step] == labels[b] and abs(end + step - b) < 8:
+        end += step
+    first, last = min(b, end), max(b, end)
+    return blocks[first], blocks[last + 1]
+
+
+def _cross_bits(sym: np.ndarray, model: np.ndarray, dtype: str, codec: int) -> np.ndarray:
+    """Estimated bits of each symbol of `sym` under `codec` with order-0 tables of `model`."""
+    if codec == 2:
+        out = np.zeros(len(sym))
+        planes, refs = _planes_of(sym), _planes_of(model)
+        for b in range(sym.itemsize):
+            out += _log_table(np.bincount(refs[:, b], minlength=256))[planes[:, b]]
+        return out
+    best: np.ndarray | None = None
+    for joined in range(JOINED + 1):
+        codes, bits, rest = _codes_of(sym, dtype, joined)
+        ref = _codes_of(model, dtype, joined)[0]
+        bits_each = _log_table(np.bincount(ref, minlength=1 << bits))[codes] + rest
+        if best is None or bits_each.sum() < best.sum():
+            best = bits_each
+    assert best is not None
+    return best
+
+
+def _log_table(counts: np.ndarray) -> np.ndarray:
+    """−log2 of each value's probability, counts smoothed by one half."""
+    c = counts.astype(np.float64) + 0.5
+    return np.log2(c.sum() / c)  # type: ignore[no-any-return]
 
 
 def cut_runs(runs: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:

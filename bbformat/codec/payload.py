@@ -21,7 +21,7 @@ from ..zstdframe import PAYLOAD_LEVEL, Buffer, compress, decompress
 from .dtypes import uint_dtype
 from .entropy import check_entropy_mode, decode_planes, encode_planes, payload_segments
 from .exponent import decode_exponent, encode_exponent, table_count
-from .parts import Part, cut_runs, encode_parts, part_cuts, read_parts
+from .parts import Part, cut_runs, encode_parts, part_cuts, population_cuts, read_parts
 
 DEFAULT_FLAGS = int(RequiredFlag.PLANES | RequiredFlag.EXPONENT)
 # Whether a payload candidate's coding stops once it cannot be chosen (False: every candidate is
@@ -176,8 +176,9 @@ def code_payload(program: BlockProgram, data: bytes, mode: str, flags: int = DEF
                  part_symbols: int = PART_SYMBOLS) -> tuple[int, bytes]:
     """(codec, stored bytes) of a payload under an entropy mode, among the codecs the file's
     required `flags` allow (`auto`: the smallest; ties go to the lower codec number). With
-    PARTS, a payload of more than `part_symbols` symbols is cut into parts (SPEC.md 8.9), each
-    coded on its own (through `run`: the parts may be coded at the same time)."""
+    PARTS, a payload of more than `part_symbols` symbols is cut into parts (SPEC.md 8.9), and
+    with `auto` also where its rows change codec, each part coded on its own (through `run`:
+    the parts may be coded at the same time)."""
     check_entropy_mode(mode)
     if mode == "exponent" and not flags & RequiredFlag.EXPONENT:
         raise InputError("entropy mode 'exponent' needs format 1.3 or later")
@@ -186,7 +187,7 @@ def code_payload(program: BlockProgram, data: bytes, mode: str, flags: int = DEF
     dtype, w8 = program.symbol_dtype, program.symbol_bits // 8
     runs = payload_segments(program)
     total = len(data) // w8
-    cuts = part_cuts(runs, total, part_symbols) if flags & RequiredFlag.PARTS else [0, total]
+    cuts = _cuts(data, dtype, runs, mode, flags, part_symbols) if flags & RequiredFlag.PARTS else [0, total]
     if len(cuts) == 2:
         codec, stored = _code_symbols(data, dtype, runs, mode, flags)
         return codec, stored if isinstance(stored, bytes) else bytes(stored)  # raw: `data` itself
@@ -205,6 +206,16 @@ def code_payload(program: BlockProgram, data: bytes, mode: str, flags: int = DEF
     if all(codec == Codec.RAW for codec, _, _ in parts):
         return Codec.RAW, data
     return Codec.PARTS, encode_parts(parts)
+
+
+def _cuts(data: bytes, dtype: str, runs: list[tuple[int, int]], mode: str, flags: int, part_symbols: int) -> list[int]:
+    """The part bounds (SPEC.md 8.9, informative): where the rows change codec when a part may
+    take codec 2 or 3 (`auto`), else evenly."""
+    w8 = DTYPE_BITS[dtype] // 8
+    if mode == "auto" and {Codec.PLANES, Codec.EXPONENT} <= set(payload_codecs(flags, dtype)):
+        sym = np.frombuffer(data, dtype=np.dtype(uint_dtype(8 * w8)).newbyteorder("<"))
+        return population_cuts(sym, dtype, runs, part_symbols)
+    return part_cuts(runs, len(data) // w8, part_symbols)
 
 
 def _code_symbols(data: Buffer, dtype: str, runs: list[tuple[int, int]], mode: str, flags: int) -> tuple[int, Buffer]:
