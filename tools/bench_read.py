@@ -45,7 +45,7 @@ SECTION_TITLE = "## 18. Reading chunks: read buffers and zstd contexts (tools/be
 class MappingReader(bbformat.Reader):
     """The reader before this change: writable chunks read into an anonymous mapping each."""
 
-    def _read_into(self, offset: int, n: int) -> memoryview:
+    def _read_into(self, offset: int, n: int, writable: bool = True) -> memoryview:
         view = memoryview(mmap.mmap(-1, max(n, 1)))[:n]
         got = 0
         while got < n:
