@@ -86,6 +86,7 @@ RENDERS = [
     ("bench_entropy.py", ["--from-json", "tools/bench_entropy_results.json", "--notes", "tools/bench_entropy_notes.md", "--report", "{report}"]),
     ("bench_read.py", ["--from-json", "tools/bench_read_results.json", "--notes", "tools/bench_read_notes.md", "--report", "{report}"]),
     ("bench_host.py", ["--from-json", "tools/bench_host_results.json", "--notes", "tools/bench_host_notes.md", "--report", "{report}"]),
+    ("bench_plain.py", ["--from-json", "tools/bench_plain_results.json", "--notes", "tools/bench_plain_notes.md", "--report", "{report}"]),
 ]
 
 
