@@ -54,6 +54,9 @@ from .errors import DigestError, FormatError, InputError, IntegrityError
 AUTO = "auto"
 # Threads the model-level functions (unpack, verify, read_tensors, load_model) decode with.
 DECODE_WORKERS = max(1, min(4, os.cpu_count() or 1))
+# The most bytes a one-worker pass holds for the chunk it parses ahead (its stored bytes and
+# decoded payload), "auto" for Reader(read_ahead_bytes=): 1 GiB, at most an eighth of the RAM.
+READ_AHEAD_BYTES = 1 << 30
 
 
 def decode_workers(workers: int | None) -> int:
@@ -79,6 +82,19 @@ def resolve_budget(max_block_bytes: int | str | None) -> int | None:
     if max_block_bytes is None or (isinstance(max_block_bytes, int) and max_block_bytes > 0):
         return max_block_bytes
     raise InputError(f"max_block_bytes must be a positive integer, 'auto' or None, not {max_block_bytes!r}")
+
+
+def resolve_read_ahead(read_ahead_bytes: int | str | None) -> int:
+    """'auto' (the default): READ_AHEAD_BYTES, at most an eighth of the physical memory; 0 or
+    None: no read-ahead; else the bytes given."""
+    if read_ahead_bytes == AUTO:
+        mem = physical_memory()
+        return READ_AHEAD_BYTES if mem is None else min(READ_AHEAD_BYTES, mem // 8)
+    if read_ahead_bytes is None:
+        return 0
+    if isinstance(read_ahead_bytes, int) and not isinstance(read_ahead_bytes, bool) and read_ahead_bytes >= 0:
+        return read_ahead_bytes
+    raise InputError(f"read_ahead_bytes must be a non-negative integer, 'auto' or None, not {read_ahead_bytes!r}")
 
 
 def check_max_site_dim(max_site_dim: int | None) -> int | None:
@@ -213,15 +229,24 @@ class Reader:
 
     threads: how many threads decode the parts of one payload (format 1.5, SPEC.md 8.9), beside
     iter_blocks' workers, whose blocks share these threads (codec.payload.PartPool); None (the
-    default) is every CPU this process may use, 1 decodes them in turn. The decoded bits do not depend on it."""
+    default) is every CPU this process may use, 1 decodes them in turn. The decoded bits do not depend on it.
+
+    read_ahead_bytes: in a one-worker pass (iter_blocks), a thread reads and parses the next
+    chunk (read, CRC32C, entropy decoding) while this one decodes the current block (the linear
+    algebra, corrections, digest), when that chunk's stored bytes plus its decoded payload are at
+    most this many bytes; "auto" (the default) is READ_AHEAD_BYTES, at most an eighth of the
+    RAM; 0 or None reads each chunk when its turn comes. Neither the bits nor the order in which
+    blocks and errors arrive depend on it."""
 
     def __init__(
         self, source: str | os.PathLike[str] | BinaryIO, *, max_block_bytes: int | str | None = AUTO, max_site_dim: int | None = None,
         allow_inexact: bool = False, device: str | Linalg | None = None, fallback: bool = True, margins: bool = False,
         share_payload: bool = False, writable_chunks: bool = False, threads: int | None = None,
+        read_ahead_bytes: int | str | None = AUTO,
     ) -> None:
         self._parts = PartPool(threads)
         self._budget = resolve_budget(max_block_bytes)
+        self._read_ahead = resolve_read_ahead(read_ahead_bytes)
         self._share = share_payload
         self._writable = writable_chunks
         self._fallback = fallback
@@ -367,11 +392,52 @@ class Reader:
         return self.header.has_digests
 
     def decode_block(self, i: int) -> DecodedBlock:
+        return self._decode_chunk(i, None)
+
+    def _decode_chunk(self, i: int, chunk: ParsedChunk | None) -> DecodedBlock:
+        """Block i, from its parsed chunk where the read-ahead thread gave one, else read here."""
         with scratch.using(self._parts.buffers.scratch):
-            return decode_parsed(self.read_chunk(i), self._allow_inexact, self.linalg, self._fallback, self._margins, self._share)
+            if chunk is None:
+                chunk = self.read_chunk(i)
+            return decode_parsed(chunk, self._allow_inexact, self.linalg, self._fallback, self._margins, self._share)
+
+    def _parse_ahead(self, i: int) -> ParsedChunk | None:
+        """Chunk i read and parsed on the read-ahead thread; None where it would hold more than
+        the read-ahead budget, or where its descriptor cannot be read: the decoding thread then
+        reads it in its turn, and meets any error there, in the usual order."""
+        try:
+            program = self.read_program(i)
+        except FormatError:
+            return None
+        held = self.entries[i].length + program.payload_symbols() * (program.symbol_bits // 8)
+        if held > self._read_ahead:
+            return None
+        with scratch.using(self._parts.buffers.scratch):
+            return self.read_chunk(i)
+
+    def _one_worker(self, idx: list[int], seen: dict[str, int]) -> Iterator[DecodedBlock]:
+        """Blocks in the order of idx on this thread, the next chunk parsed ahead on another
+        (read_ahead_bytes). A parse error of chunk i is raised when block i is asked for, as
+        without read-ahead; a chunk read ahead whose block is never asked for is dropped."""
+        if not self._read_ahead or len(idx) < 2:
+            for i in idx:
+                yield claim_names(seen, self.decode_block(i))
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="bbformat-read-ahead") as pool:
+            nxt: Future[ParsedChunk | None] | None = pool.submit(self._parse_ahead, idx[0])
+            try:
+                for k, i in enumerate(idx):
+                    assert nxt is not None
+                    chunk = nxt.result()
+                    nxt = pool.submit(self._parse_ahead, idx[k + 1]) if k + 1 < len(idx) else None
+                    yield claim_names(seen, self._decode_chunk(i, chunk))
+            finally:
+                if nxt is not None:
+                    nxt.cancel()
 
     def iter_blocks(self, order: str = "forward", workers: int = 1) -> Iterator[DecodedBlock]:
-        """Decode blocks in order, one at a time (workers=1: memory about one block), or with
+        """Decode blocks in order, one at a time (workers=1: memory about one block, plus the
+        next chunk parsed ahead within read_ahead_bytes), or with
         `workers` threads decoding the next blocks ahead (memory about workers + 1 blocks).
         Chunks are independent and the linear algebra releases the GIL, so one worker's host work
         (reading, entropy decoding, corrections, digests) overlaps another's linear algebra, on
@@ -387,8 +453,7 @@ class Reader:
             raise InputError(f"workers must be at least 1, not {workers}")
         seen: dict[str, int] = {}
         if workers == 1 or len(idx) < 2:
-            for i in idx:
-                yield claim_names(seen, self.decode_block(i))
+            yield from self._one_worker(idx, seen)
             return
         # BLAS held at the decoder's count around the whole pool, so that the workers' own
         # limits never restore a larger count while another worker is decoding.

@@ -216,3 +216,111 @@ def test_writable_chunks_reader_fails_and_decodes_as_the_default_one(tmp_path: P
         assert got == outcome(path), k
         codes.add(got if isinstance(got, str) else "decoded")
     assert len(codes) >= 3  # the damage reached several checks
+
+
+# ---------------------------------------------------------------- read-ahead (one worker)
+
+@pytest.fixture(scope="module")
+def model_bb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny sliced Llama packed by today's writer: five chunks, digests, rotation sites."""
+    import bbformat
+    from bbformat.checkpoint import write_checkpoint
+    from bbformat.testing import make_tiny_checkpoint
+
+    d = tmp_path_factory.mktemp("read_ahead")
+    write_checkpoint(make_tiny_checkpoint("llama", seed=3, layers=3, hidden=32), d / "src")
+    bbformat.pack(d / "src", d / "m.bb")
+    return d / "m.bb"
+
+
+def _blocks(r: Reader, order: str = "forward") -> list[tuple[int, str, dict[str, bytes], bool | None]]:
+    return [(b.index, b.name, {k: t.tobytes() for k, t in b.tensors.items()}, b.exact) for b in r.iter_blocks(order)]
+
+
+def _parsed_on(r: Reader, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
+    """(chunk, thread name) of every read_chunk call of reader r from now on."""
+    import threading
+
+    calls: list[tuple[int, str]] = []
+    real = r.read_chunk
+
+    def spy(i: int):  # type: ignore[no-untyped-def]
+        calls.append((i, threading.current_thread().name))
+        return real(i)
+
+    monkeypatch.setattr(r, "read_chunk", spy)
+    return calls
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_read_ahead_gives_the_blocks_of_a_reader_without_it(order: str, model_bb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One worker, the next chunk parsed on the read-ahead thread: the same blocks, bits,
+    digests and order as read_ahead_bytes=0, and every chunk but none was really parsed there."""
+    with Reader(model_bb, read_ahead_bytes=0) as r:
+        calls = _parsed_on(r, monkeypatch)
+        want = _blocks(r, order)
+        assert all(not name.startswith("bbformat-read-ahead") for _, name in calls)
+    with Reader(model_bb) as r:
+        calls = _parsed_on(r, monkeypatch)
+        got = _blocks(r, order)
+        ahead = [i for i, name in calls if name.startswith("bbformat-read-ahead")]
+    assert got == want and len(want) > 2 and all(b[3] is True for b in want)
+    assert sorted(ahead) == sorted(b[0] for b in want)  # each chunk parsed once, on the read-ahead thread
+
+
+def test_read_ahead_keeps_to_its_byte_budget(model_bb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk whose stored bytes plus decoded payload exceed read_ahead_bytes is read by the
+    decoding thread in its turn; those within it are read ahead."""
+    with Reader(model_bb, read_ahead_bytes=0) as r:
+        held = {i: r.entries[i].length + r.read_program(i).payload_symbols() * (r.read_program(i).symbol_bits // 8)
+                for i in range(len(r))}
+        want = _blocks(r)
+    limit = sorted(held.values())[len(held) // 2]
+    with Reader(model_bb, read_ahead_bytes=limit) as r:
+        calls = _parsed_on(r, monkeypatch)
+        assert _blocks(r) == want
+    on = {i: name.startswith("bbformat-read-ahead") for i, name in calls}
+    assert on == {i: held[i] <= limit for i in held} and any(on.values()) and not all(on.values())
+
+
+def test_read_ahead_raises_a_damaged_chunk_in_its_turn(model_bb: Path, tmp_path: Path) -> None:
+    """A chunk damaged past its descriptor (CRC) or in it: the blocks before it arrive first,
+    then the error it gives without read-ahead, with the same code."""
+    from bbformat.errors import BBFormatError
+
+    data = bytearray(model_bb.read_bytes())
+    with Reader(model_bb) as r:
+        e = r.entries[2]
+        n_before = 2
+    for where in (e.offset + e.length - 8, e.offset + 16):  # in the payload or sections; in the chunk's fixed part
+        bad = bytearray(data)
+        bad[where] ^= 0x40
+        path = tmp_path / f"bad{where}.bb"
+        path.write_bytes(bytes(bad))
+        codes = []
+        for budget in (0, "auto"):
+            seen = []
+            with Reader(path, read_ahead_bytes=budget) as r, pytest.raises(BBFormatError) as exc:
+                for b in r.iter_blocks():
+                    seen.append(b.index)
+            codes.append(exc.value.code)
+            assert seen == list(range(n_before)), (where, budget, seen)
+        assert codes[0] == codes[1], (where, codes)
+
+
+def test_read_ahead_of_a_pass_left_early_and_bad_budgets(model_bb: Path) -> None:
+    """A pass left after its first block leaves no read-ahead thread behind; a negative or
+    non-integer budget is an InputError."""
+    import threading
+
+    from bbformat.errors import InputError
+
+    with Reader(model_bb) as r:
+        it = r.iter_blocks()
+        first = next(it)
+        it.close()
+        assert first.index == 0
+    assert not any(t.name.startswith("bbformat-read-ahead") for t in threading.enumerate())
+    for bad in (-1, 1.5, "lots", True):
+        with pytest.raises(InputError, match="read_ahead_bytes"):
+            Reader(model_bb, read_ahead_bytes=bad)  # type: ignore[arg-type]
