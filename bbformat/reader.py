@@ -14,7 +14,7 @@ from typing import BinaryIO, Iterator
 import numpy as np
 
 from .codec.dtypes import RawTensor
-from .codec import scratch
+from .codec import host_native, scratch
 from .codec.payload import PartPool
 from .codec.decoder import decode_program
 from .container.program import BlockProgram, TensorEntry
@@ -247,6 +247,7 @@ class Reader:
         self._parts = PartPool(threads)
         self._budget = resolve_budget(max_block_bytes)
         self._read_ahead = resolve_read_ahead(read_ahead_bytes)
+        self._ahead: set[ThreadPoolExecutor] = set()  # the read-ahead threads of passes under way
         self._share = share_payload
         self._writable = writable_chunks
         self._fallback = fallback
@@ -396,7 +397,7 @@ class Reader:
 
     def _decode_chunk(self, i: int, chunk: ParsedChunk | None) -> DecodedBlock:
         """Block i, from its parsed chunk where the read-ahead thread gave one, else read here."""
-        with scratch.using(self._parts.buffers.scratch):
+        with scratch.using(self._parts.buffers.scratch), host_native.spread(self._parts.runner(), self._parts.threads):
             if chunk is None:
                 chunk = self.read_chunk(i)
             return decode_parsed(chunk, self._allow_inexact, self.linalg, self._fallback, self._margins, self._share)
@@ -405,11 +406,13 @@ class Reader:
         """Chunk i read and parsed on the read-ahead thread; None where it would hold more than
         the read-ahead budget, or where its descriptor cannot be read: the decoding thread then
         reads it in its turn, and meets any error there, in the usual order."""
+        e = self._entry(i)
         try:
-            program = self.read_program(i)
+            off, n = descriptor_extent(self._read_at(e.offset, CHUNK_FIXED_SIZE), e.length)
+            program = parse_descriptor(self._read_at(e.offset + off, n), self.header.required_flags)
         except FormatError:
             return None
-        held = self.entries[i].length + program.payload_symbols() * (program.symbol_bits // 8)
+        held = e.length + program.payload_symbols() * (program.symbol_bits // 8)
         if held > self._read_ahead:
             return None
         with scratch.using(self._parts.buffers.scratch):
@@ -424,16 +427,21 @@ class Reader:
                 yield claim_names(seen, self.decode_block(i))
             return
         with ThreadPoolExecutor(1, thread_name_prefix="bbformat-read-ahead") as pool:
+            self._ahead.add(pool)  # close() waits for it
             nxt: Future[ParsedChunk | None] | None = pool.submit(self._parse_ahead, idx[0])
             try:
                 for k, i in enumerate(idx):
                     assert nxt is not None
                     chunk = nxt.result()
                     nxt = pool.submit(self._parse_ahead, idx[k + 1]) if k + 1 < len(idx) else None
-                    yield claim_names(seen, self._decode_chunk(i, chunk))
+                    block = claim_names(seen, self._decode_chunk(i, chunk))
+                    del chunk  # not held while the caller holds the block: its buffers go back to the pool
+                    yield block
+                    del block
             finally:
                 if nxt is not None:
                     nxt.cancel()
+                self._ahead.discard(pool)
 
     def iter_blocks(self, order: str = "forward", workers: int = 1) -> Iterator[DecodedBlock]:
         """Decode blocks in order, one at a time (workers=1: memory about one block, plus the
@@ -472,6 +480,8 @@ class Reader:
                 yield claim_names(seen, block)
 
     def close(self) -> None:
+        for pool in list(self._ahead):  # a pass left open: its read-ahead ends before the file closes
+            pool.shutdown(wait=True, cancel_futures=True)
         self._parts.close()
         if self._own:
             self._f.close()

@@ -26,14 +26,25 @@ SEED_BYTES = [p.read_bytes() for p in SEEDS]
 DOCUMENTED_EXIT = {0, 1, 2, 3, 4, 5, 6}  # README "Exit codes"; 70 would be a bug
 
 
-# 1,200 cases in the default suite (about 30 s); tools/fuzz.py runs as many as asked
-@settings(max_examples=1200, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
-@given(which=st.integers(0, len(SEEDS) - 1), seed=st.integers(0, 2**32 - 1))
-def test_mutated_containers_give_our_errors_within_bounds(which: int, seed: int) -> None:
+def _mutated_gives_our_errors(which: int, seed: int) -> None:
     data = SEED_BYTES[which]
     what, mutated = mutate(data, random.Random(seed))
     outcome = check(mutated)
     assert verdict(data, what, mutated, outcome, seconds_limit=10.0) is None, (SEEDS[which].name, what, outcome)
+
+
+# 1,200 cases in the default suite (about 30 s), 2,500 more under `slow`; tools/fuzz.py runs as many as asked
+@settings(max_examples=1200, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+@given(which=st.integers(0, len(SEEDS) - 1), seed=st.integers(0, 2**32 - 1))
+def test_mutated_containers_give_our_errors_within_bounds(which: int, seed: int) -> None:
+    _mutated_gives_our_errors(which, seed)
+
+
+@pytest.mark.slow
+@settings(max_examples=2500, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+@given(which=st.integers(0, len(SEEDS) - 1), seed=st.integers(0, 2**32 - 1))
+def test_more_mutated_containers_give_our_errors_within_bounds(which: int, seed: int) -> None:
+    _mutated_gives_our_errors(which, seed)
 
 
 @pytest.mark.parametrize("kind", ["bitflip", "truncate", "field_resealed", "chunk_resealed", "index_resealed"])

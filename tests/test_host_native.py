@@ -401,3 +401,67 @@ def test_all_finite_matches_numpy():
             y[[0, n - 1, n // 2, int(rng.integers(0, n))][k]] = bad[int(rng.integers(0, bad.size))]
             assert REFERENCE.all_finite(y) is reference(REFERENCE.all_finite, y) is False
             assert TORCH_CPU.all_finite(torch.from_numpy(y)) is reference(TORCH_CPU.all_finite, torch.from_numpy(y)) is False
+
+
+# ---------------------------------------------------------------- spread over threads
+
+
+def _counting_runner(pool):  # type: ignore[no-untyped-def]
+    calls = []
+
+    def run(jobs):  # type: ignore[no-untyped-def]
+        calls.append(len(jobs))
+        return [f.result() for f in [pool.submit(j) for j in jobs]]
+
+    return run, calls
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_spread_steps_give_the_bits_of_one_call(dtype, threads):
+    """Widening, rounding, distances, the band test and the finiteness test of arrays above
+    SPLIT_VALUES, cut into slices on threads: the same bits as one call and the reference, the
+    work really cut; small arrays and other threads' calls stay whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(11)
+    n = host_native.SPLIT_VALUES * 2 + 12_345
+    x = rng.normal(0, 0.05, n)
+    x[rng.integers(0, n, 50)] = [np.nan, np.inf, -np.inf, 0.0, -0.0] * 10
+    bits = rng.integers(0, np.iinfo(UINT[dtype]).max, n, dtype=np.uint64).astype(UINT[dtype])
+    one = (host_native.widen(bits, dtype), host_native.round_to(x, dtype), host_native.boundary_distance(x, dtype),
+           host_native.in_band(x, dtype, 1e-3), host_native.all_finite(x), host_native.all_finite(np.abs(x[np.isfinite(x)])))
+    with ThreadPoolExecutor(threads) as pool:
+        run, calls = _counting_runner(pool)
+        with host_native.spread(run, threads):
+            got = (host_native.widen(bits, dtype), host_native.round_to(x, dtype), host_native.boundary_distance(x, dtype),
+                   host_native.in_band(x, dtype, 1e-3), host_native.all_finite(x), host_native.all_finite(np.abs(x[np.isfinite(x)])))
+            into = np.empty(n, UINT[dtype])
+            host_native.round_to(x, dtype, into)
+            small = host_native.widen(bits[:1000], dtype)
+            elsewhere = pool.submit(lambda: host_native.widen(bits, dtype)).result()  # the pool's threads: not spread
+    assert calls == [min(threads, n // (host_native.SPLIT_VALUES // 2))] * 7, calls  # slices of at least SPLIT_VALUES / 2
+    assert np.array_equal(f64_bits(got[0]), f64_bits(one[0])) and np.array_equal(f64_bits(elsewhere), f64_bits(one[0]))
+    assert np.array_equal(got[1], one[1]) and np.array_equal(into, one[1])
+    assert np.array_equal(f64_bits(got[2]), f64_bits(one[2])) and np.array_equal(got[3], one[3])
+    assert got[4] is one[4] is False and got[5] is one[5] is True
+    assert np.array_equal(f64_bits(small), f64_bits(one[0][:1000]))
+    assert np.array_equal(got[1], reference(f64_to_bits, x, dtype)) and np.array_equal(f64_bits(got[0]), f64_bits(reference(bits_to_f64, bits, dtype)))
+
+
+def test_a_reader_with_part_threads_decodes_the_bits_of_one_thread(tmp_path):
+    """A Reader with threads=2 spreads its blocks' element-wise steps: every chunk of a packed
+    bfloat16 model above SPLIT_VALUES decodes to the bits (and digests) of threads=1."""
+    import bbformat
+    from bbformat.checkpoint import write_checkpoint
+    from bbformat.reader import Reader
+    from bbformat.testing import make_tiny_checkpoint
+
+    write_checkpoint(make_tiny_checkpoint("llama", seed=4, layers=1, hidden=64, vocab=40_000, dtype="bfloat16"), tmp_path / "src")
+    bbformat.pack(tmp_path / "src", tmp_path / "m.bb")
+    blocks = {}
+    for threads in (1, 2):
+        with Reader(tmp_path / "m.bb", threads=threads, share_payload=True) as r:
+            blocks[threads] = [(b.index, b.exact, {k: t.tobytes() for k, t in b.tensors.items()}) for b in r.iter_blocks()]
+    assert blocks[1] == blocks[2] and all(b[1] is True for b in blocks[1])
+    assert max(len(v) for b in blocks[1] for v in b[2].values()) // 2 > host_native.SPLIT_VALUES  # the embedding's anchor is spread

@@ -265,7 +265,7 @@ def test_read_ahead_gives_the_blocks_of_a_reader_without_it(order: str, model_bb
         got = _blocks(r, order)
         ahead = [i for i, name in calls if name.startswith("bbformat-read-ahead")]
     assert got == want and len(want) > 2 and all(b[3] is True for b in want)
-    assert sorted(ahead) == sorted(b[0] for b in want)  # each chunk parsed once, on the read-ahead thread
+    assert sorted(ahead) == sorted(b[0] for b in want) and len(calls) == len(want)  # each chunk parsed once, there
 
 
 def test_read_ahead_keeps_to_its_byte_budget(model_bb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -284,15 +284,15 @@ def test_read_ahead_keeps_to_its_byte_budget(model_bb: Path, monkeypatch: pytest
 
 
 def test_read_ahead_raises_a_damaged_chunk_in_its_turn(model_bb: Path, tmp_path: Path) -> None:
-    """A chunk damaged past its descriptor (CRC) or in it: the blocks before it arrive first,
-    then the error it gives without read-ahead, with the same code."""
+    """A chunk damaged past its descriptor (its CRC fails) or in its descriptor's length (the
+    read-ahead cannot even size it): the blocks before it arrive first, then the error it gives
+    without read-ahead, with the same code; a pass that stops before it meets no error."""
     from bbformat.errors import BBFormatError
 
     data = bytearray(model_bb.read_bytes())
     with Reader(model_bb) as r:
         e = r.entries[2]
-        n_before = 2
-    for where in (e.offset + e.length - 8, e.offset + 16):  # in the payload or sections; in the chunk's fixed part
+    for where in (e.offset + e.length - 8, e.offset + 23):  # in the sections; descriptor_length's top byte
         bad = bytearray(data)
         bad[where] ^= 0x40
         path = tmp_path / f"bad{where}.bb"
@@ -304,23 +304,40 @@ def test_read_ahead_raises_a_damaged_chunk_in_its_turn(model_bb: Path, tmp_path:
                 for b in r.iter_blocks():
                     seen.append(b.index)
             codes.append(exc.value.code)
-            assert seen == list(range(n_before)), (where, budget, seen)
-        assert codes[0] == codes[1], (where, codes)
+            assert seen == [0, 1], (where, budget, seen)
+            with Reader(path, read_ahead_bytes=budget) as r:
+                it = r.iter_blocks()
+                assert [next(it).index, next(it).index] == [0, 1]  # chunk 2 is being read ahead now
+                it.close()
+        assert codes[0] == codes[1] == "E_CRC_CHUNK", (where, codes)
 
 
 def test_read_ahead_of_a_pass_left_early_and_bad_budgets(model_bb: Path) -> None:
-    """A pass left after its first block leaves no read-ahead thread behind; a negative or
-    non-integer budget is an InputError."""
+    """A pass left after its first block, or left open when the reader closes, or ended by an
+    error in the caller's loop, leaves no read-ahead thread behind; a negative or non-integer
+    budget is an InputError."""
     import threading
 
     from bbformat.errors import InputError
 
+    def ahead() -> int:
+        return sum(t.name.startswith("bbformat-read-ahead") for t in threading.enumerate())
+
     with Reader(model_bb) as r:
         it = r.iter_blocks()
-        first = next(it)
+        assert next(it).index == 0 and ahead() == 1
         it.close()
-        assert first.index == 0
-    assert not any(t.name.startswith("bbformat-read-ahead") for t in threading.enumerate())
+    assert ahead() == 0
+    r = Reader(model_bb)
+    it = r.iter_blocks()
+    assert next(it).index == 0 and ahead() == 1
+    r.close()  # the pass is still open: its read-ahead ends before the file does
+    assert ahead() == 0
+    it.close()
+    with Reader(model_bb) as r, pytest.raises(ZeroDivisionError):
+        for b in r.iter_blocks():
+            1 / 0
+    assert ahead() == 0
     for bad in (-1, 1.5, "lots", True):
         with pytest.raises(InputError, match="read_ahead_bytes"):
             Reader(model_bb, read_ahead_bytes=bad)  # type: ignore[arg-type]

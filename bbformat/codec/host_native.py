@@ -11,12 +11,19 @@ otherwise. tests/test_host_native.py proves both give the same bits and the same
 `compiled` is None where the extension was not built (no C compiler at install), was built
 from another version of the C file, or the host is big-endian. `reference_only()` turns the
 compiled path off for a while (tests, benchmarks); it is process-wide.
+
+`spread(run, threads)` cuts the element-wise steps (widening, rounding, distances, the band
+test, the finiteness test) of large arrays into `threads` contiguous slices run side by side
+by `run` (a reader's or writer's part threads), in the calling thread only. Each value is
+computed by the same code whichever slice it falls in, so the bits do not depend on it.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +39,43 @@ DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2}
 _UINT = {"float16": np.uint16, "bfloat16": np.uint16, "float32": np.uint32}
 _off = 0  # reference_only() depth
 MAP_WIDEN, MAP_ROUND, MAP_DISTANCE, MAP_IN_BAND = range(4)  # _host_native.map's kinds
+
+
+Runner = Callable[[Sequence[Callable[[], Any]]], list[Any]]  # codec.payload's Runner: jobs -> their results, in order
+SPLIT_VALUES = 1 << 21  # arrays of fewer values run in one call: a thread's start costs more than the slice
+_spread: ContextVar[tuple[Runner, int] | None] = ContextVar("bbformat_host_spread", default=None)
+
+
+@contextmanager
+def spread(run: Runner, threads: int) -> Iterator[None]:
+    """Inside the block (in this thread), large element-wise steps run as `threads` slices through `run`."""
+    token = _spread.set((run, threads) if threads > 1 else None)
+    try:
+        yield
+    finally:
+        _spread.reset(token)
+
+
+def _slices(n: int) -> tuple[Runner, list[tuple[int, int]]] | None:
+    """The installed runner and [start, end) slices of n values, or None to run in one call."""
+    got = _spread.get()
+    if got is None or n < SPLIT_VALUES:
+        return None
+    run, threads = got
+    k = min(threads, n // (SPLIT_VALUES // 2))
+    cuts = [n * i // k for i in range(k + 1)]
+    return run, list(zip(cuts[:-1], cuts[1:]))
+
+
+def _map(kind: int, src: np.ndarray, code: int, out: np.ndarray, *delta: float) -> None:
+    """_host_native.map over C-contiguous src and out (of src's size), in slices where spread."""
+    plan = _slices(src.size)
+    if plan is None or not (src.flags.c_contiguous and out.flags.c_contiguous):
+        _lib().map(kind, src, code, out, *delta)
+        return
+    run, parts = plan
+    a, b = src.reshape(-1), out.reshape(-1)
+    run([lambda i=i, j=j: _lib().map(kind, a[i:j], code, b[i:j], *delta) for i, j in parts])
 
 
 def active() -> bool:
@@ -63,7 +107,7 @@ def widen(bits: np.ndarray, dtype: str) -> np.ndarray:
     """dtypes.bits_to_f64: the exact float64 values of bit patterns, in bits' shape."""
     src = np.ascontiguousarray(bits, dtype=_UINT[dtype])  # 0-d becomes 1-d: the shape is given back below
     out = scratch.empty(src.shape, np.float64)
-    _lib().map(MAP_WIDEN, src, DTYPE_CODES[dtype], out)
+    _map(MAP_WIDEN, src, DTYPE_CODES[dtype], out)
     return out.reshape(np.shape(bits))
 
 
@@ -75,21 +119,21 @@ def round_to(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.nda
         out = np.empty(src.shape, _UINT[dtype])
     elif out.dtype != _UINT[dtype] or out.size != src.size or not out.flags.c_contiguous:
         raise ValueError(f"round_to: out must be a C-contiguous {np.dtype(_UINT[dtype])} array of {src.size} values")
-    _lib().map(MAP_ROUND, src, DTYPE_CODES[dtype], out)
+    _map(MAP_ROUND, src, DTYPE_CODES[dtype], out)
     return out.reshape(np.shape(x))
 
 
 def boundary_distance(x: np.ndarray, dtype: str) -> np.ndarray:
     src = _f64(x)
     out = np.empty(src.shape, np.float64)
-    _lib().map(MAP_DISTANCE, src, DTYPE_CODES[dtype], out)
+    _map(MAP_DISTANCE, src, DTYPE_CODES[dtype], out)
     return out.reshape(np.shape(x))
 
 
 def in_band(x: np.ndarray, dtype: str, delta: float) -> np.ndarray:
     src = _f64(x)
     out = np.empty(src.shape, np.bool_)
-    _lib().map(MAP_IN_BAND, src, DTYPE_CODES[dtype], out.view(np.uint8), float(delta))
+    _map(MAP_IN_BAND, src, DTYPE_CODES[dtype], out.view(np.uint8), float(delta))
     return out.reshape(np.shape(x))
 
 
@@ -114,7 +158,13 @@ def upper(x: np.ndarray) -> np.ndarray:
 
 def all_finite(x: np.ndarray) -> bool:
     """Whether every value of a float64 array is finite (np.isfinite(x).all())."""
-    return bool(_lib().all_finite(_f64(x)))
+    src = _f64(x)
+    plan = _slices(src.size)
+    if plan is None:
+        return bool(_lib().all_finite(src))
+    run, parts = plan
+    flat = src.reshape(-1)
+    return all(run([lambda i=i, j=j: bool(_lib().all_finite(flat[i:j])) for i, j in parts]))
 
 
 def nonfinite(bits: np.ndarray, dtype: str) -> tuple[int, int]:
