@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import partial
 from types import ModuleType
 from typing import Any
 
@@ -74,8 +75,8 @@ def _map(kind: int, src: np.ndarray, code: int, out: np.ndarray, *delta: float) 
         _lib().map(kind, src, code, out, *delta)
         return
     run, parts = plan
-    a, b = src.reshape(-1), out.reshape(-1)
-    run([lambda i=i, j=j: _lib().map(kind, a[i:j], code, b[i:j], *delta) for i, j in parts])
+    a, b, lib = src.reshape(-1), out.reshape(-1), _lib()
+    run([partial(lib.map, kind, a[i:j], code, b[i:j], *delta) for i, j in parts])
 
 
 def active() -> bool:
@@ -163,8 +164,8 @@ def all_finite(x: np.ndarray) -> bool:
     if plan is None:
         return bool(_lib().all_finite(src))
     run, parts = plan
-    flat = src.reshape(-1)
-    return all(run([lambda i=i, j=j: bool(_lib().all_finite(flat[i:j])) for i, j in parts]))
+    flat, lib = src.reshape(-1), _lib()
+    return all(bool(ok) for ok in run([partial(lib.all_finite, flat[i:j]) for i, j in parts]))
 
 
 def nonfinite(bits: np.ndarray, dtype: str) -> tuple[int, int]:
