@@ -10,11 +10,14 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
+from .codec import host_native
 from .codec.dtypes import RawTensor
+from .codec.payload import on_pool, part_threads
 from .codec.linalg import REFERENCE, Linalg, device_backend, torch_device_of
 from .codec.entropy import check_entropy_mode
 from . import plaindir
@@ -277,9 +280,11 @@ def _encode_into(dst: str | os.PathLike[str], layout: ModelLayout, get: Callable
     # chunk i + 1 encodes; the bytes are those of a sequential pack. A chunk is dropped as soon
     # as it is written: the encoder holds one block, the worker at most PACK_QUEUE more.
     coding = "symmetric" if scheme == "none" else scheme  # no sites: no mode to choose
+    spread = part_threads(threads)  # the encoder's element-wise steps on threads of their own (host_native.spread)
     with Writer(dst, scheme, len(layout.chunks), metadata, entropy=entropy, background_header=True,
                 format_version=format_version, overwrite=overwrite, threads=threads, dtypes=dtypes) as w, \
-            BoundedWorker() as worker, la.threads():
+            BoundedWorker() as worker, la.threads(), ThreadPoolExecutor(spread, thread_name_prefix="bbformat-spread") as pool, \
+            host_native.spread(on_pool(pool), spread):
         chain = EncodeChain(layout, get, coding, tolerance, moments, band=w.mixed_corrections, progress=progress, la=la,
                             bands=w.bands, describe=describe)
         for _chunk, enc in encode_chunks(chain):

@@ -465,3 +465,28 @@ def test_a_reader_with_part_threads_decodes_the_bits_of_one_thread(tmp_path):
             blocks[threads] = [(b.index, b.exact, {k: t.tobytes() for k, t in b.tensors.items()}) for b in r.iter_blocks()]
     assert blocks[1] == blocks[2] and all(b[1] is True for b in blocks[1])
     assert max(len(v) for b in blocks[1] for v in b[2].values()) // 2 > host_native.SPLIT_VALUES  # the embedding's anchor is spread
+
+
+def test_pack_spreads_its_steps_and_writes_the_bytes_of_one_thread(tmp_path, monkeypatch):
+    """pack(threads=2) cuts the encoder's large element-wise steps into slices and writes the
+    bytes of pack(threads=1), which runs each in one call."""
+    import bbformat
+    from bbformat.checkpoint import write_checkpoint
+    from bbformat.testing import make_tiny_checkpoint
+
+    write_checkpoint(make_tiny_checkpoint("llama", seed=5, layers=1, hidden=64, vocab=40_000, dtype="bfloat16"), tmp_path / "src")
+    cut = []
+    real = host_native._slices
+
+    def spy(n):  # type: ignore[no-untyped-def]
+        plan = real(n)
+        cut.append(plan is not None)
+        return plan
+
+    monkeypatch.setattr(host_native, "_slices", spy)
+    out = {}
+    for threads in (1, 2):
+        cut.clear()
+        bbformat.pack(tmp_path / "src", tmp_path / f"m{threads}.bb", threads=threads)
+        out[threads] = ((tmp_path / f"m{threads}.bb").read_bytes(), any(cut))
+    assert out[1][0] == out[2][0] and out[1][1] is False and out[2][1] is True
