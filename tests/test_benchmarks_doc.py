@@ -87,6 +87,7 @@ RENDERS = [
     ("bench_read.py", ["--from-json", "tools/bench_read_results.json", "--notes", "tools/bench_read_notes.md", "--report", "{report}"]),
     ("bench_host.py", ["--from-json", "tools/bench_host_results.json", "--notes", "tools/bench_host_notes.md", "--report", "{report}"]),
     ("bench_plain.py", ["--from-json", "tools/bench_plain_results.json", "--notes", "tools/bench_plain_notes.md", "--report", "{report}"]),
+    ("bench_readahead.py", ["--from-json", "tools/bench_readahead_results.json", "--notes", "tools/bench_readahead_notes.md", "--report", "{report}"]),
 ]
 
 

@@ -549,3 +549,23 @@ def test_profile_pack_splits_the_pack_into_steps_and_writes_the_same_bytes(tmp_p
     t = subprocess.run([sys.executable, str(TOOLS / "profile_pack.py"), "--table", str(tmp_path / "p.json"), str(tmp_path / "p.json")],
                        capture_output=True, text=True, timeout=60)
     assert t.returncode == 0 and "| **host total** | **" in t.stdout and "(1.00×)" in t.stdout
+
+
+def test_bench_readahead_times_every_configuration(tmp_path: Path) -> None:
+    """tools/bench_readahead.py on a tiny packed Llama: every configuration timed each round,
+    the section written with its goal line."""
+    import bbformat
+    from bbformat.checkpoint import write_checkpoint
+    from bbformat.testing import make_tiny_checkpoint
+
+    write_checkpoint(make_tiny_checkpoint("llama", seed=2, layers=2, hidden=32), tmp_path / "src")
+    bbformat.pack(tmp_path / "src", tmp_path / "m.bb")
+    report = tmp_path / "B.md"
+    report.write_text("# Benchmarks\n")
+    r = _tool(str(TOOLS / "bench_readahead.py"), str(tmp_path / "m.bb"), "--rounds", "2", "--json", str(tmp_path / "r.json"),
+              "--report", str(report))
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert len(res["times"]) == 7 and all(len(v) == 2 and min(v) > 0 for v in res["times"].values())
+    text = report.read_text()
+    assert "## 22. One decode worker reading ahead" in text and "- two threads ≤ 0.55× one" in text
