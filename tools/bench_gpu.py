@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(TOOLS))
 import mdsection  # noqa: E402
 from bench_scale import GIB, log, vm_hwm  # noqa: E402  (the one copy of each)
+from machine import drop_caches  # noqa: E402
 
 SECTION_TITLE = "## 12. On a GPU: load, verify and pack with `--device cuda` (tools/bench_gpu.py)"
 Json = dict[str, Any]
@@ -298,16 +299,6 @@ class Run:
         if cold:
             res["cold"] = dropped
         return res
-
-
-def drop_caches() -> bool:
-    """Drop the page cache (root, Linux); False where that is not possible."""
-    try:
-        os.sync()
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def generate(r: Run, layers: int, quick: bool) -> tuple[Json, Path]:

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 import bbformat  # noqa: E402
 from bench_entropy import THREADS, head_to_head, reference_coders  # noqa: E402
-from machine import cpu_and_memory, python_and_numpy  # noqa: E402
+from machine import cpu_and_memory, drop_caches, python_and_numpy  # noqa: E402
 from mdsection import write_section  # noqa: E402
 
 SECTION = "## 21. Plain Hugging Face directories (tools/bench_plain.py)"
@@ -217,16 +217,6 @@ del m, sd
 t4 = time.perf_counter(); m = cls.from_pretrained(str(d), dtype="auto"); t5 = time.perf_counter()
 print(json.dumps({"load_file_s": t1 - t0, "copy_s": t2 - t1, "build_s": t3 - t2, "from_pretrained_s": t5 - t4}))
 """
-
-
-def drop_caches() -> bool:
-    """Empty the page cache (root on Linux); False where that is not allowed."""
-    try:
-        os.sync()
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def loads(out: Path, src: Path, arch: str) -> dict[str, Any]:

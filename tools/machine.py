@@ -24,3 +24,14 @@ def python_and_numpy() -> str:
     import numpy as np
 
     return f"Python {platform.python_version()}, numpy {np.__version__}"
+
+
+def drop_caches() -> bool:
+    """Empty the page cache (root on Linux): the next read of a file comes from the disk.
+    False where that is not allowed."""
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
