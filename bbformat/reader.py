@@ -367,13 +367,17 @@ class Reader:
     def read_program(self, i: int) -> BlockProgram:
         """Chunk i's program (its tensors, sites and ops) from its descriptor alone, without
         reading the rest of the chunk: its CRC is checked only when the chunk is decoded."""
-        e = self._entry(i)
         try:
-            off, n = descriptor_extent(self._read_at(e.offset, CHUNK_FIXED_SIZE), e.length)
-            return parse_descriptor(self._read_at(e.offset + off, n), self.header.required_flags)
+            return self._descriptor(i)
         except FormatError:
             self.read_chunk(i)  # a damaged chunk is reported as such (E_CRC_CHUNK) ...
             raise  # ... else the descriptor itself is bad
+
+    def _descriptor(self, i: int) -> BlockProgram:
+        """Chunk i's program parsed from its descriptor's bytes alone (FormatError if it is bad)."""
+        e = self._entry(i)
+        off, n = descriptor_extent(self._read_at(e.offset, CHUNK_FIXED_SIZE), e.length)
+        return parse_descriptor(self._read_at(e.offset + off, n), self.header.required_flags)
 
     def tensor_entries(self) -> dict[str, TensorEntry]:
         """Every tensor of the container (name, dtype, shape) in chunk order, from the
@@ -406,13 +410,11 @@ class Reader:
         """Chunk i read and parsed on the read-ahead thread; None where it would hold more than
         the read-ahead budget, or where its descriptor cannot be read: the decoding thread then
         reads it in its turn, and meets any error there, in the usual order."""
-        e = self._entry(i)
         try:
-            off, n = descriptor_extent(self._read_at(e.offset, CHUNK_FIXED_SIZE), e.length)
-            program = parse_descriptor(self._read_at(e.offset + off, n), self.header.required_flags)
+            program = self._descriptor(i)
         except FormatError:
             return None
-        held = e.length + program.payload_symbols() * (program.symbol_bits // 8)
+        held = self.entries[i].length + program.payload_symbols() * (program.symbol_bits // 8)
         if held > self._read_ahead:
             return None
         with scratch.using(self._parts.buffers.scratch):
