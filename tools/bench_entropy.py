@@ -36,7 +36,7 @@ from bbformat.codec.exponent import NATIVE_DECODER  # noqa: E402
 from bbformat.codec.payload import PartPool  # noqa: E402
 from bbformat.container.chunks import parse_chunk  # noqa: E402
 from bbformat.constants import EXPONENT_FIELD  # noqa: E402
-from mdsection import write_section  # noqa: E402
+from mdsection import publish  # noqa: E402
 from machine import cpu_and_memory, python_and_numpy  # noqa: E402
 
 DECODER = ("the compiled decoder (bbformat/codec/_exponent_native.c, built by pip install)" if NATIVE_DECODER
@@ -395,14 +395,9 @@ def main(argv: list[str] | None = None) -> int:
                 (work / str(k)).mkdir(parents=True, exist_ok=True)
                 results.append(measure(name, src, work / str(k), a.quick, a.repeats, a.rounds))
                 print(f"bench_entropy: {name} done", file=sys.stderr)
-    text = section(results, run)
-    if a.notes is not None:
-        text += "\n" + a.notes.read_text()
-    print(text)
     if a.json is not None:
         a.json.write_text(json.dumps({"run": run, "inputs": results}, indent=1, default=str) + "\n")
-    if a.report is not None:
-        write_section(a.report, text, SECTION)
+    publish(section(results, run), SECTION, a.report, a.notes)
     return 0
 
 

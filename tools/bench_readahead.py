@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 from machine import cpu_and_memory, python_and_numpy  # noqa: E402
-from mdsection import write_section  # noqa: E402
+from mdsection import publish  # noqa: E402
 
 SECTION = "## 22. One decode worker reading ahead, and element-wise steps on the part threads (tools/bench_readahead.py)"
 # label: (workers, part threads, read_ahead_bytes, spread)
@@ -108,12 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                "input": a.input or a.file.name, "rounds": a.rounds, "times": measure(a.file, a.rounds)}
         if a.json is not None:
             a.json.write_text(json.dumps(res, indent=1) + "\n")
-    text = section(res)
-    if a.notes is not None:
-        text += "\n" + a.notes.read_text()
-    print(text)
-    if a.report is not None:
-        write_section(a.report, text, SECTION)
+    publish(section(res), SECTION, a.report, a.notes)
     return 0
 
 

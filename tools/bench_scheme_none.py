@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 import bbformat  # noqa: E402
-from mdsection import write_section  # noqa: E402
+from mdsection import publish  # noqa: E402
 from machine import cpu_and_memory, python_and_numpy  # noqa: E402
 
 SECTION = "## 10. The entropy stage alone (--scheme none)"
@@ -94,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         text = section(measure(a.src, a.work or Path(tmp)), [str(a.src)])
-    print(text)
-    if a.report is not None:
-        write_section(a.report, text, SECTION)
+    publish(text, SECTION, a.report)
     return 0
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 from machine import cpu_and_memory, python_and_numpy  # noqa: E402
-from mdsection import write_section  # noqa: E402
+from mdsection import publish  # noqa: E402
 
 SECTION = "## 9. CLI start-up"
 GOAL_S = 0.5
@@ -71,10 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--report", type=Path, default=None, help="write the section into this markdown file")
     a = ap.parse_args(argv)
-    text = section(measure(a.repeats), a.repeats)
-    print(text)
-    if a.report is not None:
-        write_section(a.report, text, SECTION)
+    publish(section(measure(a.repeats), a.repeats), SECTION, a.report)
     return 0
 
 

@@ -23,3 +23,14 @@ def write_section(path: Path, section: str, heading: str) -> None:
     """Replace (or append) the section HEADING of the markdown file at PATH."""
     text = path.read_text(encoding="utf-8") if path.is_file() else ""
     path.write_text(replace_section(text, section, heading), encoding="utf-8")
+
+
+def publish(text: str, heading: str, report: Path | None = None, notes: Path | None = None) -> str:
+    """A tool's section: `notes` (markdown) appended, printed, and written into `report` (the
+    section `heading`) where one is given. Returns the text as printed."""
+    if notes is not None:
+        text += "\n" + notes.read_text()
+    print(text)
+    if report is not None:
+        write_section(report, text, heading)
+    return text
