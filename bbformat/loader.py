@@ -17,7 +17,7 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Container, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -33,11 +33,14 @@ from .reader import DecodedBlock, Reader, decode_workers
 from .tensors import dominant, raw_to_torch, torch_dtype
 
 
-def fill_model(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], expected: set[str]) -> None:
+def fill_model(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], expected: set[str],
+               own: Container[str] = ()) -> None:
     """Copy each (name, tensor) into the model's parameter of that name, converting to the
     model's dtype, and discard the name from `expected` (what is left there was never filled).
-    Norm weights and derived buffers the adapters tolerate are skipped; any other name the
-    model lacks, or a shape that differs, raises InputError."""
+    A tensor named in `own` (the caller gives it up) of the parameter's dtype and device
+    becomes the parameter's memory instead of a copy. Norm weights and derived buffers the
+    adapters tolerate are skipped; any other name the model lacks, or a shape that differs,
+    raises InputError."""
     params = dict(model.named_parameters())
     for name, t in tensors:
         if name not in params and ("norm" in name or name.endswith("inv_freq")):
@@ -48,7 +51,10 @@ def fill_model(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], ex
         if tuple(p.shape) != tuple(t.shape):
             raise InputError(f"{name}: shape {tuple(t.shape)} does not match the model's {tuple(p.shape)}")
         with torch.no_grad():
-            p.copy_(t)  # converts to the model's dtype in the same pass
+            if name in own and t.dtype == p.dtype and t.device == p.device:
+                p.data = t
+            else:
+                p.copy_(t)  # converts to the model's dtype in the same pass
         expected.discard(name)
 
 
@@ -68,8 +74,11 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
     dtype most of its bytes are in), so a float16 7B model is not doubled to float32; for a
     plain container config.json's dtype first, as from_pretrained's dtype="auto".
     Containers are decoded one block at a time straight into the model's parameters (peak
-    memory: the model and about `workers` + 1 blocks); max_block_bytes and max_site_dim bound
-    each block's memory and decode time (Reader, SPEC.md 11.5). A block whose decoded values
+    memory: the model and about `workers` + 1 blocks): on the CPU a block's decoded tensors of
+    the model's dtype become its parameters without a copy where they fill the memory they
+    were decoded into (Reader.hand_over; tied names and the rest are copied). max_block_bytes
+    and max_site_dim bound each block's memory and decode time (Reader, SPEC.md 11.5). A block
+    whose decoded values
     miss its digest (format 1.2) raises DigestError, unless allow_inexact (then an
     InexactWarning names the blocks).
 
@@ -109,9 +118,14 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
                 model = built.result()
                 expected = {n for n, _ in model.named_parameters()}
 
+                params = dict(model.named_parameters())
+
                 def fill(block: DecodedBlock) -> None:
                     inexact.see(block)
-                    fill_model(model, ((n, raw_to_torch(t, copy=False)) for n, t in block.tensors.items()), expected)
+                    tensors = {n: raw_to_torch(t, copy=False) for n, t in block.tensors.items()}
+                    own = r.hand_over(block, [n for n, t in tensors.items() if n in params and params[n].dtype == t.dtype
+                                              and params[n].device == t.device])
+                    fill_model(model, tensors.items(), expected, own)
 
                 if first is not None:
                     fill(first)
@@ -141,14 +155,18 @@ def _open(path: Path, la: Linalg, max_block_bytes: int | str | None, max_site_di
                   share_payload=True, writable_chunks=True, threads=threads)
 
 
-def _torch_blocks(r: Reader, workers: int | None, inexact: InexactBlocks) -> Iterator[dict[str, torch.Tensor]]:
+def _torch_blocks(r: Reader, workers: int | None, inexact: InexactBlocks,
+                  adoptable: Callable[[str, torch.Tensor], bool] = lambda n, t: False,
+                  ) -> Iterator[tuple[dict[str, torch.Tensor], set[str]]]:
     """Each block's tensors as torch tensors sharing the decoded memory, blocks decoded ahead
-    on `workers` threads; the caller copies what it keeps."""
+    on `workers` threads, and the names among those `adoptable` that the caller may keep
+    without a copy (Reader.hand_over); the caller copies the others it keeps."""
     for block in r.iter_blocks("reverse", workers=decode_workers(workers)):
         inexact.see(block)
         tensors = {n: raw_to_torch(t, copy=False) for n, t in block.tensors.items()}
+        own = r.hand_over(block, [n for n, t in tensors.items() if adoptable(n, t)])
         del block
-        yield tensors
+        yield tensors, own
 
 
 def _load_stock(r: Reader, files: dict[str, bytes], dtype: torch.dtype | None, target: torch.device, workers: int | None,
@@ -163,9 +181,9 @@ def _load_stock(r: Reader, files: dict[str, bytes], dtype: torch.dtype | None, t
     if dtype is None:
         dtype = config_dtype(config_json) or _stored_dtype(r)
     filler = StockFiller(build_empty(cls, config, dtype), target)
-    for tensors in _torch_blocks(r, workers, inexact):
+    for tensors, own in _torch_blocks(r, workers, inexact, lambda n, t: filler.keeps_as_is(n, t.dtype)):
         for name, t in tensors.items():
-            filler.put(name, t)
+            filler.put(name, t, adopt=name in own)
         del tensors
     model = filler.finish()
     if "generation_config.json" in files and getattr(model, "can_generate", lambda: False)():
@@ -203,7 +221,10 @@ def load_file(path: str | os.PathLike[str], device: str | Linalg | None = "cpu",
     device: "cpu" (the default), "cuda", "cuda:N", "torch:DEV": where the tensors are put, and
     where a container's linear algebra runs (Reader, with its fallback to the reference for a
     chunk the device misses: a DeviceNote says how many). Each block goes to the device as it
-    decodes, so the host holds about `workers` + 1 blocks, never the model. A chunk that misses
+    decodes, so the host holds about `workers` + 1 blocks, never the model. On the CPU the
+    tensors that fill the memory they were decoded into are returned as decoded, without a copy
+    (Reader.hand_over): a block's tensors may then share one buffer, freed with the last of them.
+    A chunk that misses
     its digest raises DigestError, unless allow_inexact (then an InexactWarning names it).
     max_block_bytes, max_site_dim and threads as for Reader."""
     la = device_backend(device)
@@ -214,8 +235,8 @@ def load_file(path: str | os.PathLike[str], device: str | Linalg | None = "cpu",
         inexact.note(r)
         keys = r.metadata.get("keys")
         order = list(r.tensor_entries())
-        for tensors in _torch_blocks(r, workers, inexact):
-            out.update((n, t.to(target, copy=True)) for n, t in tensors.items())
+        for tensors, own in _torch_blocks(r, workers, inexact, lambda n, t: t.device == target):
+            out.update((n, t if n in own else t.to(target, copy=True)) for n, t in tensors.items())
             del tensors
     inexact.warn()
     first = [k for k in keys if isinstance(k, str) and k in out] if isinstance(keys, list) else []

@@ -9,7 +9,7 @@ import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 import numpy as np
 
@@ -103,6 +103,26 @@ def check_max_site_dim(max_site_dim: int | None) -> int | None:
     if max_site_dim is None or (isinstance(max_site_dim, int) and max_site_dim >= 2):
         return max_site_dim
     raise InputError(f"max_site_dim must be an integer >= 2 or None, not {max_site_dim!r}")
+
+
+# Reader.hand_over gives a block's tensors away only where they fill their memory to this
+# fraction (7/8: what a pooled payload buffer may exceed its payload by, OutputBuffers.SLACK).
+KEEP_FILL = (7, 8)
+
+
+def memory_owner(a: np.ndarray) -> np.ndarray | None:
+    """The array that owns the memory `a` views (through views and memoryviews of arrays), or
+    None where that memory belongs to something else (bytes, a mapping)."""
+    o: object = a
+    while True:
+        if isinstance(o, np.ndarray):
+            if o.base is None:
+                return o
+            o = o.base
+        elif isinstance(o, memoryview):
+            o = o.obj
+        else:
+            return None
 
 
 @dataclass
@@ -480,6 +500,28 @@ class Reader:
                 if nxt is not None:
                     ahead.append(pool.submit(self.decode_block, nxt))
                 yield claim_names(seen, block)
+
+    def hand_over(self, block: DecodedBlock, names: Iterable[str]) -> set[str]:
+        """Which of `names` (tensors of `block`) the caller may keep as they are, without a copy
+        (a loader making them the model's): those lying in writable memory that the tensors
+        named fill to at least KEEP_FILL of, so that keeping them pins little else. The reader
+        lends that memory to no later block. Any other tensor of the block may lie in memory
+        the reader reuses once the block is dropped: the caller copies it."""
+        groups: dict[int, tuple[np.ndarray, list[str]]] = {}
+        for name in dict.fromkeys(names):
+            bits = block.tensors[name].bits
+            owner = memory_owner(bits)
+            if owner is None or not bits.flags.writeable or not bits.flags.c_contiguous:
+                continue
+            groups.setdefault(id(owner), (owner, []))[1].append(name)
+        kept: list[np.ndarray] = []
+        out: set[str] = set()
+        for owner, group in groups.values():
+            if sum(block.tensors[n].bits.nbytes for n in group) * KEEP_FILL[1] >= owner.nbytes * KEEP_FILL[0]:
+                kept.append(owner)
+                out.update(group)
+        self._parts.buffers.disown(kept)
+        return out
 
     def close(self) -> None:
         for pool in list(self._ahead):  # a pass left open: its read-ahead ends before the file closes

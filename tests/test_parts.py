@@ -4,6 +4,7 @@ threads."""
 from __future__ import annotations
 
 import io
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -469,6 +470,26 @@ def test_the_pool_keeps_no_more_bytes_than_it_lent_at_once() -> None:
     full = OutputBuffers(keep=2)
     held = [full.scratch(100 * (k + 1), u1) for k in range(3)]  # none free: the third stays out of the pool
     assert len(full._bufs) == 2 and not any(held[2].base is x for x in full._bufs)
+
+
+@needs_counts
+def test_disowned_buffers_leave_the_pool_and_their_places_to_new_ones() -> None:
+    """A buffer a loader keeps (Reader.hand_over) is disowned: the pool stops counting it, so
+    the pool still has room to keep, and reuse, the buffers lent after it."""
+    u1 = np.dtype(np.uint8)
+    for disown in (False, True):
+        pool = OutputBuffers(keep=2)
+        kept = [pool.array(1000, u1) for _ in range(2)]  # a block's payloads, kept by the model
+        if disown:
+            pool.disown([k.base for k in kept])
+        temp = pool.scratch(4000, u1)
+        lent = weakref.ref(temp.base)
+        del temp
+        assert (lent() is not None) is disown  # without disown, the pool was full: it kept none
+        again = pool.scratch(4000, u1)
+        assert (again.base is lent()) is disown
+        assert not any(np.shares_memory(again, k) for k in kept)
+        assert all(not any(k.base is b for b in pool._bufs) for k in kept) is disown
 
 
 @needs_counts

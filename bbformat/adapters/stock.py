@@ -84,8 +84,8 @@ def build_empty(cls: type[Any], config: Any, dtype: torch.dtype) -> nn.Module:
 
 class StockFiller:
     """Puts decoded tensors into an empty stock model (build_empty) on `device`, one at a
-    time, each a copy of its own in the model's dtype; finish() ties, checks and makes the
-    buffers. A name with a "/" is a tensor of another file of the directory (a subfolder's
+    time, each a copy of its own in the model's dtype (or, given up by the caller, the tensor
+    itself: put's adopt); finish() ties, checks and makes the buffers. A name with a "/" is a tensor of another file of the directory (a subfolder's
     weights), not the model's, and is passed over."""
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
@@ -103,6 +103,10 @@ class StockFiller:
                 else:
                     self.derived.add(prefix + attr)
         self.base = getattr(model, "base_model_prefix", "") or ""
+        names: dict[int, list[str]] = {}  # a parameter or buffer's names: two where the model ties them
+        for slot, (module, attr, _) in self.slots.items():
+            names.setdefault(id(getattr(module, attr)), []).append(slot)
+        self.tied = {n for group in names.values() if len(group) > 1 for n in group}
 
     def _slot_name(self, name: str) -> str | None:
         """The model's name for a checkpoint name: itself, or with the base model's prefix
@@ -113,8 +117,20 @@ class StockFiller:
             candidates += [f"{self.base}.{name}", name.removeprefix(f"{self.base}.")]
         return next((c for c in candidates if c in self.slots), None)
 
-    def put(self, name: str, t: torch.Tensor) -> None:
-        """Place tensor `name`; InputError for a name the model lacks or a shape it does not have."""
+    def keeps_as_is(self, name: str, dtype: torch.dtype) -> bool:
+        """Whether put(name, t, adopt=True) would make a tensor of `dtype` the model's own
+        without a copy: a CPU model whose one parameter or buffer of that name (not one the
+        model ties to another name) is of that dtype."""
+        slot = None if "/" in name else self._slot_name(name)
+        if slot is None or self.device.type != "cpu":
+            return False
+        module, attr, _ = self.slots[slot]
+        return getattr(module, attr).dtype == dtype and slot not in self.tied
+
+    def put(self, name: str, t: torch.Tensor, adopt: bool = False) -> None:
+        """Place tensor `name`, a copy of `t`, or `t` itself where adopt and keeps_as_is (the
+        caller then gives `t` up); InputError for a name the model lacks or a shape it does not
+        have."""
         if "/" in name:
             return
         slot = self._slot_name(name)
@@ -127,7 +143,8 @@ class StockFiller:
         if tuple(old.shape) != tuple(t.shape):
             raise InputError(f"{name}: shape {tuple(t.shape)} does not match the model's {tuple(old.shape)}")
         cast = old.dtype if t.is_floating_point() and old.is_floating_point() else None
-        value = t.to(device=self.device, dtype=cast, copy=True)
+        keep = adopt and self.keeps_as_is(name, t.dtype)
+        value = t if keep else t.to(device=self.device, dtype=cast, copy=True)
         if is_param:
             value = nn.Parameter(value, requires_grad=old.requires_grad)
         value._is_hf_initialized = True  # type: ignore[attr-defined]  # transformers' mark: loaded, not to be initialised

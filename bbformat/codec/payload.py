@@ -132,6 +132,12 @@ class OutputBuffers:
             drop.add(len(self._bufs) - 1)
         self._bufs = [b for i, b in enumerate(self._bufs) if i not in drop]
 
+    def disown(self, bufs: Sequence[np.ndarray]) -> None:
+        """Lend these buffers no more and stop counting them: a caller keeps them (a loader
+        adopting a block's tensors as the model's)."""
+        with self._lock:
+            self._bufs = [b for b in self._bufs if not any(b is x for x in bufs)]
+
     def clear(self) -> None:
         with self._lock:
             self._bufs.clear()
