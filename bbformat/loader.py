@@ -78,13 +78,12 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
     the model's dtype become its parameters without a copy where they fill the memory they
     were decoded into (Reader.hand_over; tied names and the rest are copied). max_block_bytes
     and max_site_dim bound each block's memory and decode time (Reader, SPEC.md 11.5). A block
-    whose decoded values
-    miss its digest (format 1.2) raises DigestError, unless allow_inexact (then an
-    InexactWarning names the blocks).
+    whose decoded values miss its digest (format 1.2) raises DigestError, unless allow_inexact
+    (then an InexactWarning names the blocks).
 
     device: where the model is built and filled, and where a container's linear algebra runs
     (Reader): "cpu" (the reference, the default), "cuda", "cuda:N", "torch:DEV". The model is
-    made on that device, and each decoded block is copied into it as it arrives, so host
+    made on that device, and each decoded block is put into it as it arrives, so host
     memory holds a few blocks, never the model. Chunks the device misses are decoded again
     with the reference (a DeviceNote says how many); a missing device is DeviceError.
 
@@ -116,9 +115,8 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
                 blocks = r.iter_blocks("reverse", workers=decode_workers(workers))
                 first = next(blocks, None)
                 model = built.result()
-                expected = {n for n, _ in model.named_parameters()}
-
                 params = dict(model.named_parameters())
+                expected = set(params)
 
                 def fill(block: DecodedBlock) -> None:
                     inexact.see(block)
@@ -149,8 +147,8 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
 
 def _open(path: Path, la: Linalg, max_block_bytes: int | str | None, max_site_dim: int | None, allow_inexact: bool,
           threads: int | None) -> Reader:
-    """A reader whose tensors are views of their chunks: the caller copies each into place
-    (the model's parameter, the device) and drops the block."""
+    """A reader whose tensors are views of their chunks: the caller keeps what Reader.hand_over
+    gives it, copies the rest into place (the model's parameter, the device), and drops the block."""
     return Reader(path, max_block_bytes=max_block_bytes, max_site_dim=max_site_dim, allow_inexact=allow_inexact, device=la,
                   share_payload=True, writable_chunks=True, threads=threads)
 
@@ -224,9 +222,8 @@ def load_file(path: str | os.PathLike[str], device: str | Linalg | None = "cpu",
     decodes, so the host holds about `workers` + 1 blocks, never the model. On the CPU the
     tensors that fill the memory they were decoded into are returned as decoded, without a copy
     (Reader.hand_over): a block's tensors may then share one buffer, freed with the last of them.
-    A chunk that misses
-    its digest raises DigestError, unless allow_inexact (then an InexactWarning names it).
-    max_block_bytes, max_site_dim and threads as for Reader."""
+    A chunk that misses its digest raises DigestError, unless allow_inexact (then an
+    InexactWarning names it). max_block_bytes, max_site_dim and threads as for Reader."""
     la = device_backend(device)
     target = torch.device(torch_device_of(la))
     inexact = InexactBlocks(path)

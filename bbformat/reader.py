@@ -15,7 +15,7 @@ import numpy as np
 
 from .codec.dtypes import RawTensor
 from .codec import host_native, scratch
-from .codec.payload import PartPool
+from .codec.payload import OutputBuffers, PartPool
 from .codec.decoder import decode_program
 from .container.program import BlockProgram, TensorEntry
 from .codec.linalg import REFERENCE, Linalg, device_backend
@@ -106,8 +106,8 @@ def check_max_site_dim(max_site_dim: int | None) -> int | None:
 
 
 # Reader.hand_over gives a block's tensors away only where they fill their memory to this
-# fraction (7/8: what a pooled payload buffer may exceed its payload by, OutputBuffers.SLACK).
-KEEP_FILL = (7, 8)
+# fraction: 7/8, what a pooled payload buffer may exceed its payload by (OutputBuffers.SLACK).
+KEEP_FILL = (OutputBuffers.SLACK - 1, OutputBuffers.SLACK)
 
 
 def memory_owner(a: np.ndarray) -> np.ndarray | None:
@@ -117,7 +117,7 @@ def memory_owner(a: np.ndarray) -> np.ndarray | None:
     while True:
         if isinstance(o, np.ndarray):
             if o.base is None:
-                return o
+                return o if o.flags.owndata else None
             o = o.base
         elif isinstance(o, memoryview):
             o = o.obj

@@ -76,6 +76,7 @@ def cast_dir(src: Path, dst: Path, dtype: str) -> Path:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
+    shutil.rmtree(dst, ignore_errors=True)  # a rerun in the same --work starts afresh
     shutil.copytree(src, dst)
     with safe_open(str(src / "model.safetensors"), "pt") as f:
         meta = f.metadata()
@@ -127,7 +128,7 @@ def llama7b_dir(work: Path, layers: int) -> Path:
     from safetensors.torch import save_file
 
     out = work / f"llama-2-7b-shape-{layers}l-bfloat16"
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)  # a rerun in the same --work writes it again
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": layers, "torch_dtype": "bfloat16",
            "tie_word_embeddings": False, "hidden_act": "silu", **LLAMA_7B}
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")

@@ -82,10 +82,22 @@ def build_empty(cls: type[Any], config: Any, dtype: torch.dtype) -> nn.Module:
     return model
 
 
+def tied_names(model: nn.Module, slots: dict[str, tuple[nn.Module, str, bool]]) -> set[str]:
+    """The names, both sides, of what the model ties (finish's tie_weights): transformers'
+    all_tied_weights_keys (built untied, the two are separate objects until then), and any
+    object already under two names."""
+    keys = getattr(model, "all_tied_weights_keys", None)
+    out = {str(n) for pair in keys.items() for n in pair} if isinstance(keys, dict) else set()
+    names: dict[int, list[str]] = {}
+    for slot, (module, attr, _) in slots.items():
+        names.setdefault(id(getattr(module, attr)), []).append(slot)
+    return out | {n for group in names.values() if len(group) > 1 for n in group}
+
+
 class StockFiller:
     """Puts decoded tensors into an empty stock model (build_empty) on `device`, one at a
-    time, each a copy of its own in the model's dtype (or, given up by the caller, the tensor
-    itself: put's adopt); finish() ties, checks and makes the buffers. A name with a "/" is a tensor of another file of the directory (a subfolder's
+    time, each a copy of its own in the model's dtype (or the caller's tensor itself: put's
+    adopt); finish() ties, checks and makes the buffers. A name with a "/" is a tensor of another file of the directory (a subfolder's
     weights), not the model's, and is passed over."""
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
@@ -103,10 +115,7 @@ class StockFiller:
                 else:
                     self.derived.add(prefix + attr)
         self.base = getattr(model, "base_model_prefix", "") or ""
-        names: dict[int, list[str]] = {}  # a parameter or buffer's names: two where the model ties them
-        for slot, (module, attr, _) in self.slots.items():
-            names.setdefault(id(getattr(module, attr)), []).append(slot)
-        self.tied = {n for group in names.values() if len(group) > 1 for n in group}
+        self.tied = tied_names(model, self.slots)
 
     def _slot_name(self, name: str) -> str | None:
         """The model's name for a checkpoint name: itself, or with the base model's prefix
