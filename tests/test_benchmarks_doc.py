@@ -88,6 +88,7 @@ RENDERS = [
     ("bench_host.py", ["--from-json", "tools/bench_host_results.json", "--notes", "tools/bench_host_notes.md", "--report", "{report}"]),
     ("bench_plain.py", ["--from-json", "tools/bench_plain_results.json", "--notes", "tools/bench_plain_notes.md", "--report", "{report}"]),
     ("bench_readahead.py", ["--from-json", "tools/bench_readahead_results.json", "--notes", "tools/bench_readahead_notes.md", "--report", "{report}"]),
+    ("bench_load.py", ["--from-json", "tools/bench_load_results.json", "--notes", "tools/bench_load_notes.md", "--report", "{report}"]),
 ]
 
 

@@ -569,3 +569,31 @@ def test_bench_readahead_times_every_configuration(tmp_path: Path) -> None:
     assert len(res["times"]) == 7 and all(len(v) == 2 and min(v) > 0 for v in res["times"].values())
     text = report.read_text()
     assert "## 22. One decode worker reading ahead" in text and "- two threads ≤ 0.55× one" in text
+
+
+def test_bench_load_times_each_load_in_turn(tmp_path: Path) -> None:
+    """tools/bench_load.py on a tiny plain Llama: load_model and the safetensors baseline, each
+    round in a fresh process, the section written with its goal lines."""
+    pytest.importorskip("transformers")
+    import torch
+    import transformers
+
+    import bbformat
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        max_position_embeddings=32, tie_word_embeddings=False))
+    model.to(torch.bfloat16).save_pretrained(str(tmp_path / "src"))
+    bbformat.pack(tmp_path / "src", tmp_path / "m.bb")
+    report = tmp_path / "B.md"
+    report.write_text("# Benchmarks\n")
+    r = _tool(str(TOOLS / "bench_load.py"), "--case", "tiny", str(tmp_path / "m.bb"), str(tmp_path / "src"), "--rounds", "2",
+              "--warm-only", "--json", str(tmp_path / "r.json"), "--report", str(report))
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "r.json").read_text())
+    for variants in res["cases"]["tiny"]["times"].values():
+        assert sorted(variants) == ["after", "safetensors"]
+        assert all(len(runs) == 2 and all(x["s"] > 0 and x["model"] > 0 for x in runs) for runs in variants.values())
+    text = report.read_text()
+    assert "## 23. Loading into a model without a copy" in text and "- `load_model` (after) ≤ 1.5× the baseline" in text
