@@ -32,6 +32,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+from bench_host import before_tree  # noqa: E402
 from machine import cpu_and_memory, drop_caches, python_and_numpy  # noqa: E402
 from mdsection import publish  # noqa: E402
 
@@ -84,15 +85,6 @@ m.eval()
 stop(begun, model=sum(p.numel() * p.element_size() for p in m.parameters()))
 """
 METRICS = ("s", "user_s", "sys_s", "faults", "rss_grew")
-
-
-def before_tree(work: Path, rev: str) -> Path:
-    """A worktree of REV with its compiled modules built, made once per --work."""
-    tree = work / f"before-{rev}"
-    if not tree.exists():
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev], check=True, capture_output=True)
-        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree, check=True, capture_output=True)
-    return tree
 
 
 def child(code: str, tree: Path, *args: str) -> dict[str, Any]:
