@@ -97,8 +97,8 @@ def tied_names(model: nn.Module, slots: dict[str, tuple[nn.Module, str, bool]]) 
 class StockFiller:
     """Puts decoded tensors into an empty stock model (build_empty) on `device`, one at a
     time, each a copy of its own in the model's dtype (or the caller's tensor itself: put's
-    adopt); finish() ties, checks and makes the buffers. A name with a "/" is a tensor of another file of the directory (a subfolder's
-    weights), not the model's, and is passed over."""
+    adopt); finish() ties, checks and makes the buffers. A name with a "/" is a tensor of
+    another file of the directory (a subfolder's weights), not the model's, and is passed over."""
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
         self.model, self.device = model, device
