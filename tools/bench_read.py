@@ -37,7 +37,7 @@ import bbformat  # noqa: E402
 from bbformat import zstdframe  # noqa: E402
 from bbformat.errors import BBFormatError, FormatError  # noqa: E402
 from machine import cpu_and_memory, python_and_numpy  # noqa: E402
-from mdsection import write_section  # noqa: E402
+from mdsection import section_args, write_section  # noqa: E402
 
 SECTION_TITLE = "## 18. Reading chunks: read buffers and zstd contexts (tools/bench_read.py)"
 
@@ -130,10 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("files", nargs="*", type=Path)
     p.add_argument("--rounds", type=int, default=9)
-    p.add_argument("--json", type=Path, help="write the run's measurements here")
-    p.add_argument("--report", type=Path, help="write the section into this markdown file")
-    p.add_argument("--from-json", type=Path, help="write the section from an earlier run's --json, measuring nothing")
-    p.add_argument("--notes", type=Path, help="markdown appended to the section (what the run shows)")
+    section_args(p)
     args = p.parse_args(argv)
     if args.from_json:
         run = json.loads(args.from_json.read_text())

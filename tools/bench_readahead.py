@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 from machine import cpu_and_memory, python_and_numpy  # noqa: E402
-from mdsection import publish  # noqa: E402
+from mdsection import publish, section_args  # noqa: E402
 
 SECTION = "## 22. One decode worker reading ahead, and element-wise steps on the part threads (tools/bench_readahead.py)"
 # label: (workers, part threads, read_ahead_bytes, spread)
@@ -94,10 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("file", type=Path, nargs="?", help="the container to decode")
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--input", default=None, help="how the section names the input (default: the file's name)")
-    ap.add_argument("--json", type=Path)
-    ap.add_argument("--from-json", type=Path, help="render the section from a --json of an earlier run")
-    ap.add_argument("--report", type=Path)
-    ap.add_argument("--notes", type=Path)
+    section_args(ap)
     a = ap.parse_args(argv)
     if a.from_json is not None:
         res = json.loads(a.from_json.read_text())

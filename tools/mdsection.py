@@ -2,6 +2,7 @@
 BENCHMARKS.md, found by its exact heading line; every other line of the file is kept."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 
@@ -34,3 +35,14 @@ def publish(text: str, heading: str, report: Path | None = None, notes: Path | N
     if report is not None:
         write_section(report, text, heading)
     return text
+
+
+def section_args(ap: argparse.ArgumentParser) -> None:
+    """The options every tool that owns a section shares: --json (write the run's
+    measurements), --report (the markdown file whose section to write), --notes (markdown
+    appended to the section) and --from-json (render the section from an earlier --json,
+    measuring nothing)."""
+    ap.add_argument("--json", type=Path, default=None, help="write the run's measurements here")
+    ap.add_argument("--report", type=Path, default=None, help="write the section into this markdown file (BENCHMARKS.md)")
+    ap.add_argument("--notes", type=Path, default=None, help="markdown appended to the section (what the run shows)")
+    ap.add_argument("--from-json", type=Path, default=None, help="render the section from an earlier run's --json, measuring nothing")
