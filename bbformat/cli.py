@@ -468,7 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
     vf.add_argument("--quiet", action="store_true", help="no progress bar (the result is still printed)")
     for sp in (up, vf):
         sp.add_argument("--workers", type=_int_at_least(1, "--workers"), default=None, metavar="N",
-                        help="threads decoding blocks ahead (default: up to 4, one per core); memory grows by a block per worker")
+                        help="threads decoding blocks ahead (default: up to 4, one per core), as many as --max-memory allows: "
+                             "a block is started only while the working sets of the blocks under way fit in it")
     vf.set_defaults(func=_cmd_verify)
 
     ins = sub.add_parser("inspect", help="summarise a container")
@@ -485,9 +486,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="threads that code or decode the parts of one block's payload (format 1.5, SPEC.md 8.9; "
                              "default: every CPU); the bytes and the decoded values do not depend on it")
     for sp in (up, vf, ins):
+        ahead = ", and --workers decode ahead only while theirs fit in SIZE together" if sp is not ins else ""
         sp.add_argument("--max-memory", type=_size, default="auto", metavar="SIZE",
-                        help="refuse a block whose declared working set (SPEC.md 11.5) exceeds SIZE, e.g. 2G "
-                             "(default: auto = half the physical memory; none = no budget)")
+                        help=f"the memory budget of decoding, e.g. 6G: a block whose declared working set (SPEC.md 11.5) "
+                             f"exceeds SIZE is refused{ahead} (default: auto = half the physical memory; none = no budget)")
         sp.add_argument("--max-site-dim", type=_int_at_least(2, "--max-site-dim"), default=None, metavar="D",
                         help="refuse a rotation site larger than D (bounds decode time, O(D^3) per site; default: 32768)")
     ins.set_defaults(func=_cmd_inspect)

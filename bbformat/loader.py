@@ -74,10 +74,11 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None, *
     dtype most of its bytes are in), so a float16 7B model is not doubled to float32; for a
     plain container config.json's dtype first, as from_pretrained's dtype="auto".
     Containers are decoded one block at a time straight into the model's parameters (peak
-    memory: the model and about `workers` + 1 blocks): on the CPU a block's decoded tensors of
+    memory: the model and about `workers` + 1 blocks, at most max_block_bytes of declared
+    working sets, Reader.iter_blocks): on the CPU a block's decoded tensors of
     the model's dtype become its parameters without a copy where they fill the memory they
     were decoded into (Reader.hand_over; tied names and the rest are copied). max_block_bytes
-    and max_site_dim bound each block's memory and decode time (Reader, SPEC.md 11.5). A block
+    and max_site_dim bound the blocks' memory and each one's decode time (Reader, SPEC.md 11.5). A block
     whose decoded values miss its digest (format 1.2) raises DigestError, unless allow_inexact
     (then an InexactWarning names the blocks).
 
@@ -219,7 +220,7 @@ def load_file(path: str | os.PathLike[str], device: str | Linalg | None = "cpu",
     device: "cpu" (the default), "cuda", "cuda:N", "torch:DEV": where the tensors are put, and
     where a container's linear algebra runs (Reader, with its fallback to the reference for a
     chunk the device misses: a DeviceNote says how many). Each block goes to the device as it
-    decodes, so the host holds about `workers` + 1 blocks, never the model. On the CPU the
+    decodes, so the host holds about `workers` + 1 blocks (within max_block_bytes), never the model. On the CPU the
     tensors that fill the memory they were decoded into are returned as decoded, without a copy
     (Reader.hand_over): a block's tensors may then share one buffer, freed with the last of them.
     A chunk that misses its digest raises DigestError, unless allow_inexact (then an

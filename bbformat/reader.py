@@ -34,7 +34,7 @@ from .constants import (
     MIN_FILE_SIZE,
 )
 from .container import records as R
-from .container.chunks import ParsedChunk, descriptor_extent, parse_chunk, parse_descriptor
+from .container.chunks import ParsedChunk, descriptor_extent, head_working_set, parse_chunk, parse_descriptor, table_extent
 from .container.crc import crc32c
 from .container.digest import content_crc
 from .container.framing import (
@@ -48,7 +48,7 @@ from .container.framing import (
     parse_header_fixed,
     parse_index,
 )
-from .errors import DigestError, FormatError, InputError, IntegrityError
+from .errors import BBFormatError, DigestError, FormatError, InputError, IntegrityError
 
 
 AUTO = "auto"
@@ -226,7 +226,9 @@ class Reader:
     """Random-access reader over a seekable file.
 
     max_block_bytes bounds the declared working set of any one chunk (SPEC.md 11.5); a chunk
-    over it is refused with E_LIMIT_MEMORY before its sections are decompressed. max_site_dim
+    over it is refused with E_LIMIT_MEMORY before its sections are decompressed. It is also
+    the memory budget of iter_blocks' workers: the blocks decoded ahead are started only while
+    their working sets fit in it together. max_site_dim
     bounds decode time: a non-PLAIN site with a larger D is refused with E_LIMIT_DIM.
     allow_inexact: a chunk whose decoded values miss its content digest is returned with
     exact=False instead of raising DigestError.
@@ -399,6 +401,20 @@ class Reader:
         off, n = descriptor_extent(self._read_at(e.offset, CHUNK_FIXED_SIZE), e.length)
         return parse_descriptor(self._read_at(e.offset + off, n), self.header.required_flags)
 
+    def working_set(self, i: int) -> int:
+        """Chunk i's declared working set (SPEC.md 11.5) from its descriptor and section table,
+        read without the rest of the chunk; 0 where those cannot be read (its decode then meets
+        the error, in its turn)."""
+        e = self._entry(i)
+        try:
+            head = self._read_at(e.offset, CHUNK_FIXED_SIZE)
+            d_off, d_len = descriptor_extent(head, e.length)
+            t_off, t_len = table_extent(head, e.length)
+            return head_working_set(self._read_at(e.offset + d_off, d_len), self._read_at(e.offset + t_off, t_len), e.length,
+                                    self.header.required_flags)
+        except BBFormatError:
+            return 0
+
     def tensor_entries(self) -> dict[str, TensorEntry]:
         """Every tensor of the container (name, dtype, shape) in chunk order, from the
         descriptors: what a writer needs before the first block is decoded. A name in two
@@ -467,12 +483,16 @@ class Reader:
 
     def iter_blocks(self, order: str = "forward", workers: int = 1) -> Iterator[DecodedBlock]:
         """Decode blocks in order, one at a time (workers=1: memory about one block, plus the
-        next chunk parsed ahead within read_ahead_bytes), or with
-        `workers` threads decoding the next blocks ahead (memory about workers + 1 blocks).
+        next chunk parsed ahead within read_ahead_bytes), or with up to
+        `workers` threads decoding the next blocks ahead, within the memory budget
+        (max_block_bytes): a block is started only while the declared working sets (SPEC.md
+        11.5) of the blocks being decoded, waiting, and the one the caller holds (until it asks
+        for the next) fit in the budget together; one block is always under way. So memory is
+        bounded by the budget, whatever `workers` is.
         Chunks are independent and the linear algebra releases the GIL, so one worker's host work
         (reading, entropy decoding, corrections, digests) overlaps another's linear algebra, on
         the CPU or a device. The reference runs BLAS on one thread in every worker, so the
-        decoded bits do not depend on `workers`. A tensor name that an earlier block of the pass
+        decoded bits do not depend on `workers`, nor on the budget. A tensor name that an earlier block of the pass
         already gave is refused (E_DESCRIPTOR)."""
         idx = list(range(len(self.entries)))
         if order == "reverse":
@@ -488,18 +508,28 @@ class Reader:
         # BLAS held at the decoder's count around the whole pool, so that the workers' own
         # limits never restore a larger count while another worker is decoding.
         with self.linalg.threads(), ThreadPoolExecutor(workers, thread_name_prefix="bbformat-decode") as pool:
-            ahead: deque[Future[DecodedBlock]] = deque()
-            todo = iter(idx)
-            for i in todo:
-                ahead.append(pool.submit(self.decode_block, i))
-                if len(ahead) >= workers:
-                    break
+            ahead: deque[tuple[Future[DecodedBlock], int]] = deque()
+            todo, held = deque(idx), 0
+
+            def start(holding: int) -> None:
+                """Submit the next blocks while a worker is free and their working sets fit."""
+                nonlocal held
+                while todo and len(ahead) < workers:
+                    cost = self.working_set(todo[0]) if self._budget is not None else 0
+                    if (ahead or holding) and self._budget is not None and held + holding + cost > self._budget:
+                        return
+                    ahead.append((pool.submit(self.decode_block, todo.popleft()), cost))
+                    held += cost
+
+            start(0)
             while ahead:
-                block = ahead.popleft().result()
-                nxt = next(todo, None)
-                if nxt is not None:
-                    ahead.append(pool.submit(self.decode_block, nxt))
+                future, cost = ahead.popleft()
+                block = future.result()
+                held -= cost
+                start(cost)  # the caller holds this block's memory until it asks for the next
                 yield claim_names(seen, block)
+                del block
+                start(0)
 
     def hand_over(self, block: DecodedBlock, names: Iterable[str]) -> set[str]:
         """Which of `names` (tensors of `block`) the caller may keep as they are, without a copy

@@ -232,6 +232,36 @@ def working_set_bytes(program: BlockProgram, chunk_length: int, planes: bool = F
     return chunk_length + 2 * payload + side + program.stack_peak_symbols() * w8 + tensors + site_work + planes_work
 
 
+def declared_working_set(program: BlockProgram, chunk_length: int, payload_codecs: Sequence[int], required_flags: int) -> int:
+    """working_set_bytes as a reader declares it (SPEC.md 11.5): the payload's codec (2, or 3
+    or 4) from its section entries, and the header's flags."""
+    return working_set_bytes(program, chunk_length, Codec.PLANES in payload_codecs, bool(required_flags & RequiredFlag.MIXED_CORRECTIONS),
+                             Codec.EXPONENT in payload_codecs or Codec.PARTS in payload_codecs, bool(required_flags & RequiredFlag.BANDS))
+
+
+def head_working_set(descriptor: bytes, table: bytes, chunk_length: int, required_flags: int) -> int:
+    """A chunk's declared working set from its first bytes alone, before the rest is read: its
+    descriptor (descriptor_extent) and its section table (table_extent).
+    FormatError or LimitError where they cannot be parsed; parse_chunk meets the same."""
+    program = parse_descriptor(descriptor, required_flags)
+    if len(table) % SECTION_ENTRY_SIZE:
+        raise FormatError("section table is cut short", "E_BOUNDS")
+    kinds = [R.SECTION_ENTRY.parse(table[i : i + SECTION_ENTRY_SIZE]) for i in range(0, len(table), SECTION_ENTRY_SIZE)]
+    return declared_working_set(program, chunk_length, [e.codec for e in kinds if e.kind == SectionKind.PAYLOAD], required_flags)
+
+
+def table_extent(head: bytes, chunk_length: int) -> tuple[int, int]:
+    """(offset, length) of the section table inside a chunk, from its fixed header, checked as
+    parse_chunk checks it."""
+    off, n = descriptor_extent(head, chunk_length)
+    count = int(R.CHUNK_FIXED.parse(head).section_count)
+    if count > MAX_SECTIONS_PER_CHUNK:
+        raise LimitError("chunk section table too large", "E_LIMIT_COUNT")
+    if off + n + SECTION_ENTRY_SIZE * count > chunk_length - CRC_SIZE:
+        raise FormatError("chunk descriptor or section table runs past the chunk", "E_BOUNDS")
+    return off + n, SECTION_ENTRY_SIZE * count
+
+
 def _check_place(program: BlockProgram, rules: SectionRules, site: int) -> None:
     """A section's site field names the site its kind may belong to (SPEC.md 8.1): NO_SITE for
     the payload, else a site where the kind is allowed (E_SECTION_KIND)."""
@@ -318,8 +348,8 @@ def parse_chunk(
         if rules.exact_declared and e.decoded_length != limit:
             raise FormatError(f"{rules.name} holds {e.decoded_length} bytes; the program needs {limit}", rules.exact_declared)
         if max_block_bytes is not None:  # once, after the first entry's size checks, before anything is decompressed
-            pay = [x.codec for x in entries if x.kind == SectionKind.PAYLOAD]
-            need = working_set_bytes(program, len(data), Codec.PLANES in pay, mixed, Codec.EXPONENT in pay or Codec.PARTS in pay, bands)
+            need = declared_working_set(program, len(data), [x.codec for x in entries if x.kind == SectionKind.PAYLOAD],
+                                        required_flags)
             if need > max_block_bytes:
                 raise LimitError(
                     f"chunk {head.chunk_index} ({program.name!r}) needs up to {need:,} bytes to decode; the limit is {max_block_bytes:,}",
