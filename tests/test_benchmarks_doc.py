@@ -89,6 +89,7 @@ RENDERS = [
     ("bench_plain.py", ["--from-json", "tools/bench_plain_results.json", "--notes", "tools/bench_plain_notes.md", "--report", "{report}"]),
     ("bench_readahead.py", ["--from-json", "tools/bench_readahead_results.json", "--notes", "tools/bench_readahead_notes.md", "--report", "{report}"]),
     ("bench_load.py", ["--from-json", "tools/bench_load_results.json", "--notes", "tools/bench_load_notes.md", "--report", "{report}"]),
+    ("bench_budget.py", ["--from-json", "tools/bench_budget_results.json", "--notes", "tools/bench_budget_notes.md", "--report", "{report}"]),
 ]
 
 

@@ -597,3 +597,19 @@ def test_bench_load_times_each_load_in_turn(tmp_path: Path) -> None:
         assert all(len(runs) == 2 and all(x["s"] > 0 and x["model"] > 0 for x in runs) for runs in variants.values())
     text = report.read_text()
     assert "## 23. Loading into a model without a copy" in text and "- `load_model` (after) ≤ 1.5× the baseline" in text
+
+
+def test_bench_budget_decodes_each_configuration_in_turn(tmp_path: Path) -> None:
+    """tools/bench_budget.py on a conformance model: every worker count with and without a
+    budget, each in a fresh process, the section written with its goal lines."""
+    src = TOOLS.parent / "conformance" / "valid" / "model_llama_sym.bb"
+    report = tmp_path / "B.md"
+    report.write_text("# Benchmarks\n")
+    r = _tool(str(TOOLS / "bench_budget.py"), str(src), "--workers", "1,2", "--fits", "1", "--rounds", "1",
+              "--json", str(tmp_path / "r.json"), "--report", str(report))
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "r.json").read_text())["measured"]
+    assert sorted(m["runs"]) == ["1|1", "1|none", "2|1", "2|none"] and m["budgets"]["1"] == max(m["working_sets"])
+    assert all(len(runs) == 1 and runs[0]["s"] > 0 and runs[0]["decoded"] > 0 for runs in m["runs"].values())
+    text = report.read_text()
+    assert "## 24. Decode workers within a memory budget" in text and "- no budget: peak growth 1 → 2 workers" in text
