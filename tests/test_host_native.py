@@ -82,6 +82,26 @@ def test_rounding_next_to_every_boundary(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_rounding_in_avx2_lanes_equals_the_scalar_loop_and_the_reference(dtype):
+    """map's AVX2 rounding (four values a step, where the CPU has AVX2) against its scalar loop
+    (simd=0) and the numpy reference, on the values next to every boundary, NaNs and specials
+    shuffled so that each meets every lane, from every start offset (and so every tail)."""
+    lib = host_native.compiled
+    if not lib.SIMD:
+        pytest.skip("this CPU has no AVX2: map runs its scalar loop only")
+    rng = np.random.default_rng(11)
+    x = rng.permutation(near_boundaries(dtype, rng))
+    code = host_native.DTYPE_CODES[dtype]
+    want = reference(f64_to_bits, x, dtype)
+    for start in range(4):
+        part = np.ascontiguousarray(x[start:])
+        simd, scalar = np.empty(part.size, np.uint16), np.empty(part.size, np.uint16)
+        lib.map(host_native.MAP_ROUND, part, code, simd, 0.0, 1)
+        lib.map(host_native.MAP_ROUND, part, code, scalar, 0.0, 0)
+        assert np.array_equal(simd, scalar) and np.array_equal(simd, want[start:])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_rounding_through_float32_to_odd_equals_appendix_c(dtype):
     """The compiled rounding (float32 rounded to odd, then to nearest even) against SPEC.md
     Appendix C's integer algorithm, compiled too, on the values next to every boundary."""

@@ -32,7 +32,7 @@ from ..constants import EXPONENT_FIELD
 from . import scratch
 from .native import load
 
-ABI = 5  # the compiled module's functions and argument lists that this file passes
+ABI = 6  # the compiled module's functions and argument lists that this file passes
 
 compiled = load("_host_native", ABI)
 
