@@ -101,6 +101,35 @@ def test_rounding_in_avx2_lanes_equals_the_scalar_loop_and_the_reference(dtype):
         assert np.array_equal(simd, scalar) and np.array_equal(simd, want[start:])
 
 
+def test_band_distances_in_avx2_lanes_equal_the_scalar_loop_and_the_reference():
+    """The bfloat16 band distance in AVX2 lanes (map's distance and in_band, min_distance with
+    and without skipped positions) against the scalar loop (simd=0) and the numpy reference,
+    on the values next to every boundary, shuffled, from every start offset."""
+    lib = host_native.compiled
+    if not lib.SIMD:
+        pytest.skip("this CPU has no AVX2: map runs its scalar loop only")
+    rng = np.random.default_rng(12)
+    x = rng.permutation(near_boundaries("bfloat16", rng))
+    want = reference(band.boundary_distance, x, "bfloat16")
+    code = host_native.DTYPE_CODES["bfloat16"]
+    for start in range(4):
+        part = np.ascontiguousarray(x[start:])
+        got = {simd: np.empty(part.size) for simd in (0, 1)}
+        for simd in (0, 1):
+            lib.map(host_native.MAP_DISTANCE, part, code, got[simd], 0.0, simd)
+        assert np.array_equal(f64_bits(got[1]), f64_bits(got[0])) and np.array_equal(f64_bits(got[1]), f64_bits(want[start:]))
+        for delta in (0.0, 1e-30, 1e-6):
+            flags = {simd: np.empty(part.size, np.uint8) for simd in (0, 1)}
+            for simd in (0, 1):
+                lib.map(host_native.MAP_IN_BAND, part, code, flags[simd], delta, simd)
+            assert np.array_equal(flags[1], flags[0]) and np.array_equal(flags[1], want[start:] <= delta)
+        finite = want[start:] > 0
+        for skip in (np.zeros(0, np.uint8), (~finite).astype(np.uint8), (rng.random(part.size) < 0.5).astype(np.uint8)):
+            kept = want[start:] if skip.size == 0 else want[start:][skip == 0]
+            expect = kept.min() if kept.size else np.inf
+            assert lib.min_distance(part, code, skip, 1) == lib.min_distance(part, code, skip, 0) == expect
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_rounding_through_float32_to_odd_equals_appendix_c(dtype):
     """The compiled rounding (float32 rounded to odd, then to nearest even) against SPEC.md

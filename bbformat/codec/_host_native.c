@@ -67,6 +67,15 @@ static inline double bits_f64(uint64_t b)
     return x;
 }
 
+/* Element loads and stores through memcpy: a buffer may be a view into a file's bytes at any
+ * offset, so no element is assumed aligned (the compiler makes each one plain move). */
+static inline uint16_t ld16(const void *p, Py_ssize_t i) { uint16_t v; memcpy(&v, (const uint8_t *)p + 2 * i, 2); return v; }
+static inline uint32_t ld32(const void *p, Py_ssize_t i) { uint32_t v; memcpy(&v, (const uint8_t *)p + 4 * i, 4); return v; }
+static inline double ldf64(const void *p, Py_ssize_t i) { double v; memcpy(&v, (const uint8_t *)p + 8 * i, 8); return v; }
+static inline void st16(void *p, Py_ssize_t i, uint16_t v) { memcpy((uint8_t *)p + 2 * i, &v, 2); }
+static inline void st32(void *p, Py_ssize_t i, uint32_t v) { memcpy((uint8_t *)p + 4 * i, &v, 4); }
+static inline void stf64(void *p, Py_ssize_t i, double v) { memcpy((uint8_t *)p + 8 * i, &v, 8); }
+
 /* float16 -> float64, exactly; NaN keeps sign and payload (numpy's npy_halfbits_to_doublebits) */
 static inline double f16_to_f64(uint16_t h)
 {
@@ -86,10 +95,10 @@ static inline double f16_to_f64(uint16_t h)
 static inline double widen_one(int code, const void *src, size_t i)
 {
     if (code == F16)
-        return f16_to_f64(((const uint16_t *)src)[i]);
+        return f16_to_f64(ld16(src, (Py_ssize_t)i));
     if (code == BF16)
-        return f32_bits_to_f64((uint32_t)((const uint16_t *)src)[i] << 16);
-    return f32_bits_to_f64(((const uint32_t *)src)[i]);
+        return f32_bits_to_f64((uint32_t)ld16(src, (Py_ssize_t)i) << 16);
+    return f32_bits_to_f64(ld32(src, (Py_ssize_t)i));
 }
 
 /* SPEC.md Appendix C: float64 bits -> the format with P fraction and EW exponent bits, for
@@ -277,24 +286,95 @@ __attribute__((target("avx2"))) static inline __m128i f32_odd4(__m256d v)
     return _mm_or_si128(b, _mm_srli_epi32(low32(inexact), 31));
 }
 
-/* round_bf16 of x[0 .. n), four at a time: returns how many it did (a multiple of 4) */
-__attribute__((target("avx2"))) static Py_ssize_t round_bf16_avx2(const double *x, uint16_t *out, Py_ssize_t n)
+/* round_bf16 of four values, in 32-bit lanes */
+__attribute__((target("avx2"))) static inline __m128i round_bf16_4(__m256d v)
 {
-    const __m128i bias = _mm_set1_epi32(0x7FFF), one = _mm_set1_epi32(1), qnan = _mm_set1_epi32(0x7FC0);
+    const __m128i b = f32_odd4(v);
+    const __m128i t = _mm_srli_epi32(_mm_add_epi32(_mm_add_epi32(b, _mm_set1_epi32(0x7FFF)),
+                                                   _mm_and_si128(_mm_srli_epi32(b, 16), _mm_set1_epi32(1))), 16);
+    return _mm_blendv_epi8(t, _mm_set1_epi32(0x7FC0), low32(_mm256_cmp_pd(v, v, _CMP_UNORD_Q)));
+}
+
+/* round_bf16 of x[0 .. n), four at a time: returns how many it did (a multiple of 4) */
+__attribute__((target("avx2"))) static Py_ssize_t round_bf16_avx2(const uint8_t *x, uint8_t *out, Py_ssize_t n)
+{
     Py_ssize_t i = 0;
     for (; i + 4 <= n; i += 4) {
-        const __m256d v = _mm256_loadu_pd(x + i);
-        const __m128i b = f32_odd4(v);
-        __m128i t = _mm_srli_epi32(_mm_add_epi32(_mm_add_epi32(b, bias), _mm_and_si128(_mm_srli_epi32(b, 16), one)), 16);
-        t = _mm_blendv_epi8(t, qnan, low32(_mm256_cmp_pd(v, v, _CMP_UNORD_Q)));
-        _mm_storel_epi64((__m128i *)(out + i), _mm_packus_epi32(t, t)); /* every lane < 2^16 */
+        const __m128i t = round_bf16_4(_mm256_loadu_pd((const double *)(x + 8 * i)));
+        _mm_storel_epi64((__m128i *)(out + 2 * i), _mm_packus_epi32(t, t)); /* every lane < 2^16 */
     }
+    return i;
+}
+
+/* distance_one(BF16, .) of four values. In magnitudes: with m the pattern |x| rounds to, the
+ * midpoints toward and away from zero are the float32 patterns (m << 16) - 0x8000 and
+ * (m << 16) + 0x8000 (toward zero: 0 where m is 0), exactly the (v + neighbour) / 2 of
+ * distance_one; the two differences are its a and c (x - (-u) and u - |x| are one IEEE
+ * operation), so d is its d. 0 where x is not finite or rounds to an infinity. */
+__attribute__((target("avx2"))) static inline __m256d distance_bf16_4(__m256d v)
+{
+    const __m256d absm = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL));
+    const __m128i m = _mm_and_si128(round_bf16_4(v), _mm_set1_epi32(0x7FFF));
+    const __m128i top = _mm_slli_epi32(m, 16), half = _mm_set1_epi32(0x8000);
+    const __m256d away = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_add_epi32(top, half)));
+    __m256d toward = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_sub_epi32(top, half)));
+    const __m256d zero = _mm256_setzero_pd(), ax = _mm256_and_pd(v, absm);
+    toward = _mm256_blendv_pd(toward, zero, _mm256_cvtepi32_pd(_mm_cmpeq_epi32(m, _mm_setzero_si128())));
+    const __m256d d = _mm256_min_pd(_mm256_sub_pd(ax, toward), _mm256_sub_pd(away, ax));
+    const __m256d finite = _mm256_cmp_pd(ax, _mm256_set1_pd(INFINITY), _CMP_LT_OQ);
+    const __m256d rounds_finite = _mm256_cvtepi32_pd(_mm_cmplt_epi32(m, _mm_set1_epi32(0x7F80)));
+    return _mm256_and_pd(d, _mm256_and_pd(finite, _mm256_cmp_pd(rounds_finite, zero, _CMP_NEQ_OQ)));
+}
+
+/* distance_one(BF16, x[i]) into out[i] (kind MAP_DISTANCE) or its test against delta into
+ * flags[i] (MAP_IN_BAND), four at a time: returns how many it did */
+__attribute__((target("avx2"))) static Py_ssize_t distance_bf16_avx2(const uint8_t *x, uint8_t *out, uint8_t *flags, double delta,
+                                                                     Py_ssize_t n)
+{
+    const __m256d dl = _mm256_set1_pd(delta);
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const __m256d d = distance_bf16_4(_mm256_loadu_pd((const double *)(x + 8 * i)));
+        if (out != NULL)
+            _mm256_storeu_pd((double *)(out + 8 * i), d);
+        else {
+            const int in = _mm256_movemask_pd(_mm256_cmp_pd(d, dl, _CMP_LE_OQ));
+            for (int k = 0; k < 4; ++k)
+                flags[i + k] = (uint8_t)((in >> k) & 1);
+        }
+    }
+    return i;
+}
+
+/* the smallest distance_one(BF16, x[i]) where skip[i] is 0 (skip NULL: none skipped), four at a
+ * time, into *best: returns how many values it went through */
+__attribute__((target("avx2"))) static Py_ssize_t min_distance_bf16_avx2(const uint8_t *x, const uint8_t *skip, Py_ssize_t n,
+                                                                         double *best)
+{
+    __m256d lo = _mm256_set1_pd(INFINITY);
+    const __m256d inf = lo;
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        __m256d d = distance_bf16_4(_mm256_loadu_pd((const double *)(x + 8 * i)));
+        if (skip != NULL) {
+            uint32_t s4;
+            memcpy(&s4, skip + i, 4);
+            const __m256d skipped = _mm256_cvtepi32_pd(_mm_cmpgt_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)s4)), _mm_setzero_si128()));
+            d = _mm256_blendv_pd(d, inf, _mm256_cmp_pd(skipped, _mm256_setzero_pd(), _CMP_NEQ_OQ));
+        }
+        lo = _mm256_min_pd(lo, d);
+    }
+    double l[4];
+    _mm256_storeu_pd(l, lo);
+    for (int k = 0; k < 4; ++k)
+        if (l[k] < *best)
+            *best = l[k];
     return i;
 }
 
 /* round_f16 of x[0 .. n), four at a time (f32_to_f16's three cases in every lane, then the one
  * that applies): returns how many it did */
-__attribute__((target("avx2"))) static Py_ssize_t round_f16_avx2(const double *x, uint16_t *out, Py_ssize_t n)
+__attribute__((target("avx2"))) static Py_ssize_t round_f16_avx2(const uint8_t *x, uint8_t *out, Py_ssize_t n)
 {
     const __m128i abs32 = _mm_set1_epi32(0x7FFFFFFF), signbit = _mm_set1_epi32((int)0x80000000u);
     const __m128i big = _mm_set1_epi32((127 + 16) << 23), small = _mm_set1_epi32(113 << 23);
@@ -303,7 +383,7 @@ __attribute__((target("avx2"))) static Py_ssize_t round_f16_avx2(const double *x
     const __m256i frac_mask = _mm256_set1_epi64x((1ll << 52) - 1);
     Py_ssize_t i = 0;
     for (; i + 4 <= n; i += 4) {
-        const __m256d v = _mm256_loadu_pd(x + i);
+        const __m256d v = _mm256_loadu_pd((const double *)(x + 8 * i));
         const __m128i b = f32_odd4(v);
         const __m128i sign = _mm_srli_epi32(_mm_and_si128(b, signbit), 16), a = _mm_and_si128(b, abs32);
         const __m128i normal = _mm_srli_epi32(_mm_add_epi32(_mm_add_epi32(a, rebias), _mm_and_si128(_mm_srli_epi32(a, 13), one)), 13);
@@ -318,7 +398,7 @@ __attribute__((target("avx2"))) static Py_ssize_t round_f16_avx2(const double *x
         const __m128i xsign = _mm_srli_epi32(low32(_mm256_castsi256_pd(_mm256_srli_epi64(xb, 32))), 31);
         const __m128i nan = _mm_or_si128(_mm_or_si128(_mm_slli_epi32(xsign, 15), inf16), fr);
         t = _mm_blendv_epi8(t, nan, low32(_mm256_cmp_pd(v, v, _CMP_UNORD_Q)));
-        _mm_storel_epi64((__m128i *)(out + i), _mm_packus_epi32(t, t));
+        _mm_storel_epi64((__m128i *)(out + 2 * i), _mm_packus_epi32(t, t));
     }
     return i;
 }
@@ -339,33 +419,41 @@ static int has_avx2; /* set once at import: the CPU runs the AVX2 loops */
 static inline __attribute__((always_inline)) void map_as(int kind, const int code, const void *src, void *out, Py_ssize_t n,
                                                        double delta, int simd)
 {
-    const double *x = src;
+    const uint8_t *x = src;
+    Py_ssize_t i = 0; /* values done by an AVX2 loop */
     switch (kind) {
     case MAP_WIDEN:
-        for (Py_ssize_t i = 0; i < n; ++i)
-            ((double *)out)[i] = widen_one(code, src, (size_t)i);
+        for (; i < n; ++i)
+            stf64(out, i, widen_one(code, src, (size_t)i));
         return;
     case MAP_ROUND:
         if (code == F32) {
-            for (Py_ssize_t i = 0; i < n; ++i)
-                ((uint32_t *)out)[i] = round_one(F32, x[i]);
+            for (; i < n; ++i)
+                st32(out, i, round_one(F32, ldf64(src, i)));
             return;
         }
-        Py_ssize_t i = 0;
 #if HAVE_AVX2
         if (simd)
             i = code == BF16 ? round_bf16_avx2(x, out, n) : round_f16_avx2(x, out, n);
 #endif
         for (; i < n; ++i)
-            ((uint16_t *)out)[i] = (uint16_t)round_one(code, x[i]);
+            st16(out, i, (uint16_t)round_one(code, ldf64(src, i)));
         return;
     case MAP_DISTANCE:
-        for (Py_ssize_t i = 0; i < n; ++i)
-            ((double *)out)[i] = distance_one(code, x[i]);
+#if HAVE_AVX2
+        if (simd && code == BF16)
+            i = distance_bf16_avx2(x, out, NULL, delta, n);
+#endif
+        for (; i < n; ++i)
+            stf64(out, i, distance_one(code, ldf64(src, i)));
         return;
     default:
-        for (Py_ssize_t i = 0; i < n; ++i)
-            ((uint8_t *)out)[i] = distance_one(code, x[i]) <= delta;
+#if HAVE_AVX2
+        if (simd && code == BF16)
+            i = distance_bf16_avx2(x, NULL, out, delta, n);
+#endif
+        for (; i < n; ++i)
+            ((uint8_t *)out)[i] = distance_one(code, ldf64(src, i)) <= delta;
     }
 }
 
@@ -417,20 +505,25 @@ static PyObject *map(PyObject *self, PyObject *args)
 static PyObject *min_distance(PyObject *self, PyObject *args)
 {
     Py_buffer src, skip;
-    int code;
-    if (!PyArg_ParseTuple(args, "y*iy*", &src, &code, &skip))
+    int code, simd = 1;
+    if (!PyArg_ParseTuple(args, "y*iy*|i", &src, &code, &skip, &simd))
         return NULL;
     PyObject *result = NULL;
     Py_ssize_t n = src.len / 8;
     if (check_code(code) == 0 && check_len(&src, n, 8, "source") == 0 && (skip.len == 0 || check_len(&skip, n, 1, "skip") == 0)) {
-        const double *x = src.buf;
+        const uint8_t *x = src.buf;
         const uint8_t *sk = skip.len ? skip.buf : NULL;
         double best = INFINITY;
+        Py_ssize_t i = 0;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; ++i) {
+#if HAVE_AVX2
+        if (simd && has_avx2 && code == BF16)
+            i = min_distance_bf16_avx2(x, sk, n, &best);
+#endif
+        for (; i < n; ++i) {
             if (sk != NULL && sk[i])
                 continue;
-            double d = distance_one(code, x[i]);
+            double d = distance_one(code, ldf64(x, i));
             if (d < best)
                 best = d;
         }
@@ -444,7 +537,7 @@ static PyObject *min_distance(PyObject *self, PyObject *args)
 
 static inline uint32_t load_sym(const void *p, int w, Py_ssize_t i)
 {
-    return w == 16 ? ((const uint16_t *)p)[i] : ((const uint32_t *)p)[i];
+    return w == 16 ? ld16(p, i) : ld32(p, i);
 }
 
 /* context_counts(approx, w, shift, nbits, keep, counts): counts[c] += residual positions of
@@ -593,9 +686,9 @@ static PyObject *apply_residuals(PyObject *self, PyObject *args)
             res = t >= 0 ? (uint32_t)t : ((uint32_t)(-t - 1) | sign);
         }
         if (w == 16)
-            ((uint16_t *)out.buf)[i] = (uint16_t)res;
+            st16(out.buf, i, (uint16_t)res);
         else
-            ((uint32_t *)out.buf)[i] = res;
+            st32(out.buf, i, res);
     }
     for (Py_ssize_t c = 0; c < ng && err == RES_OK; ++c)
         if (cur[c] != end[c])
@@ -622,11 +715,9 @@ static PyObject *round_int_to(PyObject *self, PyObject *args)
     PyObject *result = NULL;
     Py_ssize_t n = src.len / 8;
     if (check_code(code) == 0 && code != F32 && check_len(&src, n, 8, "source") == 0 && check_len(&out, n, 2, "out") == 0) {
-        const double *x = src.buf;
-        uint16_t *o = out.buf;
         int P = code == F16 ? 10 : 7, EW = code == F16 ? 5 : 8;
         for (Py_ssize_t i = 0; i < n; ++i)
-            o[i] = (uint16_t)round_int(f64_bits(x[i]), P, EW);
+            st16(out.buf, i, (uint16_t)round_int(f64_bits(ldf64(src.buf, i)), P, EW));
         result = Py_None;
         Py_INCREF(result);
     } else if (!PyErr_Occurred())
@@ -730,7 +821,7 @@ static PyMethodDef methods[] = {
     {"map", map, METH_VARARGS, "map(kind, src, code, out, delta=0, simd=1): widen (0), round (1), distance (2) or in_band (3), per value; "
                                      "simd=0: no AVX2 loops (tests)."},
     {"round_int_to", round_int_to, METH_VARARGS, "round_int_to(x, code, out): SPEC.md Appendix C's integer rounding (tests)."},
-    {"min_distance", min_distance, METH_VARARGS, "min_distance(x, code, skip): band.min_distance."},
+    {"min_distance", min_distance, METH_VARARGS, "min_distance(x, code, skip, simd=1): band.min_distance."},
     {"context_counts", context_counts, METH_VARARGS, "context_counts(approx, w, shift, nbits, keep, counts): SPEC.md 8.4 counts."},
     {"check_varints", check_varints, METH_VARARGS, "check_varints(raw, count) -> 0, or why varint.decode_varints refuses raw."},
     {"apply_residuals", apply_residuals, METH_VARARGS, "apply_residuals(approx, base, keep, w, shift, nbits, groups, out) -> 0 or an error."},
