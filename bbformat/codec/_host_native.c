@@ -421,6 +421,7 @@ static inline __attribute__((always_inline)) void map_as(int kind, const int cod
 {
     const uint8_t *x = src;
     Py_ssize_t i = 0; /* values done by an AVX2 loop */
+    (void)x, (void)simd; /* unused where there are no AVX2 loops */
     switch (kind) {
     case MAP_WIDEN:
         for (; i < n; ++i)
