@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 from bench_load import PEAK  # noqa: E402
 from machine import cpu_and_memory, python_and_numpy  # noqa: E402
-from mdsection import publish, section_args  # noqa: E402
+from mdsection import publish, section_args, section_results  # noqa: E402
 
 SECTION = "## 24. Decode workers within a memory budget (tools/bench_budget.py)"
 GIB = 1 << 30
@@ -114,17 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input", default="the container given", help="what the container is, for the section")
     section_args(ap)
     a = ap.parse_args(argv)
-    if a.from_json is not None:
-        res = json.loads(a.from_json.read_text())
-    else:
-        if a.container is None:
-            ap.error("give a CONTAINER (or --from-json)")
-        res = {"run": {"machine": cpu_and_memory(), "software": python_and_numpy(), "date": time.strftime("%Y-%m-%d"),
-                       "argv": argv, "rounds": a.rounds, "input": a.input},
-               "measured": measure(a.container, [int(x) for x in a.workers.split(",")], [int(x) for x in a.fits.split(",")],
-                                   a.rounds)}
-        if a.json is not None:
-            a.json.write_text(json.dumps(res, indent=1) + "\n")
+    if a.from_json is None and a.container is None:
+        ap.error("give a CONTAINER (or --from-json)")
+    res = section_results(a, lambda: {
+        "run": {"machine": cpu_and_memory(), "software": python_and_numpy(), "date": time.strftime("%Y-%m-%d"),
+                "argv": argv, "rounds": a.rounds, "input": a.input},
+        "measured": measure(a.container, [int(x) for x in a.workers.split(",")], [int(x) for x in a.fits.split(",")], a.rounds)})
     publish(section(res), SECTION, a.report, a.notes)
     return 0
 

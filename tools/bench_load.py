@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 from bench_host import before_tree  # noqa: E402
 from machine import cpu_and_memory, drop_caches, python_and_numpy  # noqa: E402
-from mdsection import publish, section_args  # noqa: E402
+from mdsection import publish, section_args, section_results  # noqa: E402
 
 SECTION = "## 23. Loading into a model without a copy (tools/bench_load.py)"
 
@@ -155,6 +155,22 @@ def section(res: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def measure(a: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    """Every --case, each variant in its turn (measure_case), with the run's record."""
+    trees = {"after": ROOT}
+    if a.before:
+        a.work.mkdir(parents=True, exist_ok=True)
+        trees = {"before": before_tree(a.work.resolve(), a.before), **trees}
+    cold = not a.warm_only and drop_caches()
+    res: dict[str, Any] = {"run": {"machine": cpu_and_memory(), "software": python_and_numpy(), "date": time.strftime("%Y-%m-%d"),
+                                   "argv": argv, "rounds": a.rounds, "before": a.before or "not measured"}, "cases": {}}
+    for label, container, src in a.case:
+        times = measure_case(Path(container), None if src == "-" else Path(src), trees, a.rounds, cold)
+        res["cases"][label] = {"container": container, "dir": src, "times": times}
+        print(f"bench_load: {label} done", file=sys.stderr)
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -166,24 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench_load"), help="where the worktree goes")
     section_args(ap)
     a = ap.parse_args(argv)
-    if a.from_json is not None:
-        res = json.loads(a.from_json.read_text())
-    else:
-        if not a.case:
-            ap.error("give at least one --case (or --from-json)")
-        trees = {"after": ROOT}
-        if a.before:
-            a.work.mkdir(parents=True, exist_ok=True)
-            trees = {"before": before_tree(a.work.resolve(), a.before), **trees}
-        cold = not a.warm_only and drop_caches()
-        res = {"run": {"machine": cpu_and_memory(), "software": python_and_numpy(), "date": time.strftime("%Y-%m-%d"),
-                       "argv": argv, "rounds": a.rounds, "before": a.before or "not measured"}, "cases": {}}
-        for label, container, src in a.case:
-            times = measure_case(Path(container), None if src == "-" else Path(src), trees, a.rounds, cold)
-            res["cases"][label] = {"container": container, "dir": src, "times": times}
-            print(f"bench_load: {label} done", file=sys.stderr)
-        if a.json is not None:
-            a.json.write_text(json.dumps(res, indent=1) + "\n")
+    if a.from_json is None and not a.case:
+        ap.error("give at least one --case (or --from-json)")
+    res = section_results(a, lambda: measure(a, argv))
     publish(section(res), SECTION, a.report, a.notes)
     return 0
 

@@ -15,7 +15,6 @@ alike; the table gives the best and the median of the rounds.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
@@ -26,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 from machine import cpu_and_memory, python_and_numpy  # noqa: E402
-from mdsection import publish, section_args  # noqa: E402
+from mdsection import publish, section_args, section_results  # noqa: E402
 
 SECTION = "## 22. One decode worker reading ahead, and element-wise steps on the part threads (tools/bench_readahead.py)"
 # label: (workers, part threads, read_ahead_bytes, spread)
@@ -96,15 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input", default=None, help="how the section names the input (default: the file's name)")
     section_args(ap)
     a = ap.parse_args(argv)
-    if a.from_json is not None:
-        res = json.loads(a.from_json.read_text())
-    elif a.file is None:
+    if a.from_json is None and a.file is None:
         ap.error("FILE or --from-json is needed")
-    else:
-        res = {"machine": f"{cpu_and_memory()}; {python_and_numpy()}", "date": time.strftime("%Y-%m-%d"), "argv": argv,
-               "input": a.input or a.file.name, "rounds": a.rounds, "times": measure(a.file, a.rounds)}
-        if a.json is not None:
-            a.json.write_text(json.dumps(res, indent=1) + "\n")
+    res = section_results(a, lambda: {
+        "machine": f"{cpu_and_memory()}; {python_and_numpy()}", "date": time.strftime("%Y-%m-%d"), "argv": argv,
+        "input": a.input or a.file.name, "rounds": a.rounds, "times": measure(a.file, a.rounds)})
     publish(section(res), SECTION, a.report, a.notes)
     return 0
 

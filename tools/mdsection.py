@@ -3,7 +3,9 @@ BENCHMARKS.md, found by its exact heading line; every other line of the file is 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+from typing import Any, Callable
 
 
 def replace_section(text: str, section: str, heading: str) -> str:
@@ -46,3 +48,15 @@ def section_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--report", type=Path, default=None, help="write the section into this markdown file (BENCHMARKS.md)")
     ap.add_argument("--notes", type=Path, default=None, help="markdown appended to the section (what the run shows)")
     ap.add_argument("--from-json", type=Path, default=None, help="render the section from an earlier run's --json, measuring nothing")
+
+
+def section_results(a: argparse.Namespace, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The results a tool's section is rendered from (section_args' options): an earlier run's,
+    read from --from-json, or measure()'s, written to --json where one is given."""
+    if a.from_json is not None:
+        res: dict[str, Any] = json.loads(a.from_json.read_text())
+        return res
+    res = measure()
+    if a.json is not None:
+        a.json.write_text(json.dumps(res, indent=1) + "\n")
+    return res
