@@ -409,9 +409,9 @@ class Reader:
         try:
             head = self._read_at(e.offset, CHUNK_FIXED_SIZE)
             d_off, d_len = descriptor_extent(head, e.length)
-            t_off, t_len = table_extent(head, e.length)
-            return head_working_set(self._read_at(e.offset + d_off, d_len), self._read_at(e.offset + t_off, t_len), e.length,
-                                    self.header.required_flags)
+            t_off, t_len = table_extent(head, e.length)  # the table follows the descriptor: one read
+            both = self._read_at(e.offset + d_off, t_off + t_len - d_off)
+            return head_working_set(both[:d_len], both[d_len:], e.length, self.header.required_flags)
         except BBFormatError:
             return 0
 
@@ -509,13 +509,15 @@ class Reader:
         # limits never restore a larger count while another worker is decoding.
         with self.linalg.threads(), ThreadPoolExecutor(workers, thread_name_prefix="bbformat-decode") as pool:
             ahead: deque[tuple[Future[DecodedBlock], int]] = deque()
-            todo, held = deque(idx), 0
+            todo, held, costs = deque(idx), 0, dict[int, int]()
 
             def start(holding: int) -> None:
                 """Submit the next blocks while a worker is free and their working sets fit."""
                 nonlocal held
                 while todo and len(ahead) < workers:
-                    cost = self.working_set(todo[0]) if self._budget is not None else 0
+                    if todo[0] not in costs:  # read once, though a block may wait through several calls
+                        costs[todo[0]] = self.working_set(todo[0]) if self._budget is not None else 0
+                    cost = costs[todo[0]]
                     if (ahead or holding) and self._budget is not None and held + holding + cost > self._budget:
                         return
                     ahead.append((pool.submit(self.decode_block, todo.popleft()), cost))
