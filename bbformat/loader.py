@@ -166,6 +166,7 @@ def _torch_blocks(r: Reader, workers: int | None, inexact: InexactBlocks,
         own = r.hand_over(block, [n for n, t in tensors.items() if adoptable(n, t)])
         del block
         yield tensors, own
+        del tensors, own  # before the next block is waited for: this one's memory is not held through it
 
 
 def _load_stock(r: Reader, files: dict[str, bytes], dtype: torch.dtype | None, target: torch.device, workers: int | None,

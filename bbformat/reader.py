@@ -488,7 +488,8 @@ class Reader:
         (max_block_bytes): a block is started only while the declared working sets (SPEC.md
         11.5) of the blocks being decoded, waiting, and the one the caller holds (until it asks
         for the next) fit in the budget together; one block is always under way. So memory is
-        bounded by the budget, whatever `workers` is.
+        bounded by the budget, whatever `workers` is. When the pass ends, the reader lets go of
+        the memory it kept for reuse, but for what the caller still holds.
         Chunks are independent and the linear algebra releases the GIL, so one worker's host work
         (reading, entropy decoding, corrections, digests) overlaps another's linear algebra, on
         the CPU or a device. The reference runs BLAS on one thread in every worker, so the
@@ -501,10 +502,14 @@ class Reader:
             raise ValueError("order must be 'forward' or 'reverse'")
         if workers < 1:
             raise InputError(f"workers must be at least 1, not {workers}")
+        try:
+            yield from self._one_worker(idx, {}) if workers == 1 or len(idx) < 2 else self._workers(idx, workers)
+        finally:  # the pass is over: its free buffers are not kept beside whatever the caller does next
+            self._parts.buffers.release_free()
+
+    def _workers(self, idx: list[int], workers: int) -> Iterator[DecodedBlock]:
+        """Blocks in the order of idx, decoded ahead on `workers` threads within the budget (iter_blocks)."""
         seen: dict[str, int] = {}
-        if workers == 1 or len(idx) < 2:
-            yield from self._one_worker(idx, seen)
-            return
         # BLAS held at the decoder's count around the whole pool, so that the workers' own
         # limits never restore a larger count while another worker is decoding.
         with self.linalg.threads(), ThreadPoolExecutor(workers, thread_name_prefix="bbformat-decode") as pool:

@@ -441,6 +441,37 @@ def test_a_free_buffer_of_another_size_gives_its_place_and_memory() -> None:
 
 
 @needs_counts
+def test_release_free_drops_the_free_buffers_and_keeps_counting_the_held_ones() -> None:
+    pool = OutputBuffers(keep=4)
+    u1 = np.dtype(np.uint8)
+    held, free = pool.scratch(1000, u1), pool.scratch(2000, u1)
+    where = held.ctypes.data
+    del free
+    pool.release_free()
+    assert [b.nbytes for b in pool._bufs] == [1000]  # the 2000 went; the held one stays counted
+    del held
+    assert pool.scratch(900, u1).ctypes.data == where  # dropped by its holder: the pool's again
+
+
+@needs_counts
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_pass_ends_holding_only_what_its_caller_holds(workers: int) -> None:
+    """After the last block of a pass, the reader keeps no free buffer beside what the caller
+    does next (a loader's model): only the memory of blocks the caller still holds."""
+    data = _same_size_blocks()
+    with Reader(io.BytesIO(data), threads=2, share_payload=True) as r:
+        blocks = r.iter_blocks(workers=workers)
+        first = next(blocks)
+        mid_pass = len(r._parts.buffers._bufs)
+        for last in blocks:  # the loop's name holds the last block
+            pass
+        kept = r._parts.buffers._bufs
+        assert mid_pass > 1 and kept  # the case is exercised: buffers were pooled, two blocks are held
+        held = [t.bits for block in (first, last) for t in block.tensors.values()]
+        assert all(any(np.shares_memory(t, b) for t in held) for b in kept)
+
+
+@needs_counts
 def test_scratch_takes_a_free_buffer_up_to_twice_its_size_and_a_payload_one_to_an_eighth() -> None:
     pool = OutputBuffers(keep=4)
     u1 = np.dtype(np.uint8)

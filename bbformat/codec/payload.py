@@ -84,7 +84,8 @@ class OutputBuffers:
     of its size to twice it. Else a new one, added to the pool; then free buffers go back,
     smallest first, while the pool holds more than `keep` buffers or more bytes than it ever
     lent at once. So a later block of the sizes seen before gets most of its memory from the
-    pool, while the free buffers it keeps sit beside the linear algebra's own arrays: a
+    pool, while the free buffers it keeps sit beside the linear algebra's own arrays (until the
+    pass ends: release_free): a
     one-thread decode's peak RSS rises by 0.33 GiB on the one-layer Llama-2-7B shape (three
     chunks of different sizes) and by 0.10 GiB on six layers at hidden 2048 (BENCHMARKS.md 19)."""
 
@@ -138,6 +139,13 @@ class OutputBuffers:
         adopting a block's tensors as the model's)."""
         with self._lock:
             self._bufs = [b for b in self._bufs if not any(b is x for x in bufs)]
+
+    def release_free(self) -> None:
+        """Let go of the free buffers (a pass has ended: no block of it will take them); those
+        a caller still holds stay counted, and come back to the pool when dropped."""
+        with self._lock:
+            held = [i for i in range(len(self._bufs)) if sys.getrefcount(self._bufs[i]) > 2]  # more than the list's and the call's
+            self._bufs = [self._bufs[i] for i in held]
 
     def clear(self) -> None:
         with self._lock:
