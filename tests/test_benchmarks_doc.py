@@ -90,6 +90,7 @@ RENDERS = [
     ("bench_readahead.py", ["--from-json", "tools/bench_readahead_results.json", "--notes", "tools/bench_readahead_notes.md", "--report", "{report}"]),
     ("bench_load.py", ["--from-json", "tools/bench_load_results.json", "--notes", "tools/bench_load_notes.md", "--report", "{report}"]),
     ("bench_budget.py", ["--from-json", "tools/bench_budget_results.json", "--notes", "tools/bench_budget_notes.md", "--report", "{report}"]),
+    ("bench_scaling.py", ["--from-json", "tools/bench_scaling_results.json", "--notes", "tools/bench_scaling_notes.md", "--report", "{report}"]),
 ]
 
 

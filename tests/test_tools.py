@@ -613,3 +613,21 @@ def test_bench_budget_decodes_each_configuration_in_turn(tmp_path: Path) -> None
     assert all(len(runs) == 1 and runs[0]["s"] > 0 and runs[0]["decoded"] > 0 for runs in m["runs"].values())
     text = report.read_text()
     assert "## 24. Decode workers within a memory budget" in text and "- no budget: peak growth 1 → 2 workers" in text
+
+
+def test_bench_scaling_times_each_phase_in_every_round(tmp_path: Path) -> None:
+    """tools/bench_scaling.py on a conformance model: alone, two threads and two processes in
+    every round, each pass timed with its user and system seconds, the section written with
+    its goal line."""
+    src = TOOLS.parent / "conformance" / "valid" / "model_llama_sym.bb"
+    report = tmp_path / "B.md"
+    report.write_text("# Benchmarks\n")
+    r = _tool(str(TOOLS / "bench_scaling.py"), str(src), "--rounds", "2", "--json", str(tmp_path / "r.json"),
+              "--report", str(report))
+    assert r.returncode == 0, r.stderr
+    runs = json.loads((tmp_path / "r.json").read_text())["measured"]["model_llama_sym.bb"]
+    assert sorted(runs) == ["alone", "processes", "threads"] and all(len(v) == 2 for v in runs.values())
+    passes = runs["alone"] + runs["threads"] + [x for pair in runs["processes"] for x in pair]
+    assert all(p["s"] > 0 and p["user"] >= 0 and p["sys"] >= 0 for p in passes) and len(runs["processes"][0]) == 2
+    text = report.read_text()
+    assert "## 25. Two decode threads against two processes" in text and "- two threads ≤ 0.55× one (issue 39), model_llama_sym.bb:" in text

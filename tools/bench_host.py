@@ -83,7 +83,7 @@ def child_decode(path: str, device: str, workers: int, threads: int) -> dict[str
     return {"wall": wall, "linalg": sum(spent.values())}
 
 
-class _Replay:
+class Replay:
     """The reference backend with its Gram, eigh and regenerate looked up from a first pass."""
 
     def __init__(self) -> None:
@@ -123,7 +123,7 @@ def child_replay(path: str) -> dict[str, float]:
     """Host seconds with the linear algebra replayed: one pass to record, then 1x1 and 2x2."""
     from bbformat.reader import Reader
 
-    rep = _Replay()
+    rep = Replay()
     la = rep.install()
     out: dict[str, float] = {}
     for label, workers, threads, record in (("record", 1, 1, True), ("host1", 1, 1, False), ("host2", 2, 2, False),

@@ -6,7 +6,7 @@ and without its read-ahead thread, and the element-wise steps on the part thread
     python tools/bench_readahead.py FILE.bb [--rounds 12] [--json OUT] [--report BENCHMARKS.md] [--notes NOTES.md]
     python tools/bench_readahead.py --from-json OUT [--report BENCHMARKS.md] [--notes NOTES.md]
 
-The linear algebra is replayed (tools/bench_host.py's _Replay: each site's Gram, eigenvectors
+The linear algebra is replayed (tools/bench_host.py's Replay: each site's Gram, eigenvectors
 and regenerated block recorded by a first pass and looked up after), so a pass's wall time is
 the host's work alone: reading, CRCs, entropy decoding, widening, rounding, corrections,
 digests. Every configuration runs once per round, in turn, so all meet the machine's drift
@@ -41,12 +41,12 @@ CONFIGS: dict[str, tuple[int, int, int | str, bool]] = {
 
 
 def measure(path: Path, rounds: int) -> dict[str, list[float]]:
-    from bench_host import _Replay
+    from bench_host import Replay
     from bbformat.codec import host_native
     from bbformat.reader import Reader
 
     split = host_native.SPLIT_VALUES
-    rep = _Replay()
+    rep = Replay()
     la = rep.install()
 
     def run(workers: int, threads: int, ahead: int | str, spread: bool) -> float:
