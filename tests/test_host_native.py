@@ -101,17 +101,19 @@ def test_rounding_in_avx2_lanes_equals_the_scalar_loop_and_the_reference(dtype):
         assert np.array_equal(simd, scalar) and np.array_equal(simd, want[start:])
 
 
-def test_band_distances_in_avx2_lanes_equal_the_scalar_loop_and_the_reference():
-    """The bfloat16 band distance in AVX2 lanes (map's distance and in_band, min_distance with
-    and without skipped positions) against the scalar loop (simd=0) and the numpy reference,
-    on the values next to every boundary, shuffled, from every start offset."""
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_band_distances_in_avx2_lanes_equal_the_scalar_loop_and_the_reference(dtype):
+    """The band distance in AVX2 lanes (map's distance and in_band, min_distance with and
+    without skipped positions) against the scalar loop (simd=0) and the numpy reference, on
+    the values next to every boundary (subnormals, the smallest normal, the overflow
+    threshold), NaNs and specials, shuffled, from every start offset."""
     lib = host_native.compiled
     if not lib.SIMD:
         pytest.skip("this CPU has no AVX2: map runs its scalar loop only")
     rng = np.random.default_rng(12)
-    x = rng.permutation(near_boundaries("bfloat16", rng))
-    want = reference(band.boundary_distance, x, "bfloat16")
-    code = host_native.DTYPE_CODES["bfloat16"]
+    x = rng.permutation(near_boundaries(dtype, rng))
+    want = reference(band.boundary_distance, x, dtype)
+    code = host_native.DTYPE_CODES[dtype]
     for start in range(4):
         part = np.ascontiguousarray(x[start:])
         got = {simd: np.empty(part.size) for simd in (0, 1)}

@@ -306,6 +306,97 @@ __attribute__((target("avx2"))) static Py_ssize_t round_bf16_avx2(const uint8_t 
     return i;
 }
 
+/* round_f16 of four values, in 32-bit lanes (f32_to_f16's three cases in every lane, then the
+ * one that applies) */
+__attribute__((target("avx2"))) static inline __m128i round_f16_4(__m256d v)
+{
+    const __m128i abs32 = _mm_set1_epi32(0x7FFFFFFF), signbit = _mm_set1_epi32((int)0x80000000u);
+    const __m128i big = _mm_set1_epi32((127 + 16) << 23), small = _mm_set1_epi32(113 << 23);
+    const __m128i inf16 = _mm_set1_epi32(0x7C00), rebias = _mm_set1_epi32((int)(((uint32_t)(15 - 127) << 23) + 0xFFFu));
+    const __m128i one = _mm_set1_epi32(1), half_bits = _mm_set1_epi32(0x3F000000);
+    const __m256i frac_mask = _mm256_set1_epi64x((1ll << 52) - 1);
+    const __m128i b = f32_odd4(v);
+    const __m128i sign = _mm_srli_epi32(_mm_and_si128(b, signbit), 16), a = _mm_and_si128(b, abs32);
+    const __m128i normal = _mm_srli_epi32(_mm_add_epi32(_mm_add_epi32(a, rebias), _mm_and_si128(_mm_srli_epi32(a, 13), one)), 13);
+    const __m128i sub = _mm_sub_epi32(_mm_castps_si128(_mm_add_ps(_mm_castsi128_ps(a), _mm_set1_ps(0.5f))), half_bits);
+    __m128i t = _mm_blendv_epi8(normal, sub, _mm_cmplt_epi32(a, small)); /* a < 2^31: signed compares */
+    t = _mm_blendv_epi8(t, inf16, _mm_cmpgt_epi32(a, _mm_sub_epi32(big, one)));
+    t = _mm_or_si128(t, sign);
+    /* NaN: sign, 0x7C00 and the top 10 bits of the float64 fraction (1 if they are 0) */
+    const __m256i xb = _mm256_castpd_si256(v);
+    const __m128i frac = low32(_mm256_castsi256_pd(_mm256_srli_epi64(_mm256_and_si256(xb, frac_mask), 42)));
+    const __m128i fr = _mm_blendv_epi8(frac, one, _mm_cmpeq_epi32(frac, _mm_setzero_si128()));
+    const __m128i xsign = _mm_srli_epi32(low32(_mm256_castsi256_pd(_mm256_srli_epi64(xb, 32))), 31);
+    const __m128i nan = _mm_or_si128(_mm_or_si128(_mm_slli_epi32(xsign, 15), inf16), fr);
+    return _mm_blendv_epi8(t, nan, low32(_mm256_cmp_pd(v, v, _CMP_UNORD_Q)));
+}
+
+/* round_f16 of x[0 .. n), four at a time: returns how many it did */
+__attribute__((target("avx2"))) static Py_ssize_t round_f16_avx2(const uint8_t *x, uint8_t *out, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const __m128i t = round_f16_4(_mm256_loadu_pd((const double *)(x + 8 * i)));
+        _mm_storel_epi64((__m128i *)(out + 2 * i), _mm_packus_epi32(t, t));
+    }
+    return i;
+}
+
+/* Lanes (64-bit) of a where the 32-bit mask is set, else b. */
+__attribute__((target("avx2"))) static inline __m256d select4(__m128i mask, __m256d a, __m256d b)
+{
+    return _mm256_blendv_pd(b, a, _mm256_cvtepi32_pd(mask)); /* -1 -> -1.0: the sign bit blendv reads */
+}
+
+/* The band distance from the magnitudes of x (ax), of the value it rounds to (m, 32-bit lanes)
+ * and of the midpoints toward and away from zero: min(ax - toward, away - ax), 0 where x is
+ * not finite or rounds to an infinity (m >= inf_pattern) */
+__attribute__((target("avx2"))) static inline __m256d distance_from(__m256d ax, __m128i m, int inf_pattern, __m256d toward,
+                                                                    __m256d away)
+{
+    const __m256d d = _mm256_min_pd(_mm256_sub_pd(ax, toward), _mm256_sub_pd(away, ax));
+    const __m256d finite = _mm256_cmp_pd(ax, _mm256_set1_pd(INFINITY), _CMP_LT_OQ);
+    const __m256d rounds_finite = _mm256_cvtepi32_pd(_mm_cmplt_epi32(m, _mm_set1_epi32(inf_pattern)));
+    return _mm256_and_pd(d, _mm256_and_pd(finite, _mm256_cmp_pd(rounds_finite, _mm256_setzero_pd(), _CMP_NEQ_OQ)));
+}
+
+/* distance_one(F16, .) of four values. A normal m (above 0x0400) as a float32 pattern is
+ * (m << 13) + (112 << 23), and its midpoints are that -+ 0x1000 (half a float16 step; a borrow
+ * into the exponent gives the half step below a power of two), as for bfloat16 below. Up to
+ * 0x0400 the steps are 2^-24 on both sides: v -+ 2^-25, exactly, toward zero 0 where m is 0. */
+__attribute__((target("avx2"))) static inline __m256d distance_f16_4(__m256d v)
+{
+    const __m256d absm = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL)), ax = _mm256_and_pd(v, absm);
+    const __m128i m = _mm_and_si128(round_f16_4(v), _mm_set1_epi32(0x7FFF));
+    const __m128i p = _mm_add_epi32(_mm_slli_epi32(m, 13), _mm_set1_epi32(112 << 23)), half = _mm_set1_epi32(0x1000);
+    __m256d toward = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_sub_epi32(p, half)));
+    __m256d away = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_add_epi32(p, half)));
+    const __m256d vs = _mm256_mul_pd(_mm256_cvtepi32_pd(m), _mm256_set1_pd(0x1p-24)), hs = _mm256_set1_pd(0x1p-25);
+    const __m128i small = _mm_cmplt_epi32(m, _mm_set1_epi32(0x0401));
+    toward = select4(small, _mm256_sub_pd(vs, hs), toward);
+    away = select4(small, _mm256_add_pd(vs, hs), away);
+    toward = select4(_mm_cmpeq_epi32(m, _mm_setzero_si128()), _mm256_setzero_pd(), toward);
+    return distance_from(ax, m, 0x7C00, toward, away);
+}
+
+/* distance_one(F32, .) of four values: the same in float64 patterns. A normal m (above
+ * 0x00800000) widened is (m << 29) + (896 << 52), its midpoints that -+ 2^28; up to 0x00800000
+ * the steps are 2^-149: v -+ 2^-150. */
+__attribute__((target("avx2"))) static inline __m256d distance_f32_4(__m256d v)
+{
+    const __m256d absm = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL)), ax = _mm256_and_pd(v, absm);
+    const __m128i m = _mm_and_si128(_mm_castps_si128(_mm256_cvtpd_ps(v)), _mm_set1_epi32(0x7FFFFFFF)); /* round_one(F32, .) */
+    const __m256i p = _mm256_add_epi64(_mm256_slli_epi64(_mm256_cvtepu32_epi64(m), 29), _mm256_set1_epi64x(896ll << 52));
+    const __m256i half = _mm256_set1_epi64x(1ll << 28);
+    __m256d toward = _mm256_castsi256_pd(_mm256_sub_epi64(p, half)), away = _mm256_castsi256_pd(_mm256_add_epi64(p, half));
+    const __m256d vs = _mm256_mul_pd(_mm256_cvtepi32_pd(m), _mm256_set1_pd(0x1p-149)), hs = _mm256_set1_pd(0x1p-150);
+    const __m128i small = _mm_cmplt_epi32(m, _mm_set1_epi32(0x00800001));
+    toward = select4(small, _mm256_sub_pd(vs, hs), toward);
+    away = select4(small, _mm256_add_pd(vs, hs), away);
+    toward = select4(_mm_cmpeq_epi32(m, _mm_setzero_si128()), _mm256_setzero_pd(), toward);
+    return distance_from(ax, m, 0x7F800000, toward, away);
+}
+
 /* distance_one(BF16, .) of four values. In magnitudes: with m the pattern |x| rounds to, the
  * midpoints toward and away from zero are the float32 patterns (m << 16) - 0x8000 and
  * (m << 16) + 0x8000 (toward zero: 0 where m is 0), exactly the (v + neighbour) / 2 of
@@ -320,21 +411,23 @@ __attribute__((target("avx2"))) static inline __m256d distance_bf16_4(__m256d v)
     __m256d toward = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_sub_epi32(top, half)));
     const __m256d zero = _mm256_setzero_pd(), ax = _mm256_and_pd(v, absm);
     toward = _mm256_blendv_pd(toward, zero, _mm256_cvtepi32_pd(_mm_cmpeq_epi32(m, _mm_setzero_si128())));
-    const __m256d d = _mm256_min_pd(_mm256_sub_pd(ax, toward), _mm256_sub_pd(away, ax));
-    const __m256d finite = _mm256_cmp_pd(ax, _mm256_set1_pd(INFINITY), _CMP_LT_OQ);
-    const __m256d rounds_finite = _mm256_cvtepi32_pd(_mm_cmplt_epi32(m, _mm_set1_epi32(0x7F80)));
-    return _mm256_and_pd(d, _mm256_and_pd(finite, _mm256_cmp_pd(rounds_finite, zero, _CMP_NEQ_OQ)));
+    return distance_from(ax, m, 0x7F80, toward, away);
 }
 
-/* distance_one(BF16, x[i]) into out[i] (kind MAP_DISTANCE) or its test against delta into
+/* distance_one(code, .) of four values */
+__attribute__((target("avx2"))) static inline __m256d distance4(int code, __m256d v)
+{
+    return code == BF16 ? distance_bf16_4(v) : code == F16 ? distance_f16_4(v) : distance_f32_4(v);
+}
+
+/* distance_one(code, x[i]) into out[i] (kind MAP_DISTANCE) or its test against delta into
  * flags[i] (MAP_IN_BAND), four at a time: returns how many it did */
-__attribute__((target("avx2"))) static Py_ssize_t distance_bf16_avx2(const uint8_t *x, uint8_t *out, uint8_t *flags, double delta,
-                                                                     Py_ssize_t n)
+__attribute__((target("avx2"))) static Py_ssize_t distance_avx2(const int code, const uint8_t *x, uint8_t *out, uint8_t *flags, double delta, Py_ssize_t n)
 {
     const __m256d dl = _mm256_set1_pd(delta);
     Py_ssize_t i = 0;
     for (; i + 4 <= n; i += 4) {
-        const __m256d d = distance_bf16_4(_mm256_loadu_pd((const double *)(x + 8 * i)));
+        const __m256d d = distance4(code, _mm256_loadu_pd((const double *)(x + 8 * i)));
         if (out != NULL)
             _mm256_storeu_pd((double *)(out + 8 * i), d);
         else {
@@ -346,16 +439,16 @@ __attribute__((target("avx2"))) static Py_ssize_t distance_bf16_avx2(const uint8
     return i;
 }
 
-/* the smallest distance_one(BF16, x[i]) where skip[i] is 0 (skip NULL: none skipped), four at a
- * time, into *best: returns how many values it went through */
-__attribute__((target("avx2"))) static Py_ssize_t min_distance_bf16_avx2(const uint8_t *x, const uint8_t *skip, Py_ssize_t n,
-                                                                         double *best)
+/* the smallest distance_one(code, x[i]) where skip[i] is 0 (skip NULL: none skipped), four at
+ * a time, into *best: returns how many values it went through */
+__attribute__((target("avx2"))) static Py_ssize_t min_distance_avx2(const int code, const uint8_t *x, const uint8_t *skip,
+                                                                    Py_ssize_t n, double *best)
 {
     __m256d lo = _mm256_set1_pd(INFINITY);
     const __m256d inf = lo;
     Py_ssize_t i = 0;
     for (; i + 4 <= n; i += 4) {
-        __m256d d = distance_bf16_4(_mm256_loadu_pd((const double *)(x + 8 * i)));
+        __m256d d = distance4(code, _mm256_loadu_pd((const double *)(x + 8 * i)));
         if (skip != NULL) {
             uint32_t s4;
             memcpy(&s4, skip + i, 4);
@@ -369,37 +462,6 @@ __attribute__((target("avx2"))) static Py_ssize_t min_distance_bf16_avx2(const u
     for (int k = 0; k < 4; ++k)
         if (l[k] < *best)
             *best = l[k];
-    return i;
-}
-
-/* round_f16 of x[0 .. n), four at a time (f32_to_f16's three cases in every lane, then the one
- * that applies): returns how many it did */
-__attribute__((target("avx2"))) static Py_ssize_t round_f16_avx2(const uint8_t *x, uint8_t *out, Py_ssize_t n)
-{
-    const __m128i abs32 = _mm_set1_epi32(0x7FFFFFFF), signbit = _mm_set1_epi32((int)0x80000000u);
-    const __m128i big = _mm_set1_epi32((127 + 16) << 23), small = _mm_set1_epi32(113 << 23);
-    const __m128i inf16 = _mm_set1_epi32(0x7C00), rebias = _mm_set1_epi32((int)(((uint32_t)(15 - 127) << 23) + 0xFFFu));
-    const __m128i one = _mm_set1_epi32(1), half_bits = _mm_set1_epi32(0x3F000000);
-    const __m256i frac_mask = _mm256_set1_epi64x((1ll << 52) - 1);
-    Py_ssize_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        const __m256d v = _mm256_loadu_pd((const double *)(x + 8 * i));
-        const __m128i b = f32_odd4(v);
-        const __m128i sign = _mm_srli_epi32(_mm_and_si128(b, signbit), 16), a = _mm_and_si128(b, abs32);
-        const __m128i normal = _mm_srli_epi32(_mm_add_epi32(_mm_add_epi32(a, rebias), _mm_and_si128(_mm_srli_epi32(a, 13), one)), 13);
-        const __m128i sub = _mm_sub_epi32(_mm_castps_si128(_mm_add_ps(_mm_castsi128_ps(a), _mm_set1_ps(0.5f))), half_bits);
-        __m128i t = _mm_blendv_epi8(normal, sub, _mm_cmplt_epi32(a, small)); /* a < 2^31: signed compares */
-        t = _mm_blendv_epi8(t, inf16, _mm_cmpgt_epi32(a, _mm_sub_epi32(big, one)));
-        t = _mm_or_si128(t, sign);
-        /* NaN: sign, 0x7C00 and the top 10 bits of the float64 fraction (1 if they are 0) */
-        const __m256i xb = _mm256_castpd_si256(v);
-        const __m128i frac = low32(_mm256_castsi256_pd(_mm256_srli_epi64(_mm256_and_si256(xb, frac_mask), 42)));
-        const __m128i fr = _mm_blendv_epi8(frac, one, _mm_cmpeq_epi32(frac, _mm_setzero_si128()));
-        const __m128i xsign = _mm_srli_epi32(low32(_mm256_castsi256_pd(_mm256_srli_epi64(xb, 32))), 31);
-        const __m128i nan = _mm_or_si128(_mm_or_si128(_mm_slli_epi32(xsign, 15), inf16), fr);
-        t = _mm_blendv_epi8(t, nan, low32(_mm256_cmp_pd(v, v, _CMP_UNORD_Q)));
-        _mm_storel_epi64((__m128i *)(out + 2 * i), _mm_packus_epi32(t, t));
-    }
     return i;
 }
 
@@ -442,16 +504,16 @@ static inline __attribute__((always_inline)) void map_as(int kind, const int cod
         return;
     case MAP_DISTANCE:
 #if HAVE_AVX2
-        if (simd && code == BF16)
-            i = distance_bf16_avx2(x, out, NULL, delta, n);
+        if (simd)
+            i = distance_avx2(code, x, out, NULL, delta, n);
 #endif
         for (; i < n; ++i)
             stf64(out, i, distance_one(code, ldf64(src, i)));
         return;
     default:
 #if HAVE_AVX2
-        if (simd && code == BF16)
-            i = distance_bf16_avx2(x, NULL, out, delta, n);
+        if (simd)
+            i = distance_avx2(code, x, NULL, out, delta, n);
 #endif
         for (; i < n; ++i)
             ((uint8_t *)out)[i] = distance_one(code, ldf64(src, i)) <= delta;
@@ -518,8 +580,8 @@ static PyObject *min_distance(PyObject *self, PyObject *args)
         Py_ssize_t i = 0;
         Py_BEGIN_ALLOW_THREADS
 #if HAVE_AVX2
-        if (simd && has_avx2 && code == BF16)
-            i = min_distance_bf16_avx2(x, sk, n, &best);
+        if (simd && has_avx2)
+            i = min_distance_avx2(code, x, sk, n, &best);
 #endif
         for (; i < n; ++i) {
             if (sk != NULL && sk[i])
