@@ -4,8 +4,11 @@ threads."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 import weakref
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -469,6 +472,45 @@ def test_a_pass_ends_holding_only_what_its_caller_holds(workers: int) -> None:
         assert mid_pass > 1 and kept  # the case is exercised: buffers were pooled, two blocks are held
         held = [t.bits for block in (first, last) for t in block.tensors.values()]
         assert all(any(np.shares_memory(t, b) for t in held) for b in kept)
+
+
+GC_INSIDE_THE_POOL = """
+import gc, io, sys, weakref
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from test_parts import _same_size_blocks
+from bbformat.reader import Reader
+
+r = Reader(io.BytesIO(_same_size_blocks()), threads=1, share_payload=True, read_ahead_bytes=0)
+finalised = 0
+for k in range(40):  # a collection after k more container allocations: some land inside the pool's lock
+    g = r.iter_blocks()
+    next(g)
+    alive = weakref.ref(g)
+    cycle = [g]
+    cycle.append(cycle)  # the pass left in a reference cycle: only the collector ends it
+    del g, cycle
+    gc.disable()
+    gc.set_threshold(gc.get_count()[0] + k)
+    gc.enable()
+    r._parts.buffers.scratch(1 << 20, np.dtype(np.uint8))
+    gc.disable()
+    gc.set_threshold(700)
+    finalised += alive() is None
+    gc.collect()
+    gc.enable()
+print(finalised)
+"""
+
+
+def test_a_pass_the_collector_ends_inside_the_pool_does_not_deadlock() -> None:
+    """A pass left in a reference cycle ends when the garbage collector runs, which an
+    allocation inside the buffer pool's lock can trigger: the pass's release of its free
+    buffers then must not wait for that lock (it did, for ever)."""
+    r = subprocess.run([sys.executable, "-c", GC_INSIDE_THE_POOL, str(Path(__file__).parent)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert int(r.stdout) > 0  # passes were finalised while the pool was taking a buffer
 
 
 @needs_counts

@@ -7,7 +7,8 @@ import os
 import sys
 import sysconfig
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from functools import partial
 from typing import Protocol, TypeVar
@@ -97,6 +98,16 @@ class OutputBuffers:
         self._bufs: list[np.ndarray] = []
         self._peak = 0  # the most bytes of its buffers lent at once
         self._lock = threading.Lock()
+        self._owner: int | None = None  # the thread holding _lock
+
+    @contextmanager
+    def _held(self) -> Iterator[None]:
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._owner = None
 
     def array(self, total: int, dtype: np.dtype) -> np.ndarray:
         """An uninitialised array of `total` elements of `dtype`, for a payload."""
@@ -109,7 +120,7 @@ class OutputBuffers:
         return self._take(nbytes, nbytes * self.SCRATCH)[:nbytes].view(dtype)
 
     def _take(self, nbytes: int, most: int) -> np.ndarray:
-        with self._lock:
+        with self._held():
             free = [i for i in range(len(self._bufs)) if sys.getrefcount(self._bufs[i]) == 2]  # the list's and the call's
             fits = [i for i in free if nbytes <= self._bufs[i].nbytes <= most]
             if fits:
@@ -137,18 +148,22 @@ class OutputBuffers:
     def disown(self, bufs: Sequence[np.ndarray]) -> None:
         """Lend these buffers no more and stop counting them: a caller keeps them (a loader
         adopting a block's tensors as the model's)."""
-        with self._lock:
+        with self._held():
             self._bufs = [b for b in self._bufs if not any(b is x for x in bufs)]
 
     def release_free(self) -> None:
         """Let go of the free buffers (a pass has ended: no block of it will take them); those
-        a caller still holds stay counted, and come back to the pool when dropped."""
-        with self._lock:
+        a caller still holds stay counted, and come back to the pool when dropped. Skipped where
+        this thread is inside the pool already: the garbage collector, run by an allocation
+        there, finalising a pass left in a reference cycle (whose end calls this)."""
+        if self._owner == threading.get_ident():
+            return
+        with self._held():
             held = [i for i in range(len(self._bufs)) if sys.getrefcount(self._bufs[i]) > 2]  # more than the list's and the call's
             self._bufs = [self._bufs[i] for i in held]
 
     def clear(self) -> None:
-        with self._lock:
+        with self._held():
             self._bufs.clear()
 
 
