@@ -57,7 +57,8 @@ def near_boundaries(dtype: str, rng: np.random.Generator) -> np.ndarray:
                      0xFFFFFFFFFFFFFFFF, 0x7FF0040000000000], np.uint64).view(np.float64)
     specials = np.array([0.0, -0.0, np.inf, -np.inf, 5e-324, -5e-324, 2.2250738585072014e-308, 1e300, -1e300,
                          np.finfo(np.float64).max, -np.finfo(np.float64).max])
-    return np.concatenate([near, nans, specials, rng.standard_normal(20000) * 10.0 ** rng.integers(-45, 40, 20000)])
+    anything = rng.integers(0, 1 << 64, 100_000, dtype=np.uint64, endpoint=False).view(np.float64)  # any float64 bits
+    return np.concatenate([near, nans, specials, rng.standard_normal(20000) * 10.0 ** rng.integers(-45, 40, 20000), anything])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -602,8 +602,8 @@ def _blocks_of_sizes(sizes: tuple[int, ...], entropy: str) -> bytes:
 def test_pooled_chunks_of_other_sizes_decode_the_same_and_held_ones_stay(entropy: str, tmp_path: Path) -> None:
     """Blocks of several sizes (2^18 float32 elements: pooled), read from a path: every block
     held at once equals a fresh reader's copy and stays read-only (a raw payload's tensors are
-    views of the read chunk); then, dropped, two more passes reuse the read memory and give the
-    same bytes."""
+    views of the read chunk); then, dropped, the next pass reuses the read memory (the pool keeps
+    what was held when the first pass ended), and two more passes give the same bytes."""
     sizes = (1 << 18, 3 << 16, 1 << 18, 5 << 16, 1 << 17)
     path = tmp_path / "sizes.bb"
     path.write_bytes(_blocks_of_sizes(sizes, entropy))
@@ -617,8 +617,9 @@ def test_pooled_chunks_of_other_sizes_decode_the_same_and_held_ones_stay(entropy
             assert not any(t.bits.flags.writeable for b in held for t in b.tensors.values())
         pooled = [(p.ctypes.data, p.ctypes.data + p.nbytes) for p in r._parts.buffers._bufs]
         del held
+        reused = 0
         for _ in range(2):
-            again, reused = [], 0
+            again = []
             for b in r.iter_blocks():
                 again.append({n: t.tobytes() for n, t in b.tensors.items()})
                 reused += any(lo <= t.bits.ctypes.data < hi for t in b.tensors.values() for lo, hi in pooled)

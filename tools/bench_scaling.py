@@ -8,7 +8,8 @@ can use on this machine, and how much of that two threads of one process get.
 
 Per container, two Pythons each record the linear algebra in a first pass (bench_host.Replay),
 so that every timed pass is the host's work alone: reading, CRC32C, entropy decoding, rounding,
-corrections, digests. Then, each round in another order:
+corrections, digests. No pass reads ahead (read_ahead_bytes=0), so "one thread" is one. Then,
+each round, the three phases in an order rotated from the round before:
 - alone: process A decodes the container once, on one thread (one worker, threads=1);
 - threads: A decodes it with two workers and two part threads (bench_host's "2 threads");
 - processes: A and B each decode it once, on one thread, started together.
@@ -17,7 +18,8 @@ for two independent processes: the time per decode with both cores busy (the slo
 seconds over two) over one decode alone. Two processes share no interpreter, lock or address
 space, so their ratio is what this machine gives two decodes (memory bandwidth, the kernel's
 zeroing of fresh pages); the gap between the two ratios is what one process loses to itself.
-Each child reports its wall, user and system seconds per pass (getrusage).
+Each child reports its wall, user and system seconds per pass (getrusage); "cores busy" is
+the CPU seconds of a phase over its wall seconds (two processes: both's over the slower's).
 """
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ la = rep.install()
 
 def one(workers):
     u0, t = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    with Reader(sys.argv[1], device=la, share_payload=True, threads=workers) as r:
+    with Reader(sys.argv[1], device=la, share_payload=True, threads=workers, read_ahead_bytes=0) as r:
         for block in r.iter_blocks(workers=workers):
             del block
     wall, u1 = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF)
@@ -124,21 +126,29 @@ def ratios(runs: dict[str, list[Any]]) -> dict[str, float]:
     return {"alone": alone, "threads": threads / alone, "processes": both / alone}
 
 
+def cores(run: dict[str, float]) -> float:
+    return (run["user"] + run["sys"]) / run["s"]
+
+
 def section(res: dict[str, Any]) -> str:
     run = res["run"]
+    med = statistics.median
     lines = [SECTION, "", f"Machine: {run['machine']}; {run['software']}. Command: `python tools/bench_scaling.py "
-             f"{shlex.join(run['argv'])}` ({run['date']}). {run['rounds']} rounds, each phase in another order; medians. "
-             "The linear algebra is replayed: every pass is the host's work alone.", "",
-             "| container | one thread s | user + sys s (one thread) | two threads / one | two processes / one "
-             "(s per decode, both cores busy) | sys s per process, two processes |", "|---|---|---|---|---|---|"]
+             f"{shlex.join(run['argv'])}` ({run['date']}). {run['rounds']} rounds, the phases' order rotated each round; "
+             "medians. The linear algebra is replayed: every pass is the host's work alone; no pass reads ahead.", "",
+             "| container | one thread s | cores busy: one thread / two threads / two processes | two threads / one "
+             "| two processes / one (s per decode, both busy) | sys s per process: alone / two processes |",
+             "|---|---|---|---|---|---|"]
     goal = []
     for name, runs in res["measured"].items():
         r = ratios(runs)
-        user = statistics.median(x["user"] for x in runs["alone"])
-        sys_s = statistics.median(x["sys"] for x in runs["alone"])
-        both_sys = statistics.median(max(x["sys"] for x in pair) for pair in runs["processes"])
-        lines.append(f"| {name} | {r['alone']:.2f} | {user:.2f} + {sys_s:.2f} | {r['threads']:.2f} | {r['processes']:.2f} "
-                     f"| {both_sys:.2f} |")
+        pairs = runs["processes"]
+        busy = med(sum(x["user"] + x["sys"] for x in p) / max(x["s"] for x in p) for p in pairs)
+        alone_sys = med(x["sys"] for x in runs["alone"])
+        both_sys = med(x["sys"] for p in pairs for x in p)
+        lines.append(f"| {name} | {r['alone']:.2f} | {med(cores(x) for x in runs['alone']):.2f} / "
+                     f"{med(cores(x) for x in runs['threads']):.2f} / {busy:.2f} | {r['threads']:.2f} | {r['processes']:.2f} "
+                     f"| {alone_sys:.2f} / {both_sys:.2f} |")
         goal.append(f"- two threads ≤ 0.55× one (issue 39), {name}: {'**met**' if r['threads'] <= 0.55 else '**missed**'} "
                     f"({r['threads']:.2f}); two independent processes on this machine: {r['processes']:.2f}")
     return "\n".join(lines + [""] + goal).rstrip("\n") + "\n"
