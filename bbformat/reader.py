@@ -503,13 +503,12 @@ class Reader:
         if workers < 1:
             raise InputError(f"workers must be at least 1, not {workers}")
         try:
-            yield from self._one_worker(idx, {}) if workers == 1 or len(idx) < 2 else self._workers(idx, workers)
+            yield from self._one_worker(idx, {}) if workers == 1 or len(idx) < 2 else self._workers(idx, workers, {})
         finally:  # the pass is over: its free buffers are not kept beside whatever the caller does next
             self._parts.buffers.release_free()
 
-    def _workers(self, idx: list[int], workers: int) -> Iterator[DecodedBlock]:
+    def _workers(self, idx: list[int], workers: int, seen: dict[str, int]) -> Iterator[DecodedBlock]:
         """Blocks in the order of idx, decoded ahead on `workers` threads within the budget (iter_blocks)."""
-        seen: dict[str, int] = {}
         # BLAS held at the decoder's count around the whole pool, so that the workers' own
         # limits never restore a larger count while another worker is decoding.
         with self.linalg.threads(), ThreadPoolExecutor(workers, thread_name_prefix="bbformat-decode") as pool:

@@ -348,53 +348,56 @@ __attribute__((target("avx2"))) static inline __m256d select4(__m128i mask, __m2
     return _mm256_blendv_pd(b, a, _mm256_cvtepi32_pd(mask)); /* -1 -> -1.0: the sign bit blendv reads */
 }
 
-/* The band distance from the magnitudes of x (ax), of the value it rounds to (m, 32-bit lanes)
- * and of the midpoints toward and away from zero: min(ax - toward, away - ax), 0 where x is
- * not finite or rounds to an infinity (m >= inf_pattern) */
-__attribute__((target("avx2"))) static inline __m256d distance_from(__m256d ax, __m128i m, int inf_pattern, __m256d toward,
+/* The band distance of x from the value it rounds to (m, the magnitude's pattern in 32-bit lanes)
+ * and the midpoints toward and away from zero: min(|x| - toward, away - |x|), toward zero 0
+ * where m is 0, and 0 where x is not finite or rounds to an infinity (m >= inf_pattern) */
+__attribute__((target("avx2"))) static inline __m256d distance_from(__m256d v, __m128i m, int inf_pattern, __m256d toward,
                                                                     __m256d away)
 {
+    const __m256d ax = _mm256_and_pd(v, _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL)));
+    toward = select4(_mm_cmpeq_epi32(m, _mm_setzero_si128()), _mm256_setzero_pd(), toward);
     const __m256d d = _mm256_min_pd(_mm256_sub_pd(ax, toward), _mm256_sub_pd(away, ax));
     const __m256d finite = _mm256_cmp_pd(ax, _mm256_set1_pd(INFINITY), _CMP_LT_OQ);
     const __m256d rounds_finite = _mm256_cvtepi32_pd(_mm_cmplt_epi32(m, _mm_set1_epi32(inf_pattern)));
     return _mm256_and_pd(d, _mm256_and_pd(finite, _mm256_cmp_pd(rounds_finite, _mm256_setzero_pd(), _CMP_NEQ_OQ)));
 }
 
+/* distance_from for a dtype with subnormals: up to the smallest normal pattern (`normal`) the
+ * steps are `step` on both sides, so the midpoints are m * step -+ step / 2, exactly; above
+ * it, those of the normal patterns given */
+__attribute__((target("avx2"))) static inline __m256d distance_stepped(__m256d v, __m128i m, int inf_pattern, int normal,
+                                                                       double step, __m256d toward, __m256d away)
+{
+    const __m256d vs = _mm256_mul_pd(_mm256_cvtepi32_pd(m), _mm256_set1_pd(step)), hs = _mm256_set1_pd(step / 2);
+    const __m128i small = _mm_cmplt_epi32(m, _mm_set1_epi32(normal + 1));
+    toward = select4(small, _mm256_sub_pd(vs, hs), toward);
+    away = select4(small, _mm256_add_pd(vs, hs), away);
+    return distance_from(v, m, inf_pattern, toward, away);
+}
+
 /* distance_one(F16, .) of four values. A normal m (above 0x0400) as a float32 pattern is
  * (m << 13) + (112 << 23), and its midpoints are that -+ 0x1000 (half a float16 step; a borrow
  * into the exponent gives the half step below a power of two), as for bfloat16 below. Up to
- * 0x0400 the steps are 2^-24 on both sides: v -+ 2^-25, exactly, toward zero 0 where m is 0. */
+ * 0x0400 the steps are 2^-24. */
 __attribute__((target("avx2"))) static inline __m256d distance_f16_4(__m256d v)
 {
-    const __m256d absm = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL)), ax = _mm256_and_pd(v, absm);
     const __m128i m = _mm_and_si128(round_f16_4(v), _mm_set1_epi32(0x7FFF));
     const __m128i p = _mm_add_epi32(_mm_slli_epi32(m, 13), _mm_set1_epi32(112 << 23)), half = _mm_set1_epi32(0x1000);
-    __m256d toward = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_sub_epi32(p, half)));
-    __m256d away = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_add_epi32(p, half)));
-    const __m256d vs = _mm256_mul_pd(_mm256_cvtepi32_pd(m), _mm256_set1_pd(0x1p-24)), hs = _mm256_set1_pd(0x1p-25);
-    const __m128i small = _mm_cmplt_epi32(m, _mm_set1_epi32(0x0401));
-    toward = select4(small, _mm256_sub_pd(vs, hs), toward);
-    away = select4(small, _mm256_add_pd(vs, hs), away);
-    toward = select4(_mm_cmpeq_epi32(m, _mm_setzero_si128()), _mm256_setzero_pd(), toward);
-    return distance_from(ax, m, 0x7C00, toward, away);
+    const __m256d toward = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_sub_epi32(p, half)));
+    const __m256d away = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_add_epi32(p, half)));
+    return distance_stepped(v, m, 0x7C00, 0x0400, 0x1p-24, toward, away);
 }
 
 /* distance_one(F32, .) of four values: the same in float64 patterns. A normal m (above
  * 0x00800000) widened is (m << 29) + (896 << 52), its midpoints that -+ 2^28; up to 0x00800000
- * the steps are 2^-149: v -+ 2^-150. */
+ * the steps are 2^-149. */
 __attribute__((target("avx2"))) static inline __m256d distance_f32_4(__m256d v)
 {
-    const __m256d absm = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL)), ax = _mm256_and_pd(v, absm);
     const __m128i m = _mm_and_si128(_mm_castps_si128(_mm256_cvtpd_ps(v)), _mm_set1_epi32(0x7FFFFFFF)); /* round_one(F32, .) */
     const __m256i p = _mm256_add_epi64(_mm256_slli_epi64(_mm256_cvtepu32_epi64(m), 29), _mm256_set1_epi64x(896ll << 52));
     const __m256i half = _mm256_set1_epi64x(1ll << 28);
-    __m256d toward = _mm256_castsi256_pd(_mm256_sub_epi64(p, half)), away = _mm256_castsi256_pd(_mm256_add_epi64(p, half));
-    const __m256d vs = _mm256_mul_pd(_mm256_cvtepi32_pd(m), _mm256_set1_pd(0x1p-149)), hs = _mm256_set1_pd(0x1p-150);
-    const __m128i small = _mm_cmplt_epi32(m, _mm_set1_epi32(0x00800001));
-    toward = select4(small, _mm256_sub_pd(vs, hs), toward);
-    away = select4(small, _mm256_add_pd(vs, hs), away);
-    toward = select4(_mm_cmpeq_epi32(m, _mm_setzero_si128()), _mm256_setzero_pd(), toward);
-    return distance_from(ax, m, 0x7F800000, toward, away);
+    return distance_stepped(v, m, 0x7F800000, 0x00800000, 0x1p-149, _mm256_castsi256_pd(_mm256_sub_epi64(p, half)),
+                            _mm256_castsi256_pd(_mm256_add_epi64(p, half)));
 }
 
 /* distance_one(BF16, .) of four values. In magnitudes: with m the pattern |x| rounds to, the
@@ -404,14 +407,10 @@ __attribute__((target("avx2"))) static inline __m256d distance_f32_4(__m256d v)
  * operation), so d is its d. 0 where x is not finite or rounds to an infinity. */
 __attribute__((target("avx2"))) static inline __m256d distance_bf16_4(__m256d v)
 {
-    const __m256d absm = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL));
     const __m128i m = _mm_and_si128(round_bf16_4(v), _mm_set1_epi32(0x7FFF));
     const __m128i top = _mm_slli_epi32(m, 16), half = _mm_set1_epi32(0x8000);
-    const __m256d away = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_add_epi32(top, half)));
-    __m256d toward = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_sub_epi32(top, half)));
-    const __m256d zero = _mm256_setzero_pd(), ax = _mm256_and_pd(v, absm);
-    toward = _mm256_blendv_pd(toward, zero, _mm256_cvtepi32_pd(_mm_cmpeq_epi32(m, _mm_setzero_si128())));
-    return distance_from(ax, m, 0x7F80, toward, away);
+    return distance_from(v, m, 0x7F80, _mm256_cvtps_pd(_mm_castsi128_ps(_mm_sub_epi32(top, half))),
+                         _mm256_cvtps_pd(_mm_castsi128_ps(_mm_add_epi32(top, half))));
 }
 
 /* distance_one(code, .) of four values */
