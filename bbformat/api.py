@@ -306,7 +306,7 @@ def _encode_into(dst: str | os.PathLike[str], layout: ModelLayout, get: Callable
 
 def _write_chunk(w: Writer, enc: EncodedChunk, crc: int | None) -> None:
     """On the writer's one worker thread: finish the chunk's sections, code its payload, write it."""
-    w.add_chunk(enc.program, w.code_sections(enc.program, enc.finish()), coded=True, content_crc=crc)
+    w.add_chunk(enc.program, w.code_sections(enc.program, enc.finish(w.runner())), coded=True, content_crc=crc)
 
 
 def _refuse_output_early(src: Path, dst: Path, overwrite: bool) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 from .codec.entropy import check_entropy_mode
-from .codec.payload import PartPool, code_payload, in_turn
+from .codec.payload import PartPool, Runner, code_payload, in_turn
 from .constants import EXTENDED_DTYPES, FLOAT_DTYPES, PART_SYMBOLS, SYMBOL_BITS, RequiredFlag, SectionKind, minor_for, required_flags_for
 from .container.digest import content_crc
 from .container.program import BlockProgram, bits_of
@@ -231,9 +231,14 @@ class Writer:
         if program.sites and not {program.symbol_dtype, *anchors} <= set(FLOAT_DTYPES):
             raise InputError(f"chunk {program.name!r}: sites need float symbols and float anchors")
 
+    def runner(self) -> Runner:
+        """A Runner on this writer's part threads (`threads`), for work whose result does not
+        depend on the threads: an encoder's side sections (EncodedChunk.finish)."""
+        return self._parts.runner()
+
     def add_encoded(self, enc: "EncodedChunk") -> None:
         """add_chunk for an encoder's chunk, with its digest when this writer records them."""
-        sections = enc.finish()
+        sections = enc.finish(self.runner())
         self.add_chunk(enc.program, sections, content_crc=content_crc(enc.program, enc.intended) if self.digests else None)
 
     def _flush(self) -> None:

@@ -2,12 +2,16 @@
 returns the stack to exactly its previous state."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from bbformat.codec import rotation as rot
 from bbformat.codec.dtypes import RawTensor, tensor_to_symbols
 from bbformat.codec.encoder import encode_chunk
+from bbformat.codec.payload import on_pool
 from bbformat.codec.layout import ChunkLayout, SiteSpec
 from bbformat.container.program import AxisRef
 from bbformat.codec.decoder import decode_program
@@ -140,6 +144,8 @@ def test_deferred_sections_are_the_sequential_ones(seed: int, d: int, extra: int
     finished = later.finish()
     assert later.finish() is finished and not later.deferred  # idempotent
     assert [(s.kind, s.site, s.codec, s.stored) for s in finished] == [(s.kind, s.site, s.codec, s.stored) for s in now.sections]
+    pooled = encode_chunk(layout, tensors, {}, scheme, tol, defer=True).finish(on_pool(_POOL))  # as a Writer's threads run it
+    assert [(s.kind, s.site, s.codec, s.stored) for s in pooled] == [(s.kind, s.site, s.codec, s.stored) for s in now.sections]
     assert later.reports == now.reports
     assert np.array_equal(later.payload, now.payload)
     site = now.program.sites[0]
@@ -147,6 +153,30 @@ def test_deferred_sections_are_the_sequential_ones(seed: int, d: int, extra: int
         fixes = encode_chunk(layout, tensors, {}, scheme, tol, defer=True).deferred
         for s_idx, fix in fixes.items():
             assert side_cost_bound(now.program, s_idx, fix) >= sum(c.cost for c in build_site_sections(now.program, s_idx, fix))
+
+
+_POOL = ThreadPoolExecutor(3, thread_name_prefix="test-sections")
+
+
+def test_a_section_is_compressed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Section.finish(True) again (EncodedChunk.finish after build_site_sections) keeps the
+    first result without compressing the section a second time."""
+    from bbformat.codec import sections
+    from bbformat.constants import Codec, SectionKind
+
+    calls: list[int] = []
+    real = sections.compressor
+
+    def counting(level: int):  # type: ignore[no-untyped-def]
+        calls.append(level)
+        return real(level)
+
+    monkeypatch.setattr(sections, "compressor", counting)
+    sec = sections.Section(SectionKind.X_PATCHES, 0, bytes(1000)).finish()
+    assert calls and sec.codec == Codec.ZSTD
+    stored = sec.stored
+    assert sec.finish() is sec and sec.stored == stored and len(calls) == 1
+    assert sec.finish(False).codec == Codec.RAW and sec.finish().codec == Codec.ZSTD and len(calls) == 2
 
 
 def test_deferral_keeps_the_plain_decision() -> None:

@@ -20,7 +20,7 @@ from bbformat import Reader, Writer
 from bbformat.codec import exponent
 from bbformat.codec.entropy import payload_segments
 from bbformat.codec.exponent import encode_exponent, table_count
-from bbformat.codec import payload
+from bbformat.codec import parts, payload
 from bbformat.codec.parts import cut_runs, encode_parts, part_cuts, population_cuts, read_parts
 from bbformat.codec.varint import encode_varint
 from bbformat.codec.payload import COUNTS_REFERENCES, OutputBuffers, code_payload, decode_payload, in_turn, on_pool, part_threads
@@ -143,7 +143,7 @@ def _two_populations(seed: int = 0) -> tuple[BlockProgram, bytes]:
 def _even_rule_payload(monkeypatch: pytest.MonkeyPatch, prog: BlockProgram, data: bytes, part_symbols: int) -> bytes:
     """The payload the writer stored before cuts followed the rows' codec: cuts part_cuts' alone."""
     with monkeypatch.context() as m:
-        m.setattr(payload, "population_cuts", lambda sym, dtype, runs, ps: part_cuts(runs, len(sym), ps))
+        m.setattr(payload, "population_cuts", lambda sym, dtype, runs, ps, **_: part_cuts(runs, len(sym), ps))
         return code_payload(prog, data, "auto", ALL, part_symbols=part_symbols)[1]
 
 
@@ -189,7 +189,7 @@ def test_population_cuts_keep_the_part_limits() -> None:
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_population_cuts_of_random_stretches_are_valid_bounds(seed: int) -> None:
+def test_population_cuts_of_random_stretches_are_valid_bounds(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
     """Stretches of 50..3,000 rows, low or full precision at random (changes close together
     included): the cuts increase from 0 to the end, on row starts, each part at most
     part_symbols and a row."""
@@ -203,6 +203,11 @@ def test_population_cuts_of_random_stretches_are_valid_bounds(seed: int) -> None
     cuts = population_cuts(sym, "float32", runs, 200_000)
     assert cuts[0] == 0 and cuts[-1] == x.size and all(a < b for a, b in zip(cuts, cuts[1:]))
     assert all(c % cols == 0 for c in cuts) and all(b - a <= 200_000 + cols for a, b in zip(cuts, cuts[1:]))
+    with ThreadPoolExecutor(3) as pool:  # the estimate's stretches on threads, and other stretch counts: the same cuts
+        assert population_cuts(sym, "float32", runs, 200_000, run=on_pool(pool)) == cuts
+        for jobs in (1, 5, 1000):
+            monkeypatch.setattr(parts, "ESTIMATE_JOBS", jobs)
+            assert population_cuts(sym, "float32", runs, 200_000, run=on_pool(pool)) == cuts
 
 
 # ----------------------------------------------------------------------------- the reader's rules

@@ -18,7 +18,8 @@ from .rounding import round_feedback
 from .decoder import decode_program
 from .linalg import REFERENCE, Array, Linalg
 from .simulate import SimulatingCorrector, SiteFix
-from .sections import Section, build_site_sections, side_cost_bound
+from .runner import Runner, in_turn
+from .sections import Section, build_sections, build_site_sections, side_cost_bound
 from .stack import SymbolStack
 
 Rotations = dict[tuple[str, int], np.ndarray]
@@ -99,11 +100,13 @@ class EncodedChunk:
     reports: list[SiteReport] = field(default_factory=list)
     deferred: dict[int, SiteFix] = field(default_factory=dict)
 
-    def finish(self) -> list[Section]:
+    def finish(self, run: Runner = in_turn) -> list[Section]:
         """Build the deferred sites' sections (the same bytes encode_chunk(defer=False) makes),
-        put them in site order and fill in their reports' side_bytes. Idempotent."""
+        put them in site order and fill in their reports' side_bytes. Idempotent. The sections
+        are compressed as independent jobs through `run` (a writer's part threads): same bytes."""
         if self.deferred:
-            built = [sec.finish() for site, fix in self.deferred.items() for sec in build_site_sections(self.program, site, fix)]
+            chosen = [sec for secs in build_sections(self.program, self.deferred, run).values() for sec in secs]
+            built = run([sec.finish for sec in chosen])
             # the payload first, then the sites in order (a stable sort keeps each site's own order)
             self.sections = self.sections[:1] + sorted(self.sections[1:] + built, key=lambda sec: sec.site)
             _report_stored_sizes(self, list(self.deferred))

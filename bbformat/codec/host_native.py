@@ -31,6 +31,7 @@ import numpy as np
 from ..constants import EXPONENT_FIELD
 from . import scratch
 from .native import load
+from .runner import Runner
 
 ABI = 6  # the compiled module's functions and argument lists that this file passes
 
@@ -42,7 +43,6 @@ _off = 0  # reference_only() depth
 MAP_WIDEN, MAP_ROUND, MAP_DISTANCE, MAP_IN_BAND = range(4)  # _host_native.map's kinds
 
 
-Runner = Callable[[Sequence[Callable[[], Any]]], list[Any]]  # codec.payload's Runner: jobs -> their results, in order
 SPLIT_VALUES = 1 << 21  # arrays of fewer values run in one call: a thread's start costs more than the slice
 _spread: ContextVar[tuple[Runner, int] | None] = ContextVar("bbformat_host_spread", default=None)
 

@@ -5,6 +5,7 @@ payload layer (codec.payload) codes and decodes the parts themselves.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -20,7 +21,10 @@ from ..constants import (
 )
 from ..errors import FormatError, LimitError
 from ..zstdframe import PLANES_LEVEL, Buffer, compressor
+from .runner import Runner, in_turn
 from .varint import encode_varint
+
+ESTIMATE_JOBS = 16  # stretches of blocks the estimate is costed in (the same cuts for any count)
 
 
 class Part(NamedTuple):
@@ -62,18 +66,18 @@ def _even_cuts(runs: list[tuple[int, int]], lo: int, hi: int, parts: int) -> lis
 
 
 def population_cuts(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]], part_symbols: int,
-                    max_parts: int = WRITER_PARTS) -> list[int]:
+                    max_parts: int = WRITER_PARTS, run: Runner = in_turn) -> list[int]:
     """The reference writer's part bounds for a float payload whose parts may take codec 2 or 3
     (SPEC.md 8.9, informative): first a cut wherever the rows change from those codec 2 is
     estimated to store smaller to those codec 3 is (or back), then each stretch between such
     cuts cut evenly as part_cuts does. part_cuts' bounds when there is no change or the parts
-    would pass `max_parts`."""
+    would pass `max_parts`. The estimate's blocks are costed through `run`: the same cuts."""
     total = len(sym)
     even = part_cuts(runs, total, part_symbols, max_parts)
     blocks = _even_cuts(runs, 0, total, total // POPULATION_BLOCK)
     if len(blocks) < 3:
         return even
-    two, three = _block_costs(sym, dtype, blocks)
+    two, three = _block_costs(sym, dtype, blocks, run)
     labels = _labels(two, three)
     changes = [b for b in range(1, len(labels)) if labels[b] != labels[b - 1]]
     if not changes:
@@ -112,10 +116,27 @@ def _entropy_bits(hist: np.ndarray) -> np.ndarray:
     return terms.sum(axis=1)  # type: ignore[no-any-return]
 
 
-def _block_costs(sym: np.ndarray, dtype: str, blocks: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def _block_costs(sym: np.ndarray, dtype: str, blocks: list[int], run: Runner = in_turn) -> tuple[np.ndarray, np.ndarray]:
     """Estimated bits of each block [blocks[i], blocks[i+1]) under codec 2 (each byte plane
     zstd'd as codec 2 does, at most raw) and codec 3 (order-0 entropy of the code, for the best
-    joined bits, plus the rest raw)."""
+    joined bits, plus the rest raw). The blocks are costed in ESTIMATE_JOBS stretches through `run`."""
+    bits = EXPONENT_FIELD[dtype][1] + JOINED
+    n = len(blocks) - 1
+    bounds = sorted({n * j // ESTIMATE_JOBS for j in range(ESTIMATE_JOBS + 1)})
+    costed = run([partial(_stretch_costs, sym, dtype, blocks[a : b + 1]) for a, b in zip(bounds, bounds[1:])])
+    two = np.concatenate([t for t, _ in costed]) if costed else np.zeros(0)
+    codes = np.concatenate([c for _, c in costed]) if costed else np.zeros((0, 1 << bits), np.int64)
+    sizes = np.diff(np.asarray(blocks))
+    rest = 8 * sym.itemsize - bits
+    three = np.full(len(sizes), np.inf)
+    for _ in range(JOINED + 1):
+        three = np.minimum(three, _entropy_bits(codes) + sizes * rest)
+        codes, rest = codes[:, 0::2] + codes[:, 1::2], rest + 1
+    return two, three
+
+
+def _stretch_costs(sym: np.ndarray, dtype: str, blocks: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(codec-2 bits, code counts) of the blocks [blocks[i], blocks[i+1]) (see _block_costs)."""
     planes = _planes_of(sym)
     shift, width = EXPONENT_FIELD[dtype]
     bits = width + JOINED
@@ -126,13 +147,7 @@ def _block_costs(sym: np.ndarray, dtype: str, blocks: list[int]) -> tuple[np.nda
         for b in range(sym.itemsize):
             two[i] += 8 * min(len(z.compress(planes[lo:hi, b].tobytes())), hi - lo)
         codes[i] = np.bincount((sym[lo:hi] >> (shift - JOINED)) & ((1 << bits) - 1), minlength=1 << bits)
-    sizes = np.diff(np.asarray(blocks))
-    rest = 8 * sym.itemsize - bits
-    three = np.full(len(sizes), np.inf)
-    for _ in range(JOINED + 1):
-        three = np.minimum(three, _entropy_bits(codes) + sizes * rest)
-        codes, rest = codes[:, 0::2] + codes[:, 1::2], rest + 1
-    return two, three
+    return two, codes
 
 
 def _labels(two: np.ndarray, three: np.ndarray) -> list[int]:

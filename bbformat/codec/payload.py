@@ -9,9 +9,8 @@ import sysconfig
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -23,18 +22,12 @@ from .dtypes import uint_dtype
 from .entropy import check_entropy_mode, decode_planes, encode_planes, payload_segments
 from .exponent import decode_exponent, encode_exponent, table_count
 from .parts import Part, cut_runs, encode_parts, part_cuts, population_cuts, read_parts
+from .runner import Runner, in_turn, on_pool
 
 DEFAULT_FLAGS = int(RequiredFlag.PLANES | RequiredFlag.EXPONENT)
 # Whether a payload candidate's coding stops once it cannot be chosen (False: every candidate is
 # coded whole, as before; tests compare the two).
 PRUNE_CANDIDATES = True
-T = TypeVar("T")
-
-
-class Runner(Protocol):
-    """Runs independent jobs (on a pool or in turn) and returns their results in order."""
-
-    def __call__(self, jobs: Sequence[Callable[[], T]]) -> list[T]: ...
 
 
 def part_threads(threads: int | None) -> int:
@@ -46,24 +39,6 @@ def part_threads(threads: int | None) -> int:
         except AttributeError:  # pragma: no cover - not Linux
             return max(1, os.cpu_count() or 1)
     return check_count("threads", threads)
-
-
-def in_turn(jobs: Sequence[Callable[[], T]]) -> list[T]:
-    """A Runner without threads."""
-    return [job() for job in jobs]
-
-
-def on_pool(pool: Executor) -> Runner:
-    """A Runner on `pool`. When jobs fail it raises the failure of the first one in order (the
-    lowest-numbered part, SPEC.md 8.9), after cancelling the jobs not started."""
-    def run(jobs: Sequence[Callable[[], T]]) -> list[T]:
-        futures: list[Future[T]] = [pool.submit(job) for job in jobs]
-        try:
-            return [f.result() for f in futures]
-        finally:
-            for f in futures:
-                f.cancel()
-    return run
 
 
 # Whether a buffer's reference count tells that nothing but the pool refers to it: CPython 3.10 to
@@ -218,7 +193,7 @@ def code_payload(program: BlockProgram, data: bytes, mode: str, flags: int = DEF
     dtype, w8 = program.symbol_dtype, program.symbol_bits // 8
     runs = payload_segments(program)
     total = len(data) // w8
-    cuts = _cuts(data, dtype, runs, mode, flags, part_symbols) if flags & RequiredFlag.PARTS else [0, total]
+    cuts = _cuts(data, dtype, runs, mode, flags, part_symbols, run) if flags & RequiredFlag.PARTS else [0, total]
     if len(cuts) == 2:
         codec, stored = _code_symbols(data, dtype, runs, mode, flags)
         return codec, stored if isinstance(stored, bytes) else bytes(stored)  # raw: `data` itself
@@ -239,13 +214,14 @@ def code_payload(program: BlockProgram, data: bytes, mode: str, flags: int = DEF
     return Codec.PARTS, encode_parts(parts)
 
 
-def _cuts(data: bytes, dtype: str, runs: list[tuple[int, int]], mode: str, flags: int, part_symbols: int) -> list[int]:
+def _cuts(data: bytes, dtype: str, runs: list[tuple[int, int]], mode: str, flags: int, part_symbols: int,
+          run: Runner = in_turn) -> list[int]:
     """The part bounds (SPEC.md 8.9, informative): where the rows change codec when a part may
-    take codec 2 or 3 (`auto`), else evenly."""
+    take codec 2 or 3 (`auto`; the estimate through `run`), else evenly."""
     w8 = DTYPE_BITS[dtype] // 8
     if mode == "auto" and {Codec.PLANES, Codec.EXPONENT} <= set(payload_codecs(flags, dtype)):
         sym = np.frombuffer(data, dtype=np.dtype(uint_dtype(8 * w8)).newbyteorder("<"))
-        return population_cuts(sym, dtype, runs, part_symbols)
+        return population_cuts(sym, dtype, runs, part_symbols, run=run)
     return part_cuts(runs, len(data) // w8, part_symbols)
 
 

@@ -3,7 +3,8 @@ sections from its fix, and the reader's corrector. What each kind holds, where i
 and how it is coded is codec/section_kinds.py's (its rules: container/section_rules.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 
@@ -14,6 +15,7 @@ from ..errors import DigestError, FormatError
 from ..zstdframe import SECTION_LEVEL, compressor
 from . import band
 from .dtypes import RawTensor
+from .runner import Runner, in_turn
 from .section_kinds import (
     ANCHOR_PATCHES,
     BAND,
@@ -37,11 +39,14 @@ class Section:
     data: bytes  # decoded bytes
     codec: int = Codec.RAW
     stored: bytes = b""
+    zstd_tried: bool = field(default=False, compare=False)  # finish(allow_zstd=True) ran: its result stands
 
     def finish(self, allow_zstd: bool = True) -> "Section":
         """Choose the smaller of raw and zstd for storage (deterministic), where the kind may
-        be zstd (a band section is raw only)."""
-        self.codec, self.stored = Codec.RAW, self.data
+        be zstd (a band section is raw only). A second finish(True) keeps the first's result."""
+        if allow_zstd and self.zstd_tried:
+            return self
+        self.codec, self.stored, self.zstd_tried = Codec.RAW, self.data, allow_zstd
         if allow_zstd and len(self.data) > 64 and Codec.ZSTD in rules_of(self.kind).codecs:
             comp = compressor(SECTION_LEVEL).compress(self.data)
             if len(comp) < len(self.data):
@@ -57,13 +62,25 @@ def _built(planned: PlannedSection) -> Section:
     return Section(planned.codec.kind, planned.ctx.site, planned.encode()).finish(planned.codec.compress_whole)
 
 
-def build_site_sections(program: BlockProgram, site: int, fix: SiteFix) -> list[Section]:
+def build_site_sections(program: BlockProgram, site: int, fix: SiteFix, run: Runner = in_turn) -> list[Section]:
     """A rotated site's sections, in the writer's order; of the ways to store the block's
-    corrections the cheapest as built (ties: the one ending in the lower kind)."""
-    plan = site_plan(program, site, fix)
-    choices = [[_built(p) for p in choice] for choice in plan.block_choices]
-    block = min(choices, key=lambda secs: (sum(c.cost for c in secs), secs[-1].kind)) if choices else []
-    return [*(_built(p) for p in plan.first), *block, *(_built(p) for p in plan.last)]
+    corrections the cheapest as built (ties: the one ending in the lower kind). The sections
+    are built (encoded, compressed) as independent jobs through `run`: the bytes do not depend on it."""
+    return build_sections(program, {site: fix}, run)[site]
+
+
+def build_sections(program: BlockProgram, fixes: dict[int, SiteFix], run: Runner = in_turn) -> dict[int, list[Section]]:
+    """build_site_sections of several sites, every site's sections built through one `run`."""
+    plans = {site: site_plan(program, site, fix) for site, fix in fixes.items()}
+    planned = [p for plan in plans.values() for p in (*plan.first, *(p for c in plan.block_choices for p in c), *plan.last)]
+    built = iter(run([partial(_built, p) for p in planned]))
+    out: dict[int, list[Section]] = {}
+    for site, plan in plans.items():
+        first = [next(built) for _ in plan.first]
+        choices = [[next(built) for _ in choice] for choice in plan.block_choices]
+        block = min(choices, key=lambda secs: (sum(c.cost for c in secs), secs[-1].kind)) if choices else []
+        out[site] = [*first, *block, *(next(built) for _ in plan.last)]
+    return out
 
 
 def side_cost_bound(program: BlockProgram, site: int, fix: SiteFix) -> int:
