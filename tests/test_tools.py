@@ -631,3 +631,31 @@ def test_bench_scaling_times_each_phase_in_every_round(tmp_path: Path) -> None:
     assert all(p["s"] > 0 and p["user"] >= 0 and p["sys"] >= 0 for p in passes) and len(runs["processes"][0]) == 2
     text = report.read_text()
     assert "## 25. Two decode threads against two processes" in text and "- two threads ≤ 0.55× one (issue 39), model_llama_sym.bb:" in text
+
+
+def test_first_pass_stops_each_pass_at_its_first_gram(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tools/first_pass.py: every process times every pass, and a pass stops at its first Gram
+    matrix (the conformance model's whole decode computes several)."""
+    src = TOOLS.parent / "conformance" / "valid" / "model_llama_sym.bb"
+    r = _tool(str(TOOLS / "first_pass.py"), str(src), "--processes", "2", "--passes", "2", "--json", str(tmp_path / "r.json"))
+    assert r.returncode == 0, r.stderr
+    runs = json.loads((tmp_path / "r.json").read_text())["runs"]
+    assert len(runs) == 2 and all(len(p) == 2 for p in runs)
+    assert all(p["s"] > 0 and p["user"] >= 0 and p["sys"] >= 0 and p["minflt"] >= 0 for ps in runs for p in ps)
+    monkeypatch.syspath_prepend(str(TOOLS))
+    import first_pass
+    from bbformat.codec import linalg
+
+    seen: list[int] = []
+
+    class Counting(linalg.NumpyLinalg):
+        def __setattr__(self, name: str, value: object) -> None:
+            if name == "gram":
+                def counted(m: object, _inner: object = value) -> object:
+                    seen.append(1)
+                    return _inner(m)  # type: ignore[operator]
+                value = counted
+            super().__setattr__(name, value)
+
+    monkeypatch.setattr(linalg, "NumpyLinalg", Counting)
+    assert len(first_pass.child(str(src), 3)) == 3 and len(seen) == 3

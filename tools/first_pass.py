@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""A decode's first pass in a process against its later ones: the host work before the first
+linear algebra (issue 39, the gap between a real decode's host seconds and the replay's).
+
+    python tools/first_pass.py FILE.bb [--processes 2] [--passes 3] [--json OUT.json]
+
+Each process (a fresh interpreter) decodes FILE `--passes` times with one worker, no reading
+ahead and one part thread; each pass stops at its first Gram matrix (the reference backend
+with its gram raising), so it holds reading, CRC, entropy decoding and widening, and no linear
+algebra. Per pass: wall, user and system seconds, minor page faults. A file without sites
+decodes whole. bench_host.py's replay runs its timed passes after a first pass in the same
+process, so it times later passes; a user's load is a first pass.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def child(path: str, passes: int) -> list[dict[str, float]]:
+    import resource
+    import time
+
+    from bbformat.codec.linalg import NumpyLinalg
+    from bbformat.reader import Reader
+
+    class FirstGram(Exception):
+        pass
+
+    def gram(m: Any) -> Any:
+        raise FirstGram
+
+    la = NumpyLinalg()
+    la.gram = gram  # type: ignore[method-assign]
+    out = []
+    for _ in range(passes):
+        u0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        try:
+            with Reader(path, device=la, share_payload=True, threads=1, read_ahead_bytes=0) as r:
+                for block in r.iter_blocks(workers=1):
+                    del block
+        except FirstGram:
+            pass
+        t1, u1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        out.append({"s": t1 - t0, "user": u1.ru_utime - u0.ru_utime, "sys": u1.ru_stime - u0.ru_stime,
+                    "minflt": float(u1.ru_minflt - u0.ru_minflt)})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("file")
+    ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        print(json.dumps(child(a.file, a.passes)))
+        return 0
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    runs = []
+    for _ in range(a.processes):
+        r = subprocess.run([sys.executable, __file__, a.file, "--passes", str(a.passes), "--child"],
+                           env=env, capture_output=True, text=True, check=True)
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    print("process  pass  wall s  user s  sys s  minor faults")
+    for i, passes in enumerate(runs):
+        for k, p in enumerate(passes):
+            print(f"{i:7d} {k:5d} {p['s']:7.3f} {p['user']:7.2f} {p['sys']:6.2f} {int(p['minflt']):13d}")
+    if a.json:
+        a.json.write_text(json.dumps({"file": a.file, "runs": runs}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
