@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 from .codec.entropy import check_entropy_mode
-from .codec.payload import PartPool, Runner, code_payload, in_turn
+from .codec.payload import PartPool, code_payload
+from .codec.runner import Runner, in_turn
 from .constants import EXTENDED_DTYPES, FLOAT_DTYPES, PART_SYMBOLS, SYMBOL_BITS, RequiredFlag, SectionKind, minor_for, required_flags_for
 from .container.digest import content_crc
 from .container.program import BlockProgram, bits_of
@@ -62,8 +63,9 @@ class Writer:
         unless True, here and again, atomically, when close() publishes the file
         (fsutil.rename_no_replace): a file that appears meanwhile is never replaced.
 
-        threads: how many threads code the parts of one large payload (format 1.5, SPEC.md 8.9);
-        None is every CPU this process may use. The bytes do not depend on it. part_symbols: a
+        threads: how many threads code the parts of one large payload (format 1.5, SPEC.md 8.9),
+        and build an encoder's side sections (add_encoded, runner; any format version); None is
+        every CPU this process may use. The bytes do not depend on it. part_symbols: a
         payload of more symbols is cut into parts of about this many (at most WRITER_PARTS;
         SPEC.md 8.9's informative rule; smaller for tests and conformance vectors).
 
@@ -233,11 +235,14 @@ class Writer:
 
     def runner(self) -> Runner:
         """A Runner on this writer's part threads (`threads`), for work whose result does not
-        depend on the threads: an encoder's side sections (EncodedChunk.finish)."""
+        depend on the threads: an encoder's side sections (EncodedChunk.finish). Jobs it runs
+        may use it again (they run in turn there)."""
         return self._parts.runner()
 
     def add_encoded(self, enc: "EncodedChunk") -> None:
         """add_chunk for an encoder's chunk, with its digest when this writer records them."""
+        if self._state != "chunks":  # before the side sections' work, not after it
+            raise WriterStateError(f"add_encoded() called in state {self._state!r}")
         sections = enc.finish(self.runner())
         self.add_chunk(enc.program, sections, content_crc=content_crc(enc.program, enc.intended) if self.digests else None)
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from bbformat.codec import rotation as rot
 from bbformat.codec.dtypes import RawTensor, tensor_to_symbols
 from bbformat.codec.encoder import encode_chunk
-from bbformat.codec.payload import on_pool
+from bbformat.codec.runner import on_pool
 from bbformat.codec.layout import ChunkLayout, SiteSpec
 from bbformat.container.program import AxisRef
 from bbformat.codec.decoder import decode_program
@@ -144,7 +144,8 @@ def test_deferred_sections_are_the_sequential_ones(seed: int, d: int, extra: int
     finished = later.finish()
     assert later.finish() is finished and not later.deferred  # idempotent
     assert [(s.kind, s.site, s.codec, s.stored) for s in finished] == [(s.kind, s.site, s.codec, s.stored) for s in now.sections]
-    pooled = encode_chunk(layout, tensors, {}, scheme, tol, defer=True).finish(on_pool(_POOL))  # as a Writer's threads run it
+    with ThreadPoolExecutor(3) as pool:  # as a Writer's threads run it
+        pooled = encode_chunk(layout, tensors, {}, scheme, tol, defer=True).finish(on_pool(pool))
     assert [(s.kind, s.site, s.codec, s.stored) for s in pooled] == [(s.kind, s.site, s.codec, s.stored) for s in now.sections]
     assert later.reports == now.reports
     assert np.array_equal(later.payload, now.payload)
@@ -155,12 +156,58 @@ def test_deferred_sections_are_the_sequential_ones(seed: int, d: int, extra: int
             assert side_cost_bound(now.program, s_idx, fix) >= sum(c.cost for c in build_site_sections(now.program, s_idx, fix))
 
 
-_POOL = ThreadPoolExecutor(3, thread_name_prefix="test-sections")
+def _sequential_sections(enc) -> list[tuple[int, int, int, bytes]]:  # type: ignore[no-untyped-def]
+    """The deferred sections as the writer built them before they ran as jobs, written out
+    here independently: per site in order, each planned section encoded and finished with
+    its kind's compress_whole, the cheapest block choice as built (ties: the lower last
+    kind), then finish(True) on each chosen one; the payload first, then by site."""
+    from bbformat.codec.sections import Section
+    from bbformat.codec.section_kinds import site_plan
+
+    def built(p):  # type: ignore[no-untyped-def]
+        return Section(p.codec.kind, p.ctx.site, p.encode()).finish(p.codec.compress_whole)
+
+    out = []
+    for site, fix in enc.deferred.items():
+        plan = site_plan(enc.program, site, fix)
+        choices = [[built(p) for p in c] for c in plan.block_choices]
+        block = min(choices, key=lambda secs: (sum(c.cost for c in secs), secs[-1].kind)) if choices else []
+        out += [sec.finish() for sec in [*(built(p) for p in plan.first), *block, *(built(p) for p in plan.last)]]
+    secs = enc.sections[:1] + sorted(enc.sections[1:] + out, key=lambda sec: sec.site)
+    return [(s.kind, s.site, s.codec, s.stored) for s in secs]
+
+
+def test_pooled_sections_are_those_built_one_by_one() -> None:
+    """EncodedChunk.finish on a pool against an independent copy of the sequential build, on
+    fixed cases that reach both block choices, zstd'd x_residuals and anchor patches."""
+    from bbformat.constants import Codec, SectionKind
+
+    seen: set[str] = set()
+    with ThreadPoolExecutor(3) as pool:
+        for seed in range(12):
+            for d, extra, dtype, scheme, tol in [(24, 9, "float16", "symmetric", 0.0), (33, 0, "bfloat16", "paper", 0.0),
+                                                  (40, 17, "float32", "symmetric", 1e-3), (16, 20, "bfloat16", "symmetric", 0.0),
+                                                  (24, 9, "bfloat16", "paper", 1e-3)]:
+                layout, tensors = _case(seed, d, d + extra, dtype, 0.05)
+                enc = encode_chunk(layout, tensors, {}, scheme, tol, defer=True)
+                if not enc.deferred:
+                    continue
+                want = _sequential_sections(encode_chunk(layout, tensors, {}, scheme, tol, defer=True))
+                got = [(s.kind, s.site, s.codec, s.stored) for s in enc.finish(on_pool(pool))]
+                assert got == want, (seed, d, dtype, scheme, tol)
+                kinds = {(k, c) for k, _, c, _ in got}
+                seen |= {"residuals zstd"} if (SectionKind.X_RESIDUALS, Codec.ZSTD) in kinds else set()
+                seen |= {"patches only"} if any(k == SectionKind.X_PATCHES for k, _ in kinds) and not any(
+                    k == SectionKind.X_RESIDUALS for k, _ in kinds) else set()
+                seen |= {"anchor patches"} if any(k == SectionKind.ANCHOR_PATCHES for k, _ in kinds) else set()
+    assert seen == {"residuals zstd", "patches only", "anchor patches"}, seen
 
 
 def test_a_section_is_compressed_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Section.finish(True) again (EncodedChunk.finish after build_site_sections) keeps the
-    first result without compressing the section a second time."""
+    first result without compressing the section a second time, unless its data changed."""
+    from dataclasses import replace
+
     from bbformat.codec import sections
     from bbformat.constants import Codec, SectionKind
 
@@ -177,6 +224,11 @@ def test_a_section_is_compressed_once(monkeypatch: pytest.MonkeyPatch) -> None:
     stored = sec.stored
     assert sec.finish() is sec and sec.stored == stored and len(calls) == 1
     assert sec.finish(False).codec == Codec.RAW and sec.finish().codec == Codec.ZSTD and len(calls) == 2
+    other = bytes(range(256)) * 4
+    moved = replace(sec, data=other).finish()  # a copy with other data is compressed anew
+    assert decompress(moved.stored, moved.codec, len(other), len(other)) == other and len(calls) == 3
+    sec.data = other
+    assert decompress(sec.finish().stored, sec.codec, len(other), len(other)) == other and len(calls) == 4
 
 
 def test_deferral_keeps_the_plain_decision() -> None:
@@ -188,3 +240,22 @@ def test_deferral_keeps_the_plain_decision() -> None:
     enc = encode_chunk(layout, {"prefix": prefix, "anchor": anchor}, {}, "symmetric", 0.0, defer=True)
     assert enc.program.sites[0].plain and not enc.deferred
     assert enc.finish() == enc.sections
+
+
+def test_add_encoded_on_an_ended_writer_is_refused_before_any_work(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A Writer that was aborted refuses add_encoded before it builds the chunk's side
+    sections, and starts no part threads again."""
+    import threading
+
+    from bbformat.writer import Writer, WriterStateError
+
+    layout, tensors = _case(0, 24, 33, "float16", 0.05)
+    enc = encode_chunk(layout, tensors, {}, "symmetric", 0.0, defer=True)
+    assert enc.deferred
+    w = Writer(tmp_path / "x.bb", "symmetric", 1, {}, format_version="1.5", entropy="auto", threads=2)
+    w.abort()
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(WriterStateError):
+        w.add_encoded(enc)
+    assert enc.deferred and {t.name for t in threading.enumerate()} == before
+    assert not (tmp_path / "x.bb").exists()

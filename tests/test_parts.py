@@ -23,7 +23,8 @@ from bbformat.codec.exponent import encode_exponent, table_count
 from bbformat.codec import parts, payload
 from bbformat.codec.parts import cut_runs, encode_parts, part_cuts, population_cuts, read_parts
 from bbformat.codec.varint import encode_varint
-from bbformat.codec.payload import COUNTS_REFERENCES, OutputBuffers, code_payload, decode_payload, in_turn, on_pool, part_threads
+from bbformat.codec.payload import COUNTS_REFERENCES, OutputBuffers, PartPool, code_payload, decode_payload, part_threads
+from bbformat.codec.runner import in_turn, on_pool
 from bbformat.constants import MAX_EXPONENT_TABLES, MAX_PAYLOAD_PARTS, PART_SYMBOLS, WRITER_PARTS, Codec, OpKind, RequiredFlag
 from bbformat.container.program import BlockProgram, Op, TensorEntry
 from bbformat.errors import FormatError, InputError, LimitError
@@ -680,3 +681,32 @@ def test_blocks_held_by_the_caller_keep_their_tensors() -> None:
             reused += any(lo <= t.bits.ctypes.data < hi for t in b.tensors.values() for lo, hi in spans)
         assert again == want
         assert reused or not COUNTS_REFERENCES
+
+
+def test_a_job_that_runs_jobs_on_its_own_full_pool_does_not_wait_for_ever() -> None:
+    """on_pool called from a job of the same pool runs the inner jobs in turn (a one-thread
+    pool would otherwise wait for ever for jobs queued behind the one waiting); the failure
+    of the first job in order is still the one raised."""
+    import threading
+
+    with ThreadPoolExecutor(1) as pool:
+        run = on_pool(pool)
+        out: list[object] = []
+        t = threading.Thread(target=lambda: out.append(run([lambda: run([lambda: 1, lambda: 2]), lambda: run([lambda: 3])])),
+                             daemon=True)
+        t.start()
+        t.join(20)
+        assert not t.is_alive() and out == [[[1, 2], [3]]]
+
+        def fail(k: int) -> int:
+            raise ValueError(k)
+
+        with pytest.raises(ValueError, match="0"):
+            run([lambda: run([lambda: fail(0), lambda: fail(1)])])
+
+
+def test_a_closed_part_pool_starts_no_threads() -> None:
+    pool = PartPool(2)
+    assert pool.runner()([lambda: 1]) == [1]
+    pool.close()
+    assert pool.runner() is in_turn

@@ -639,9 +639,10 @@ def test_first_pass_stops_each_pass_at_its_first_gram(tmp_path: Path, monkeypatc
     src = TOOLS.parent / "conformance" / "valid" / "model_llama_sym.bb"
     r = _tool(str(TOOLS / "first_pass.py"), str(src), "--processes", "2", "--passes", "2", "--json", str(tmp_path / "r.json"))
     assert r.returncode == 0, r.stderr
-    runs = json.loads((tmp_path / "r.json").read_text())["runs"]
+    runs = json.loads((tmp_path / "r.json").read_text())["runs"][0]["processes"]
     assert len(runs) == 2 and all(len(p) == 2 for p in runs)
-    assert all(p["s"] > 0 and p["user"] >= 0 and p["sys"] >= 0 and p["minflt"] >= 0 for ps in runs for p in ps)
+    assert all(p["s"] > 0 and p["user"] >= 0 and p["sys"] >= 0 and p["minflt"] >= 0 and p["reported_mib"] >= 0
+               and p["reported_before_mib"] >= 0 for ps in runs for p in ps)
     monkeypatch.syspath_prepend(str(TOOLS))
     import first_pass
     from bbformat.codec import linalg

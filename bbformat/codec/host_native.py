@@ -19,12 +19,11 @@ computed by the same code whichever slice it falls in, so the bits do not depend
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import partial
 from types import ModuleType
-from typing import Any
 
 import numpy as np
 

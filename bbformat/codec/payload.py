@@ -144,22 +144,26 @@ class OutputBuffers:
 
 
 class PartPool:
-    """The threads that code or decode parts (SPEC.md 8.9) for one Writer or Reader: a pool of
-    `threads` threads (part_threads), made when first needed. A reader's blocks that several
-    workers decode side by side share it: while its parts run a worker waits, and at most
-    `threads` parts run at a time. Neither the bytes nor the symbols depend on `threads`."""
+    """The threads that code or decode parts (SPEC.md 8.9) for one Writer or Reader, and build
+    a writer's side sections and cut estimate: a pool of `threads` threads (part_threads),
+    made when first needed. A reader's blocks that several workers decode side by side share
+    it: while its parts run a worker waits, and at most `threads` parts run at a time. Neither
+    the bytes nor the symbols depend on `threads`. After close() jobs run in turn."""
 
     def __init__(self, threads: int | None) -> None:
         self.threads = part_threads(threads)
         self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
         self._lock = threading.Lock()
         self.buffers = OutputBuffers(2 * self.threads + 10)  # a block's chunk, payload and temporaries, and the parts'
 
     def runner(self) -> Runner:
-        """on_pool of the pool, made now if not yet; in_turn for threads=1."""
+        """on_pool of the pool, made now if not yet; in_turn for threads=1 or once closed."""
         if self.threads == 1:
             return in_turn
         with self._lock:
+            if self._closed:
+                return in_turn
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bbformat-part")
             return on_pool(self._pool)
@@ -173,6 +177,7 @@ class PartPool:
     def close(self) -> None:
         self.buffers.clear()
         with self._lock:
+            self._closed = True
             if self._pool is not None:
                 self._pool.shutdown(cancel_futures=True)
                 self._pool = None

@@ -39,14 +39,18 @@ class Section:
     data: bytes  # decoded bytes
     codec: int = Codec.RAW
     stored: bytes = b""
-    zstd_tried: bool = field(default=False, compare=False)  # finish(allow_zstd=True) ran: its result stands
+    # (data, kind) that finish(allow_zstd=True) last chose for: its result stands for them.
+    # Not an init field, so dataclasses.replace() starts without it.
+    _chosen_for: tuple[bytes, int] | None = field(default=None, init=False, repr=False, compare=False)
 
     def finish(self, allow_zstd: bool = True) -> "Section":
         """Choose the smaller of raw and zstd for storage (deterministic), where the kind may
-        be zstd (a band section is raw only). A second finish(True) keeps the first's result."""
-        if allow_zstd and self.zstd_tried:
+        be zstd (a band section is raw only). finish(True) again on the same data and kind
+        keeps the first's result instead of compressing again."""
+        chosen = self._chosen_for
+        if allow_zstd and chosen is not None and chosen[0] is self.data and chosen[1] == self.kind:
             return self
-        self.codec, self.stored, self.zstd_tried = Codec.RAW, self.data, allow_zstd
+        self.codec, self.stored, self._chosen_for = Codec.RAW, self.data, (self.data, self.kind) if allow_zstd else None
         if allow_zstd and len(self.data) > 64 and Codec.ZSTD in rules_of(self.kind).codecs:
             comp = compressor(SECTION_LEVEL).compress(self.data)
             if len(comp) < len(self.data):
