@@ -8,6 +8,7 @@ import os
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import BinaryIO, Iterable, Iterator
 
@@ -511,7 +512,7 @@ class Reader:
         """Blocks in the order of idx, decoded ahead on `workers` threads within the budget (iter_blocks)."""
         # BLAS held at the decoder's count around the whole pool, so that the workers' own
         # limits never restore a larger count while another worker is decoding.
-        with self.linalg.threads(), ThreadPoolExecutor(workers, thread_name_prefix="bbformat-decode") as pool:
+        with self.linalg.threads(), self._decode_pool(workers) as pool:
             ahead: deque[tuple[Future[DecodedBlock], int]] = deque()
             todo, held, costs = deque(idx), 0, dict[int, int]()
 
@@ -536,6 +537,18 @@ class Reader:
                 yield claim_names(seen, block)
                 del block
                 start(0)
+
+    @contextmanager
+    def _decode_pool(self, workers: int) -> Iterator[ThreadPoolExecutor]:
+        """The threads of a multi-worker pass. Its end waits for the blocks under way, unless
+        this thread is inside the buffer pool (the garbage collector, run by an allocation
+        there, ending a pass left in a reference cycle): those blocks may be waiting for the
+        pool, so they finish on their own and their results are dropped."""
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="bbformat-decode")
+        try:
+            yield pool
+        finally:
+            pool.shutdown(wait=not self._parts.buffers.held_here(), cancel_futures=True)
 
     def hand_over(self, block: DecodedBlock, names: Iterable[str]) -> set[str]:
         """Which of `names` (tensors of `block`) the caller may keep as they are, without a copy

@@ -519,6 +519,44 @@ def test_a_pass_the_collector_ends_inside_the_pool_does_not_deadlock() -> None:
     assert int(r.stdout) > 0  # passes were finalised while the pool was taking a buffer
 
 
+MULTI_WORKER_PASS_ENDED_INSIDE_THE_POOL = """
+import io, sys, threading
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from test_parts import _same_size_blocks
+from bbformat.reader import Reader
+
+r = Reader(io.BytesIO(_same_size_blocks()), threads=1, share_payload=True, read_ahead_bytes=0)
+real = r.decode_block
+go, waiting = threading.Event(), threading.Event()
+
+def decode_block(i):
+    if i == 1:  # under way on the second worker when the pass ends; then it needs the pool
+        waiting.set()
+        go.wait()
+        r._parts.buffers.scratch(1 << 20, np.dtype(np.uint8))
+    return real(i)
+
+r.decode_block = decode_block
+g = r.iter_blocks(workers=2)
+next(g)
+waiting.wait()
+with r._parts.buffers._held():  # inside the pool, as an allocation is when the collector runs
+    go.set()
+    g.close()  # the collector ending the pass here
+print("closed")
+"""
+
+
+def test_a_multi_worker_pass_ended_inside_the_pool_does_not_wait_for_its_workers() -> None:
+    """A multi-worker pass that ends while its thread is inside the buffer pool (the garbage
+    collector finalising it during an allocation) does not wait for a block still under way
+    that needs the pool: it waited for ever."""
+    r = subprocess.run([sys.executable, "-c", MULTI_WORKER_PASS_ENDED_INSIDE_THE_POOL, str(Path(__file__).parent)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "closed", r.stderr[-2000:]
+
+
 @needs_counts
 def test_scratch_takes_a_free_buffer_up_to_twice_its_size_and_a_payload_one_to_an_eighth() -> None:
     pool = OutputBuffers(keep=4)

@@ -132,11 +132,16 @@ class OutputBuffers:
         a caller still holds stay counted, and come back to the pool when dropped. Skipped where
         this thread is inside the pool already: the garbage collector, run by an allocation
         there, finalising a pass left in a reference cycle (whose end calls this)."""
-        if self._owner == threading.get_ident():
+        if self.held_here():
             return
         with self._held():
             held = [i for i in range(len(self._bufs)) if sys.getrefcount(self._bufs[i]) > 2]  # more than the list's and the call's
             self._bufs = [self._bufs[i] for i in held]
+
+    def held_here(self) -> bool:
+        """Whether this thread is inside the pool now (taking a buffer, or releasing): then
+        anything that waits for the pool's other users, as the end of a pass does, must not."""
+        return self._owner == threading.get_ident()
 
     def clear(self) -> None:
         with self._held():
