@@ -290,37 +290,3 @@ def test_gpu_pack_verifies_on_the_reference(tiny: dict[str, Path], tmp_path: Pat
     with warnings.catch_warnings():
         warnings.simplefilter("error", api.DeviceNote)
         model(torch.tensor([[1, 2, 3]], device="cuda"))
-
-
-def _blas_threads() -> list[int]:
-    """The thread counts of numpy's own BLAS (the reference's): scipy's or torch's, loaded
-    after bbformat first pinned, are not its concern."""
-    from threadpoolctl import threadpool_info
-
-    return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas" and "numpy" in i["filepath"]]
-
-
-def test_overlapping_blas_pins_hold_until_the_last_ends() -> None:
-    """Two passes on two threads pin BLAS at the same time and end in either order: the pin
-    holds until the last one ends, at the fewest threads any asked for, and the process's own
-    limits come back after (threadpoolctl's limits are process-wide)."""
-    from threadpoolctl import threadpool_limits
-
-    if not _blas_threads():
-        pytest.skip("no BLAS library that threadpoolctl controls")
-    with threadpool_limits(limits=3, user_api="blas"):
-        base = _blas_threads()
-        if set(base) == {1}:
-            pytest.skip("this BLAS runs on one thread only")
-        a, b, c = rot.one_blas_thread(), rot.blas_threads(2), rot.one_blas_thread()
-        b.__enter__()
-        assert set(_blas_threads()) == {min(2, max(base))}
-        a.__enter__()
-        c.__enter__()
-        assert set(_blas_threads()) == {1}
-        a.__exit__(None, None, None)  # the first pin ends while another of 1 is active: still 1
-        assert set(_blas_threads()) == {1}
-        c.__exit__(None, None, None)  # only the pin of 2 is left
-        assert set(_blas_threads()) == {min(2, max(base))}
-        b.__exit__(None, None, None)
-        assert _blas_threads() == base

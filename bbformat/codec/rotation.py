@@ -8,12 +8,10 @@ rotate_axis and regenerate (tools/bench's "pack linalg s"); see its docstring.
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from functools import lru_cache
 from time import perf_counter
-from typing import Any
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -164,36 +162,11 @@ def one_blas_thread() -> AbstractContextManager[object]:
     """Encoder and decoder run their linear algebra on one BLAS thread: the eigenvectors of a
     nearly degenerate matrix depend on how LAPACK splits its work, so the bytes and the
     decoder's approximations would otherwise depend on the machine's thread settings."""
-    return blas_threads(1)
+    limit: AbstractContextManager[object] = _controller().limit(limits=1, user_api="blas")
+    return limit
 
 
-# BLAS limits are the process's, but passes on several threads pin them: each context's count
-# is kept here while it is active, BLAS runs on the fewest any of them asked for, and the
-# process's own limits come back when the last one ends (not when the first one does).
-_pin_lock = threading.Lock()
-_pins: list[int] = []
-_original: Any = None  # threadpoolctl's limiter of the first active context: it restores
-
-
-@contextmanager
-def blas_threads(n: int) -> Iterator[None]:
-    """BLAS on at most n threads while the context is active (NumpyLinalg's blas_threads).
-    Contexts may overlap on several threads (two passes, two readers): while any is active the
-    fewest threads asked for hold, so one pass's end never lifts another's pin."""
-    global _original
-    with _pin_lock:
-        if not _pins:
-            _original = _controller().limit(limits=n, user_api="blas")
-        elif n < min(_pins):
-            _controller().limit(limits=n, user_api="blas")
-        _pins.append(n)
-    try:
-        yield
-    finally:
-        with _pin_lock:
-            _pins.remove(n)
-            if not _pins:
-                _original.restore_original_limits()
-                _original = None
-            elif n < min(_pins):
-                _controller().limit(limits=min(_pins), user_api="blas")
+def blas_threads(n: int) -> AbstractContextManager[object]:
+    """BLAS on n threads while the context is active (NumpyLinalg's blas_threads)."""
+    limit: AbstractContextManager[object] = _controller().limit(limits=n, user_api="blas")
+    return limit
