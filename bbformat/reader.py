@@ -543,12 +543,17 @@ class Reader:
         """The threads of a multi-worker pass. Its end waits for the blocks under way, unless
         this thread is inside the buffer pool (the garbage collector, run by an allocation
         there, ending a pass left in a reference cycle): those blocks may be waiting for the
-        pool, so they finish on their own and their results are dropped."""
+        pool, so they finish on their own, their results dropped, and close() waits for them
+        before the file closes. Only the buffer pool's lock is known here: a collection inside
+        another lock the workers need would still wait."""
         pool = ThreadPoolExecutor(workers, thread_name_prefix="bbformat-decode")
         try:
             yield pool
         finally:
-            pool.shutdown(wait=not self._parts.buffers.held_here(), cancel_futures=True)
+            inside = self._parts.buffers.held_here()
+            pool.shutdown(wait=not inside, cancel_futures=True)
+            if inside:
+                self._ahead.add(pool)  # close() waits for it
 
     def hand_over(self, block: DecodedBlock, names: Iterable[str]) -> set[str]:
         """Which of `names` (tensors of `block`) the caller may keep as they are, without a copy
