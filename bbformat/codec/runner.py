@@ -3,8 +3,8 @@ A writer's or reader's part threads run parts, side sections and the estimate's 
 through one; nothing a Runner runs may depend on how many threads it has."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from functools import partial
 from typing import Protocol, TypeVar
