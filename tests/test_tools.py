@@ -660,3 +660,17 @@ def test_first_pass_stops_each_pass_at_its_first_gram(tmp_path: Path, monkeypatc
 
     monkeypatch.setattr(linalg, "NumpyLinalg", Counting)
     assert len(first_pass.child(str(src), 3)) == 3 and len(seen) == 3
+
+
+@pytest.mark.parametrize("args", [["MISSING"], ["NOT_BB"], ["SRC", "--passes", "0"], ["SRC", "--idle", "-1"]])
+def test_first_pass_refuses_bad_input_in_one_line(tmp_path: Path, args: list[str]) -> None:
+    src = TOOLS.parent / "conformance" / "valid" / "model_llama_sym.bb"
+    (tmp_path / "x.bb").write_bytes(b"not a container")
+    paths = {"MISSING": str(tmp_path / "none.bb"), "NOT_BB": str(tmp_path / "x.bb"), "SRC": str(src)}
+    r = _tool(str(TOOLS / "first_pass.py"), *[paths.get(a, a) for a in args])
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr and lines, r.stderr
+    if args[0] == "SRC":  # a bad flag: argparse's usage, then one line that names it
+        assert lines[-1].startswith("first_pass.py: error: argument --") and ("at least 1" in lines[-1] or "0 or more" in lines[-1])
+    else:  # a bad file: one line that names it
+        assert len(lines) == 1 and lines[0].startswith(f"first_pass: {paths[args[0]]}: ")

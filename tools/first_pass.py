@@ -73,23 +73,46 @@ def child(path: str, passes: int, idle: float = 0.0) -> list[dict[str, float]]:
     return out
 
 
+def _count(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
+def _seconds(text: str) -> float:
+    s = float(text)
+    if not s >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return s
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("file")
-    ap.add_argument("--processes", type=int, default=2)
-    ap.add_argument("--passes", type=int, default=3)
-    ap.add_argument("--idle", type=float, default=0.0, help="seconds each process waits before its first pass")
+    ap.add_argument("--processes", type=_count, default=2)
+    ap.add_argument("--passes", type=_count, default=3)
+    ap.add_argument("--idle", type=_seconds, default=0.0, help="seconds each process waits before its first pass")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
-        print(json.dumps(child(a.file, a.passes, a.idle)))
+        from bbformat.errors import BBFormatError
+
+        try:
+            print(json.dumps(child(a.file, a.passes, a.idle)))
+        except (BBFormatError, OSError) as exc:
+            print(f"first_pass: {a.file}: {exc}", file=sys.stderr)
+            return 2
         return 0
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     runs = []
     for _ in range(a.processes):
         r = subprocess.run([sys.executable, __file__, a.file, "--passes", str(a.passes), "--idle", str(a.idle), "--child"],
-                           env=env, capture_output=True, text=True, check=True)
+                           env=env, capture_output=True, text=True)
+        if r.returncode:
+            print((r.stderr.strip().splitlines() or [f"first_pass: a child failed (exit {r.returncode})"])[-1], file=sys.stderr)
+            return 2
         runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
     print("process  pass  wall s  user s  sys s  minor faults  reported MiB: before, during")
     for i, passes in enumerate(runs):
