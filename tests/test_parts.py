@@ -21,7 +21,7 @@ from bbformat.codec import exponent
 from bbformat.codec.entropy import payload_segments
 from bbformat.codec.exponent import encode_exponent, table_count
 from bbformat.codec import parts, payload
-from bbformat.codec.parts import cut_runs, encode_parts, part_cuts, population_cuts, read_parts
+from bbformat.codec.parts import cut_runs, encode_parts, part_cuts, population_cuts, population_plan, read_parts
 from bbformat.codec.varint import encode_varint
 from bbformat.codec.payload import COUNTS_REFERENCES, OutputBuffers, PartPool, code_payload, decode_payload, part_threads
 from bbformat.codec.runner import in_turn, on_pool
@@ -144,7 +144,7 @@ def _two_populations(seed: int = 0) -> tuple[BlockProgram, bytes]:
 def _even_rule_payload(monkeypatch: pytest.MonkeyPatch, prog: BlockProgram, data: bytes, part_symbols: int) -> bytes:
     """The payload the writer stored before cuts followed the rows' codec: cuts part_cuts' alone."""
     with monkeypatch.context() as m:
-        m.setattr(payload, "population_cuts", lambda sym, dtype, runs, ps, **_: part_cuts(runs, len(sym), ps))
+        m.setattr(payload, "population_plan", lambda sym, dtype, runs, ps, **_: (part_cuts(runs, len(sym), ps), None))
         return code_payload(prog, data, "auto", ALL, part_symbols=part_symbols)[1]
 
 
@@ -163,6 +163,42 @@ def test_a_cut_falls_where_the_rows_change_codec_and_the_payload_shrinks(monkeyp
         for run in (in_turn, on_pool(pool)):
             assert decode_payload(codec, stored, prog, ALL, run).tobytes() == data
         assert code_payload(prog, data, "auto", ALL, on_pool(pool), part_symbols) == (codec, stored)
+
+
+def test_the_parts_estimates_add_up_to_the_payloads() -> None:
+    """population_plan's estimate of each part: the same bounds as population_cuts, codec 2
+    estimated smaller on the low-precision rows only, and the parts' estimates summing to the
+    whole payload's under any cut."""
+    prog, data = _two_populations()
+    sym, runs = np.frombuffer(data, "<u4"), payload_segments(prog)
+    cuts, est = population_plan(sym, "float32", runs, 100_000)
+    assert cuts == population_cuts(sym, "float32", runs, 100_000) and est is not None and len(est) == len(cuts) - 1
+    assert est[0].planes < est[0].exponent and est[-1].planes > est[-1].exponent  # (a part beside the change shares a block)
+    whole = population_plan(sym, "float32", runs, 100_000, max_parts=1)
+    assert len(whole[0]) == 2 and whole[1] is not None
+    for i, field in enumerate(("planes", "exponent")):
+        assert sum(getattr(e, field) for e in est) == pytest.approx(whole[1][0][i], rel=1e-12)
+    assert population_plan(sym[: 2 * COLS], "float32", [(2 * COLS, COLS)], 100_000)[1] is None  # under 3 estimate blocks
+
+
+def test_auto_skips_codec_2_where_the_estimate_rules_it_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a margin of 2% (the full-precision rows' estimate is 3% over codec 3) the low-precision
+    rows still take codec 2 and the payload's bytes do not change, but codec 2 is tried on fewer
+    parts; a margin below -1 skips codec 2 everywhere, None nowhere."""
+    prog, data = _two_populations()
+    tried: list[int] = []
+    real = payload.encode_planes
+    monkeypatch.setattr(payload, "encode_planes", lambda sym, *a, **k: tried.append(len(sym)) or real(sym, *a, **k))
+    by_margin = {}
+    for margin in (None, 0.02, -2.0):
+        monkeypatch.setattr(payload, "PLANES_SKIP_MARGIN", margin)
+        tried.clear()
+        by_margin[margin] = code_payload(prog, data, "auto", ALL, part_symbols=100_000), len(tried)
+    (every, n_every), (default, n_default), (never, n_never) = by_margin.values()
+    assert default == every and 0 < n_default < n_every and n_never == 0
+    assert read_parts(default[1], ROWS * COLS, 4, (0, 1, 2, 3))[0].codec == Codec.PLANES
+    assert all(p.codec != Codec.PLANES for p in read_parts(never[1], ROWS * COLS, 4, (0, 1, 2, 3)))
+    assert decode_payload(*never, prog, ALL).tobytes() == data
 
 
 def test_one_population_keeps_the_even_cuts() -> None:

@@ -674,3 +674,51 @@ def test_first_pass_refuses_bad_input_in_one_line(tmp_path: Path, args: list[str
         assert lines[-1].startswith("first_pass.py: error: argument --") and ("at least 1" in lines[-1] or "0 or more" in lines[-1])
     else:  # a bad file: one line that names it
         assert len(lines) == 1 and lines[0].startswith(f"first_pass: {paths[args[0]]}: ")
+
+
+def test_section_zstd_prices_the_side_sections_of_a_pack(tmp_path: Path) -> None:
+    """tools/section_zstd.py: the file it packed is pack's own (same size), the writer's setting
+    and each level price the same inputs, none stored above raw; a bad --levels is one line."""
+    import bbformat
+    from bbformat.checkpoint import write_checkpoint
+    from bbformat.testing import make_tiny_checkpoint
+    from bbformat.zstdframe import SECTION_PARAMS
+
+    src = tmp_path / "src"
+    write_checkpoint(make_tiny_checkpoint("llama", seed=6, layers=2, dtype="bfloat16"), src)
+    r = _tool(str(TOOLS / "section_zstd.py"), str(src), "--levels", "19,3", "--json", str(tmp_path / "z.json"))
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "z.json").read_text())
+    bbformat.pack(src, tmp_path / "t.bb")
+    assert res["file_bytes"] == (tmp_path / "t.bb").stat().st_size
+    assert res["writer_params"] == {k: int(v) for k, v in SECTION_PARAMS.items()}
+    assert res["inputs"] > 0 and set(res["settings"]) == {"writer", "level 19", "level 3"}
+    assert all(0 < s["stored"] <= res["input_bytes"] for s in res["settings"].values())
+    bad = _tool(str(TOOLS / "section_zstd.py"), str(src), "--levels", "high")
+    assert bad.returncode == 2 and "integers separated by commas" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_skip_planes_counts_what_each_margin_would_skip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tools/skip_planes.py: summary() on rows worked by hand, then a real pack whose parts'
+    estimates come out near the codecs' own sizes."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+    import skip_planes
+    from bbformat.checkpoint import write_checkpoint
+    from bbformat.testing import make_tiny_checkpoint
+
+    rows = [{"symbols": 10, "est_planes": 110.0, "est_exponent": 100.0, "planes": 90.0, "exponent": 100.0},  # ratio 1.10, codec 2 wins
+            {"symbols": 20, "est_planes": 104.0, "est_exponent": 100.0, "planes": 120.0, "exponent": 100.0},  # 1.04, codec 3 wins
+            {"symbols": 40, "est_planes": 90.0, "est_exponent": 100.0, "planes": 95.0, "exponent": 100.0}]  # 0.90, codec 2 wins
+    s = skip_planes.summary(rows, [0.0, 0.05, 0.2])
+    assert s["parts"] == 3 and s["codec 2 smaller"] == 2
+    assert s["highest estimated ratio where codec 2 wins"] == pytest.approx(1.10)
+    assert s["estimate/actual, codec 2"] == pytest.approx(304 / 305)
+    m = s["margins"]
+    assert (m["0.0"]["skipped"], m["0.0"]["skipped_symbols"], m["0.0"]["lost_parts"], m["0.0"]["lost_bytes"]) == (2, 30, 1, 10 / 8)
+    assert (m["0.05"]["skipped"], m["0.05"]["lost_parts"]) == (1, 1) and m["0.2"]["skipped"] == 0
+
+    src = tmp_path / "src"
+    write_checkpoint(make_tiny_checkpoint("llama", seed=5, layers=1, vocab=4096, dtype="float16"), src)
+    parts = skip_planes.parts_of(str(src))
+    assert parts and all(0.9 < r["est_planes"] / r["planes"] < 1.1 and 0.9 < r["est_exponent"] / r["exponent"] < 1.1 for r in parts)
+    assert sum(r["symbols"] for r in parts) >= 4096 * 64  # the embedding's payload at least

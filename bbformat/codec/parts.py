@@ -65,6 +65,13 @@ def _even_cuts(runs: list[tuple[int, int]], lo: int, hi: int, parts: int) -> lis
     return cuts
 
 
+class Estimate(NamedTuple):
+    """Estimated bits of a stretch of payload symbols under codec 2 and codec 3 (_block_costs)."""
+
+    planes: float
+    exponent: float
+
+
 def population_cuts(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]], part_symbols: int,
                     max_parts: int = WRITER_PARTS, run: Runner = in_turn) -> list[int]:
     """The reference writer's part bounds for a float payload whose parts may take codec 2 or 3
@@ -72,24 +79,39 @@ def population_cuts(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]], pa
     estimated to store smaller to those codec 3 is (or back), then each stretch between such
     cuts cut evenly as part_cuts does. part_cuts' bounds when there is no change or the parts
     would pass `max_parts`. The estimate's blocks are costed through `run`: the same cuts."""
+    return population_plan(sym, dtype, runs, part_symbols, max_parts, run)[0]
+
+
+def population_plan(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]], part_symbols: int,
+                    max_parts: int = WRITER_PARTS, run: Runner = in_turn) -> tuple[list[int], list[Estimate] | None]:
+    """(population_cuts' bounds, each part's estimated bits under codecs 2 and 3), the estimate
+    None where the payload has fewer than 3 estimate blocks."""
     total = len(sym)
     even = part_cuts(runs, total, part_symbols, max_parts)
     blocks = _even_cuts(runs, 0, total, total // POPULATION_BLOCK)
     if len(blocks) < 3:
-        return even
+        return even, None
     two, three = _block_costs(sym, dtype, blocks, run)
     labels = _labels(two, three)
     changes = [b for b in range(1, len(labels)) if labels[b] != labels[b - 1]]
-    if not changes:
-        return even
-    bounds = [0]
-    for b in changes:  # refined cuts of neighbouring changes may cross: keep them in order
-        bounds.append(max(bounds[-1], _refine(sym, dtype, runs, blocks, labels, b)))
-    cuts = [0]
-    for lo, hi in zip(bounds, bounds[1:] + [total]):
-        if hi > lo:
-            cuts += _even_cuts(runs, lo, hi, -(-(hi - lo) // part_symbols))[1:]
-    return cuts if len(cuts) - 1 <= max_parts else even
+    cuts = even
+    if changes:
+        bounds = [0]
+        for b in changes:  # refined cuts of neighbouring changes may cross: keep them in order
+            bounds.append(max(bounds[-1], _refine(sym, dtype, runs, blocks, labels, b)))
+        split = [0]
+        for lo, hi in zip(bounds, bounds[1:] + [total]):
+            if hi > lo:
+                split += _even_cuts(runs, lo, hi, -(-(hi - lo) // part_symbols))[1:]
+        cuts = split if len(split) - 1 <= max_parts else even
+    at_two, at_three = _cumulative(blocks, two, cuts), _cumulative(blocks, three, cuts)
+    return cuts, [Estimate(float(at_two[i + 1] - at_two[i]), float(at_three[i + 1] - at_three[i])) for i in range(len(cuts) - 1)]
+
+
+def _cumulative(blocks: list[int], costs: np.ndarray, at: list[int]) -> np.ndarray:
+    """The estimated bits of symbols [0, x) for each x in `at`: the blocks' costs summed, a
+    block's cost spread evenly over its symbols."""
+    return np.interp(np.asarray(at, np.float64), np.asarray(blocks, np.float64), np.concatenate(([0.0], np.cumsum(costs))))
 
 
 def _planes_of(sym: np.ndarray) -> np.ndarray:

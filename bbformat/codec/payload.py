@@ -21,13 +21,20 @@ from ..zstdframe import PAYLOAD_LEVEL, Buffer, compress, decompress
 from .dtypes import uint_dtype
 from .entropy import check_entropy_mode, decode_planes, encode_planes, payload_segments
 from .exponent import decode_exponent, encode_exponent, table_count
-from .parts import Part, cut_runs, encode_parts, part_cuts, population_cuts, read_parts
+from .parts import Estimate, Part, cut_runs, encode_parts, part_cuts, population_plan, read_parts
 from .runner import Runner, in_turn, on_pool
 
 DEFAULT_FLAGS = int(RequiredFlag.PLANES | RequiredFlag.EXPONENT)
 # Whether a payload candidate's coding stops once it cannot be chosen (False: every candidate is
 # coded whole, as before; tests compare the two).
 PRUNE_CANDIDATES = True
+# auto skips codec 2 on a part whose estimated codec-2 bits pass its estimated codec-3 bits by
+# more than this fraction (parts.Estimate; None: every part tries codec 2). Measured with
+# tools/skip_planes.py (BENCHMARKS.md 19): of the parts codec 2 stored smaller (MiniLM fp32 and
+# fp16, SmolLM2 fp16), the highest estimated ratio was 1.005; bf16 parts (SmolLM2, MiniLM, the
+# 7B shape) were all above 1.05, and codec 2 won none of them. 0.03 skips every one of those
+# and none that codec 2 won.
+PLANES_SKIP_MARGIN: float | None = 0.03
 
 
 def part_threads(threads: int | None) -> int:
@@ -203,13 +210,15 @@ def code_payload(program: BlockProgram, data: bytes, mode: str, flags: int = DEF
     dtype, w8 = program.symbol_dtype, program.symbol_bits // 8
     runs = payload_segments(program)
     total = len(data) // w8
-    cuts = _cuts(data, dtype, runs, mode, flags, part_symbols, run) if flags & RequiredFlag.PARTS else [0, total]
+    cuts, estimates = _cuts(data, dtype, runs, mode, flags, part_symbols, run) if flags & RequiredFlag.PARTS else ([0, total], None)
+    planes = [_tries_planes(e) for e in estimates] if estimates is not None else [True] * (len(cuts) - 1)
     if len(cuts) == 2:
-        codec, stored = _code_symbols(data, dtype, runs, mode, flags)
+        codec, stored = _code_symbols(data, dtype, runs, mode, flags, planes[0])
         return codec, stored if isinstance(stored, bytes) else bytes(stored)  # raw: `data` itself
     spans = list(zip(cuts[:-1], cuts[1:]))
     view = memoryview(data)
-    coded = run([partial(_code_symbols, view[lo * w8 : hi * w8], dtype, cut_runs(runs, lo, hi), mode, flags) for lo, hi in spans])
+    coded = run([partial(_code_symbols, view[lo * w8 : hi * w8], dtype, cut_runs(runs, lo, hi), mode, flags, p)
+                 for (lo, hi), p in zip(spans, planes)])
     parts: list[tuple[int, int, Buffer]] = []
     tables = 0
     for (lo, hi), (codec, stored) in zip(spans, coded):
@@ -225,19 +234,26 @@ def code_payload(program: BlockProgram, data: bytes, mode: str, flags: int = DEF
 
 
 def _cuts(data: bytes, dtype: str, runs: list[tuple[int, int]], mode: str, flags: int, part_symbols: int,
-          run: Runner = in_turn) -> list[int]:
-    """The part bounds (SPEC.md 8.9, informative): where the rows change codec when a part may
-    take codec 2 or 3 (`auto`; the estimate through `run`), else evenly."""
+          run: Runner = in_turn) -> tuple[list[int], list[Estimate] | None]:
+    """(the part bounds, each part's estimate or None) (SPEC.md 8.9, informative): where the
+    rows change codec when a part may take codec 2 or 3 (`auto`; the estimate through `run`),
+    else evenly and without an estimate."""
     w8 = DTYPE_BITS[dtype] // 8
     if mode == "auto" and {Codec.PLANES, Codec.EXPONENT} <= set(payload_codecs(flags, dtype)):
         sym = np.frombuffer(data, dtype=np.dtype(uint_dtype(8 * w8)).newbyteorder("<"))
-        return population_cuts(sym, dtype, runs, part_symbols, run=run)
-    return part_cuts(runs, len(data) // w8, part_symbols)
+        return population_plan(sym, dtype, runs, part_symbols, run=run)
+    return part_cuts(runs, len(data) // w8, part_symbols), None
 
 
-def _code_symbols(data: Buffer, dtype: str, runs: list[tuple[int, int]], mode: str, flags: int) -> tuple[int, Buffer]:
+def _tries_planes(e: Estimate) -> bool:
+    """Whether auto codes a part with this estimate in codec 2 (PLANES_SKIP_MARGIN)."""
+    return PLANES_SKIP_MARGIN is None or e.planes <= e.exponent * (1 + PLANES_SKIP_MARGIN)
+
+
+def _code_symbols(data: Buffer, dtype: str, runs: list[tuple[int, int]], mode: str, flags: int,
+                  try_planes: bool = True) -> tuple[int, Buffer]:
     """(codec, stored bytes) of `dtype` symbols (`data`, read in place) with segments `runs`,
-    one codec for all of them."""
+    one codec for all of them (`try_planes` False: not codec 2)."""
     w = DTYPE_BITS[dtype]
     sym = np.frombuffer(data, dtype=np.dtype(uint_dtype(w)).newbyteorder("<"))
     best: tuple[int, Buffer] = (Codec.RAW, data)  # only the best so far is kept: candidates come in increasing codec number
@@ -250,7 +266,7 @@ def _code_symbols(data: Buffer, dtype: str, runs: list[tuple[int, int]], mode: s
 
     if mode in ("zstd", "auto"):
         offer(Codec.ZSTD, compress(data, PAYLOAD_LEVEL))
-    planes = mode in ("planes", "auto") and bool(flags & RequiredFlag.PLANES)
+    planes = try_planes and mode in ("planes", "auto") and bool(flags & RequiredFlag.PLANES)
     exponent = encode_exponent(sym, dtype, runs) if mode in ("exponent", "auto") and Codec.EXPONENT in payload_codecs(flags, dtype) else None
     if planes:
         # codec 2 is kept only if no larger than codec 3 (a tie keeps 2) and smaller than the best so far,

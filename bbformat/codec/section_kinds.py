@@ -37,7 +37,7 @@ from ..container.section_rules import (
     rules_of,
 )
 from ..errors import FormatError, LimitError
-from ..zstdframe import SECTION_LEVEL, Buffer, compressor, decompress, frame_content_size
+from ..zstdframe import Buffer, decompress, frame_content_size, section_compressor
 from . import host_native
 from .dtypes import bits_to_ordinal, ordinal_to_bits, uint_dtype
 from .simulate import SiteFix
@@ -263,7 +263,7 @@ class ResidualsSection(ResidualsRules, SectionCodec[Array]):
         return context_groups(ctx.approx, ctx.program.symbol_dtype, ctx.keep)
 
     def encode(self, ctx: SiteContext, value: Array) -> bytes:
-        z = compressor(SECTION_LEVEL)
+        z = section_compressor()
         return b"".join(encode_group(encode_varints(zigzag(value[where])), z) for _, where in self._groups(ctx))
 
     def decode(self, ctx: SiteContext, data: Buffer) -> Array:

@@ -12,7 +12,7 @@ from ..constants import SECTION_ENTRY_SIZE, Codec
 from ..container.program import BlockProgram
 from ..container.section_rules import rules_of
 from ..errors import DigestError, FormatError
-from ..zstdframe import SECTION_LEVEL, compressor
+from ..zstdframe import section_compressor
 from . import band
 from .dtypes import RawTensor
 from .runner import Runner, in_turn
@@ -52,7 +52,7 @@ class Section:
             return self
         self.codec, self.stored, self._chosen_for = Codec.RAW, self.data, (self.data, self.kind) if allow_zstd else None
         if allow_zstd and len(self.data) > 64 and Codec.ZSTD in rules_of(self.kind).codecs:
-            comp = compressor(SECTION_LEVEL).compress(self.data)
+            comp = section_compressor().compress(self.data)
             if len(comp) < len(self.data):
                 self.codec, self.stored = Codec.ZSTD, comp
         return self
