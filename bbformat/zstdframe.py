@@ -20,10 +20,11 @@ Buffer = bytes | bytearray | memoryview
 
 SECTION_PARAMS = {"strategy": zstandard.STRATEGY_BTULTRA, "window_log": 20, "chain_log": 16, "hash_log": 16,
                   "search_log": 1, "min_match": 3, "target_length": 64}
-"""Side sections and residual groups (SPEC.md 12.4, informative): level 19's optimal parser
-with a 1 MiB window and one search step. Against level 19 on the side sections of two
-bfloat16 packs (tools/section_zstd.py): the one-layer Llama-2-7B shape's 0.31% larger (0.010%
-of the file) in 1/5 of the time, sliced SmolLM2's 0.18% smaller in 1/3 (BENCHMARKS.md 19)."""
+"""Side sections and residual groups (SPEC.md 12.4, informative): zstd's btultra parser (level
+18's strategy; 19 uses btultra2) with a 1 MiB window and one search step. Against level 19 on
+the side sections of two bfloat16 packs (tools/section_zstd.py): the one-layer Llama-2-7B
+shape's 0.31% larger (0.010% of the file) in 1/5 of the time, sliced SmolLM2's 0.18% smaller
+in 1/3 (BENCHMARKS.md 19)."""
 METADATA_LEVEL = 19
 """Header metadata (SPEC.md 4.1, informative)."""
 PAYLOAD_LEVEL = 3

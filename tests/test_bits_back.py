@@ -212,13 +212,13 @@ def test_a_section_is_compressed_once(monkeypatch: pytest.MonkeyPatch) -> None:
     from bbformat.constants import Codec, SectionKind
 
     calls: list[int] = []
-    real = sections.compressor
+    real = sections.section_compressor
 
-    def counting(level: int):  # type: ignore[no-untyped-def]
-        calls.append(level)
-        return real(level)
+    def counting():  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real()
 
-    monkeypatch.setattr(sections, "compressor", counting)
+    monkeypatch.setattr(sections, "section_compressor", counting)
     sec = sections.Section(SectionKind.X_PATCHES, 0, bytes(1000)).finish()
     assert calls and sec.codec == Codec.ZSTD
     stored = sec.stored

@@ -25,7 +25,7 @@ from bbformat.codec.parts import cut_runs, encode_parts, part_cuts, population_c
 from bbformat.codec.varint import encode_varint
 from bbformat.codec.payload import COUNTS_REFERENCES, OutputBuffers, PartPool, code_payload, decode_payload, part_threads
 from bbformat.codec.runner import in_turn, on_pool
-from bbformat.constants import MAX_EXPONENT_TABLES, MAX_PAYLOAD_PARTS, PART_SYMBOLS, WRITER_PARTS, Codec, OpKind, RequiredFlag
+from bbformat.constants import MAX_EXPONENT_TABLES, MAX_PAYLOAD_PARTS, PART_SYMBOLS, POPULATION_BLOCK, WRITER_PARTS, Codec, OpKind, RequiredFlag
 from bbformat.container.program import BlockProgram, Op, TensorEntry
 from bbformat.errors import FormatError, InputError, LimitError
 from conftest import assert_refused_without, sample_container
@@ -165,40 +165,76 @@ def test_a_cut_falls_where_the_rows_change_codec_and_the_payload_shrinks(monkeyp
         assert code_payload(prog, data, "auto", ALL, on_pool(pool), part_symbols) == (codec, stored)
 
 
-def test_the_parts_estimates_add_up_to_the_payloads() -> None:
-    """population_plan's estimate of each part: the same bounds as population_cuts, codec 2
-    estimated smaller on the low-precision rows only, and the parts' estimates summing to the
-    whole payload's under any cut."""
+def test_each_parts_estimate_is_its_blocks_costs() -> None:
+    """population_plan's estimate of each part: the same bounds as population_cuts; each part's
+    bits the costs of the 64 Ki-symbol blocks it holds, a block its ends cut counted by the
+    share of its symbols inside (summed here block by block); codec 2 estimated smaller on the
+    low-precision rows only."""
     prog, data = _two_populations()
     sym, runs = np.frombuffer(data, "<u4"), payload_segments(prog)
     cuts, est = population_plan(sym, "float32", runs, 100_000)
     assert cuts == population_cuts(sym, "float32", runs, 100_000) and est is not None and len(est) == len(cuts) - 1
-    assert est[0].planes < est[0].exponent and est[-1].planes > est[-1].exponent  # (a part beside the change shares a block)
-    whole = population_plan(sym, "float32", runs, 100_000, max_parts=1)
-    assert len(whole[0]) == 2 and whole[1] is not None
-    for i, field in enumerate(("planes", "exponent")):
-        assert sum(getattr(e, field) for e in est) == pytest.approx(whole[1][0][i], rel=1e-12)
-    assert population_plan(sym[: 2 * COLS], "float32", [(2 * COLS, COLS)], 100_000)[1] is None  # under 3 estimate blocks
+    blocks = parts._even_cuts(runs, 0, len(sym), len(sym) // POPULATION_BLOCK)  # the estimate's blocks (white box)
+    costs = parts._block_costs(sym, "float32", blocks)
+    assert any(lo not in blocks for lo in cuts)  # some part ends inside a block
+    for (lo, hi), e in zip(zip(cuts, cuts[1:]), est):
+        by_hand = [0.0, 0.0]
+        for b, (a, z) in enumerate(zip(blocks, blocks[1:])):
+            inside = max(0, min(z, hi) - max(a, lo))
+            for k in (0, 1):
+                by_hand[k] += costs[k][b] * inside / (z - a)
+        assert (e.planes, e.exponent) == pytest.approx(by_hand, rel=1e-9)
+    assert est[0].planes < est[0].exponent and est[-1].planes > est[-1].exponent
+    assert est[0].planes_block and not est[-1].planes_block  # the low-precision rows' blocks are labelled codec 2
+    assert population_plan(sym[: 2 * COLS], "float32", [(2 * COLS, COLS)], 100_000)[1] is None  # under 2 estimate blocks
 
 
 def test_auto_skips_codec_2_where_the_estimate_rules_it_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At a margin of 2% (the full-precision rows' estimate is 3% over codec 3) the low-precision
-    rows still take codec 2 and the payload's bytes do not change, but codec 2 is tried on fewer
-    parts; a margin below -1 skips codec 2 everywhere, None nowhere."""
+    """At a margin of 2% (the full-precision rows' estimate is about 3% over codec 3) and at the
+    writer's own, the payload's bytes do not change but codec 2 is tried on fewer parts; at a
+    margin below -1 only the parts over blocks labelled codec 2 (the low-precision rows) try it,
+    and they still take it; None: every part tries it."""
     prog, data = _two_populations()
     tried: list[int] = []
     real = payload.encode_planes
     monkeypatch.setattr(payload, "encode_planes", lambda sym, *a, **k: tried.append(len(sym)) or real(sym, *a, **k))
     by_margin = {}
-    for margin in (None, 0.02, -2.0):
+    for margin in (None, 0.02, payload.PLANES_SKIP_MARGIN, -2.0):
         monkeypatch.setattr(payload, "PLANES_SKIP_MARGIN", margin)
         tried.clear()
         by_margin[margin] = code_payload(prog, data, "auto", ALL, part_symbols=100_000), len(tried)
-    (every, n_every), (default, n_default), (never, n_never) = by_margin.values()
-    assert default == every and 0 < n_default < n_every and n_never == 0
-    assert read_parts(default[1], ROWS * COLS, 4, (0, 1, 2, 3))[0].codec == Codec.PLANES
+    (every, n_every), (tight, n_tight), (writer, n_writer), (labelled, n_labelled) = by_margin.values()
+    assert tight == every and writer == every and labelled == every
+    assert 0 < n_labelled <= n_tight < n_every and n_labelled <= n_writer <= n_every
+    assert read_parts(labelled[1], ROWS * COLS, 4, (0, 1, 2, 3))[0].codec == Codec.PLANES
+
+
+def test_without_a_codec_2_block_the_margin_alone_decides(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no estimate block labelled codec 2, a margin below -1 keeps codec 2 off every part;
+    the payload still decodes."""
+    prog, data = _two_populations()
+    real = payload.population_plan
+
+    def unlabelled(*a: object, **k: object) -> object:
+        cuts, est = real(*a, **k)  # type: ignore[arg-type]
+        return cuts, [e._replace(planes_block=False) for e in est]
+
+    monkeypatch.setattr(payload, "population_plan", unlabelled)
+    monkeypatch.setattr(payload, "PLANES_SKIP_MARGIN", -2.0)
+    never = code_payload(prog, data, "auto", ALL, part_symbols=100_000)
     assert all(p.codec != Codec.PLANES for p in read_parts(never[1], ROWS * COLS, 4, (0, 1, 2, 3)))
     assert decode_payload(*never, prog, ALL).tobytes() == data
+
+
+def test_a_part_codec_3_cannot_take_still_tries_codec_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where codec 3 cannot code a part (its tables would pass the limit: encode_exponent gives
+    None), the skip rule does not apply: codec 2 is tried even where the estimate rules it out."""
+    prog, data = _two_populations()
+    monkeypatch.setattr(payload, "PLANES_SKIP_MARGIN", -2.0)
+    monkeypatch.setattr(payload, "encode_exponent", lambda *a, **k: None)
+    codec, stored = code_payload(prog, data, "auto", ALL, part_symbols=100_000)
+    assert codec == Codec.PARTS and {p.codec for p in read_parts(stored, ROWS * COLS, 4, (0, 1, 2, 3))} == {Codec.PLANES}
+    assert decode_payload(codec, stored, prog, ALL).tobytes() == data
 
 
 def test_one_population_keeps_the_even_cuts() -> None:

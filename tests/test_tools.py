@@ -682,7 +682,6 @@ def test_section_zstd_prices_the_side_sections_of_a_pack(tmp_path: Path) -> None
     import bbformat
     from bbformat.checkpoint import write_checkpoint
     from bbformat.testing import make_tiny_checkpoint
-    from bbformat.zstdframe import SECTION_PARAMS
 
     src = tmp_path / "src"
     write_checkpoint(make_tiny_checkpoint("llama", seed=6, layers=2, dtype="bfloat16"), src)
@@ -691,7 +690,8 @@ def test_section_zstd_prices_the_side_sections_of_a_pack(tmp_path: Path) -> None
     res = json.loads((tmp_path / "z.json").read_text())
     bbformat.pack(src, tmp_path / "t.bb")
     assert res["file_bytes"] == (tmp_path / "t.bb").stat().st_size
-    assert res["writer_params"] == {k: int(v) for k, v in SECTION_PARAMS.items()}
+    assert res["writer_params"] == {"strategy": 8, "window_log": 20, "chain_log": 16, "hash_log": 16,  # zstd's btultra = 8
+                                    "search_log": 1, "min_match": 3, "target_length": 64}
     assert res["inputs"] > 0 and set(res["settings"]) == {"writer", "level 19", "level 3"}
     assert all(0 < s["stored"] <= res["input_bytes"] for s in res["settings"].values())
     bad = _tool(str(TOOLS / "section_zstd.py"), str(src), "--levels", "high")
@@ -708,11 +708,13 @@ def test_skip_planes_counts_what_each_margin_would_skip(tmp_path: Path, monkeypa
 
     rows = [{"symbols": 10, "est_planes": 110.0, "est_exponent": 100.0, "planes": 90.0, "exponent": 100.0},  # ratio 1.10, codec 2 wins
             {"symbols": 20, "est_planes": 104.0, "est_exponent": 100.0, "planes": 120.0, "exponent": 100.0},  # 1.04, codec 3 wins
-            {"symbols": 40, "est_planes": 90.0, "est_exponent": 100.0, "planes": 95.0, "exponent": 100.0}]  # 0.90, codec 2 wins
+            {"symbols": 40, "est_planes": 90.0, "est_exponent": 100.0, "planes": 95.0, "exponent": 100.0},  # 0.90, codec 2 wins
+            {"symbols": 80, "est_planes": 150.0, "est_exponent": 100.0, "planes": 150.0, "exponent": 100.0, "planes_block": True}]  # never skipped
+    rows = [{"planes_block": False, **r} for r in rows]
     s = skip_planes.summary(rows, [0.0, 0.05, 0.2])
-    assert s["parts"] == 3 and s["codec 2 smaller"] == 2
+    assert s["parts"] == 4 and s["codec 2 smaller"] == 2
     assert s["highest estimated ratio where codec 2 wins"] == pytest.approx(1.10)
-    assert s["estimate/actual, codec 2"] == pytest.approx(304 / 305)
+    assert s["estimate/actual, codec 2"] == pytest.approx(454 / 455)
     m = s["margins"]
     assert (m["0.0"]["skipped"], m["0.0"]["skipped_symbols"], m["0.0"]["lost_parts"], m["0.0"]["lost_bytes"]) == (2, 30, 1, 10 / 8)
     assert (m["0.05"]["skipped"], m["0.05"]["lost_parts"]) == (1, 1) and m["0.2"]["skipped"] == 0
@@ -722,3 +724,29 @@ def test_skip_planes_counts_what_each_margin_would_skip(tmp_path: Path, monkeypa
     parts = skip_planes.parts_of(str(src))
     assert parts and all(0.9 < r["est_planes"] / r["planes"] < 1.1 and 0.9 < r["est_exponent"] / r["exponent"] < 1.1 for r in parts)
     assert sum(r["symbols"] for r in parts) >= 4096 * 64  # the embedding's payload at least
+
+
+def test_pack_timeline_splits_a_pack_at_its_linear_algebra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tools/pack_timeline.py: overlapping calls merged and samples classed by hand-made
+    intervals; then a real pack of a tiny checkpoint whose parts add up to its wall time."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+    import pack_timeline
+    from bbformat.checkpoint import write_checkpoint
+    from bbformat.testing import make_tiny_checkpoint
+
+    assert pack_timeline.union([(0.0, 1.0), (0.5, 2.0), (3.0, 4.0)]) == [(0.0, 2.0), (3.0, 4.0)]
+    samples = [(0.5, {"main": "a"}), (2.5, {"main": "b", "w": "c"}), (3.5, {"main": "d"}), (4.5, {"main": "b"})]
+    r = pack_timeline.report(5.0, [(0.0, 1.0), (0.5, 2.0), (3.0, 4.0)], samples, top=5)
+    assert r["linalg_union_s"] == 3.0 and r["rest_s"] == 2.0 and r["rest_samples"] == 2
+    assert r["rest_by_thread"] == {"main": [("b", 2)], "w": [("c", 1)]}
+    assert r["largest_gaps_s"] == [[2.0, 1.0], [4.0, 1.0]]
+
+    src = tmp_path / "src"
+    write_checkpoint(make_tiny_checkpoint("llama", seed=7, layers=2), src)
+    r = _tool(str(TOOLS / "pack_timeline.py"), str(src), "--interval", "0.005", "--json", str(tmp_path / "t.json"))
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "t.json").read_text())
+    assert res["linalg_calls"] > 0 and 0 < res["linalg_union_s"] < res["wall_s"]
+    assert res["rest_s"] == pytest.approx(res["wall_s"] - res["linalg_union_s"]) and "main" in res["rest_by_thread"]
+    bad = _tool(str(TOOLS / "pack_timeline.py"), str(src), "--interval", "0")
+    assert bad.returncode == 2 and "--interval must be above 0" in bad.stderr

@@ -7,8 +7,10 @@
 Packs SRC (a checkpoint or model directory, `pack`'s defaults) into a temporary file once,
 keeping every input the writer passes to its side-section compressor (patch sections,
 x_residuals groups and whole sections), then compresses those inputs, one at a time and each
-with a fresh compressor as the writer does, with the writer's settings (zstdframe.SECTION_PARAMS)
-and with each level. Per setting: the bytes stored (each input at most raw, as the writer
+with a fresh compressor, with the writer's settings (zstdframe.SECTION_PARAMS) and with each
+level. (The writer makes one compressor per side section, and one per x_residuals section for
+all its groups: the bytes are the same, the CPU seconds here include a compressor's set-up per
+group.) Per setting: the bytes stored (each input at most raw, as the writer
 keeps the smaller) and the CPU seconds. The inputs are those of a pack with the writer's
 settings: a whole x_residuals section, compressed after its groups, holds the groups as those
 settings stored them, so a level's figure prices the same inputs, not a pack at that level.
@@ -21,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from unittest import mock
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,18 +49,11 @@ def capture(src: str) -> tuple[list[bytes], int]:
                 seen.append(bytes(data))
             return self.z.compress(data)
 
-    users = (sections, kinds)  # the modules that call section_compressor, patched below
-    saved = [getattr(m, "section_compressor") for m in users]
-    for m in users:
-        setattr(m, "section_compressor", Recording)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "out.bb"
-            api.pack(src, out)
-            size = out.stat().st_size
-    finally:
-        for m, f in zip(users, saved):
-            setattr(m, "section_compressor", f)
+    with mock.patch.object(sections, "section_compressor", Recording), mock.patch.object(kinds, "section_compressor", Recording), \
+            tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.bb"
+        api.pack(src, out)
+        size = out.stat().st_size
     return seen, size
 
 
@@ -84,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = {"writer": measure(inputs, zstdframe.section_compressor)}
     for level in levels:
         rows[f"level {level}"] = measure(inputs, lambda: zstdframe.compressor(level))
-    result = {"src": args.src, "file_bytes": size, "inputs": len(inputs), "input_bytes": sum(map(len, inputs)),
+    result = {"argv": sys.argv[1:] if argv is None else argv, "src": args.src, "file_bytes": size, "inputs": len(inputs), "input_bytes": sum(map(len, inputs)),
               "writer_params": {k: int(v) for k, v in zstdframe.SECTION_PARAMS.items()}, "settings": rows}
     print(f"{args.src}: {len(inputs)} inputs, {result['input_bytes']:,} bytes; file {size:,} bytes")
     base = rows.get("level 19")

@@ -66,10 +66,12 @@ def _even_cuts(runs: list[tuple[int, int]], lo: int, hi: int, parts: int) -> lis
 
 
 class Estimate(NamedTuple):
-    """Estimated bits of a stretch of payload symbols under codec 2 and codec 3 (_block_costs)."""
+    """Estimated bits of a stretch of payload symbols under codec 2 and codec 3 (_block_costs),
+    and whether an estimate block it overlaps is labelled codec 2 (_labels)."""
 
     planes: float
     exponent: float
+    planes_block: bool
 
 
 def population_cuts(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]], part_symbols: int,
@@ -84,8 +86,8 @@ def population_cuts(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]], pa
 
 def population_plan(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]], part_symbols: int,
                     max_parts: int = WRITER_PARTS, run: Runner = in_turn) -> tuple[list[int], list[Estimate] | None]:
-    """(population_cuts' bounds, each part's estimated bits under codecs 2 and 3), the estimate
-    None where the payload has fewer than 3 estimate blocks."""
+    """(population_cuts' bounds, each part's Estimate), the estimates None where the payload
+    has fewer than 2 estimate blocks (under 2 * POPULATION_BLOCK symbols)."""
     total = len(sym)
     even = part_cuts(runs, total, part_symbols, max_parts)
     blocks = _even_cuts(runs, 0, total, total // POPULATION_BLOCK)
@@ -105,7 +107,11 @@ def population_plan(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]], pa
                 split += _even_cuts(runs, lo, hi, -(-(hi - lo) // part_symbols))[1:]
         cuts = split if len(split) - 1 <= max_parts else even
     at_two, at_three = _cumulative(blocks, two, cuts), _cumulative(blocks, three, cuts)
-    return cuts, [Estimate(float(at_two[i + 1] - at_two[i]), float(at_three[i + 1] - at_three[i])) for i in range(len(cuts) - 1)]
+    first = np.searchsorted(blocks, cuts[:-1], "right") - 1  # the blocks each part overlaps: first[i] .. last[i]
+    last = np.searchsorted(blocks, cuts[1:], "left") - 1
+    twos = np.concatenate(([0], np.cumsum(np.asarray(labels) == 2)))
+    return cuts, [Estimate(float(at_two[i + 1] - at_two[i]), float(at_three[i + 1] - at_three[i]),
+                           bool(twos[last[i] + 1] > twos[first[i]])) for i in range(len(cuts) - 1)]
 
 
 def _cumulative(blocks: list[int], costs: np.ndarray, at: list[int]) -> np.ndarray:
@@ -146,7 +152,7 @@ def _block_costs(sym: np.ndarray, dtype: str, blocks: list[int], run: Runner = i
     n = len(blocks) - 1
     bounds = sorted({n * j // ESTIMATE_JOBS for j in range(ESTIMATE_JOBS + 1)})
     costed = run([partial(_stretch_costs, sym, dtype, blocks[a : b + 1]) for a, b in zip(bounds, bounds[1:])])
-    two = np.concatenate([t for t, _ in costed])  # population_cuts passes 3 blocks or more
+    two = np.concatenate([t for t, _ in costed])  # population_plan passes 2 blocks or more
     codes = np.concatenate([c for _, c in costed])
     sizes = np.diff(np.asarray(blocks))
     rest = 8 * sym.itemsize - bits

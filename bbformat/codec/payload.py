@@ -29,11 +29,13 @@ DEFAULT_FLAGS = int(RequiredFlag.PLANES | RequiredFlag.EXPONENT)
 # coded whole, as before; tests compare the two).
 PRUNE_CANDIDATES = True
 # auto skips codec 2 on a part whose estimated codec-2 bits pass its estimated codec-3 bits by
-# more than this fraction (parts.Estimate; None: every part tries codec 2). Measured with
+# more than this fraction, unless an estimate block of the part is labelled codec 2 or codec 3
+# cannot code the part (parts.Estimate; None: every part tries codec 2). Measured with
 # tools/skip_planes.py (BENCHMARKS.md 19): of the parts codec 2 stored smaller (MiniLM fp32 and
-# fp16, SmolLM2 fp16), the highest estimated ratio was 1.005; bf16 parts (SmolLM2, MiniLM, the
-# 7B shape) were all above 1.05, and codec 2 won none of them. 0.03 skips every one of those
-# and none that codec 2 won.
+# fp16, SmolLM2 fp16) the highest estimated ratio was 1.005; every bf16 part (SmolLM2, MiniLM,
+# the 7B shape) was above 1.05, and codec 2 won none of them. 0.03 is six times the largest
+# excess seen and still skips every bf16 part; 0.02 would also skip 10 of MiniLM's 17 fp32
+# parts, with less room for inputs not measured.
 PLANES_SKIP_MARGIN: float | None = 0.03
 
 
@@ -247,13 +249,13 @@ def _cuts(data: bytes, dtype: str, runs: list[tuple[int, int]], mode: str, flags
 
 def _tries_planes(e: Estimate) -> bool:
     """Whether auto codes a part with this estimate in codec 2 (PLANES_SKIP_MARGIN)."""
-    return PLANES_SKIP_MARGIN is None or e.planes <= e.exponent * (1 + PLANES_SKIP_MARGIN)
+    return PLANES_SKIP_MARGIN is None or e.planes_block or e.planes <= e.exponent * (1 + PLANES_SKIP_MARGIN)
 
 
 def _code_symbols(data: Buffer, dtype: str, runs: list[tuple[int, int]], mode: str, flags: int,
                   try_planes: bool = True) -> tuple[int, Buffer]:
     """(codec, stored bytes) of `dtype` symbols (`data`, read in place) with segments `runs`,
-    one codec for all of them (`try_planes` False: not codec 2)."""
+    one codec for all of them (`try_planes` False: not codec 2 unless codec 3 cannot be used)."""
     w = DTYPE_BITS[dtype]
     sym = np.frombuffer(data, dtype=np.dtype(uint_dtype(w)).newbyteorder("<"))
     best: tuple[int, Buffer] = (Codec.RAW, data)  # only the best so far is kept: candidates come in increasing codec number
@@ -266,8 +268,8 @@ def _code_symbols(data: Buffer, dtype: str, runs: list[tuple[int, int]], mode: s
 
     if mode in ("zstd", "auto"):
         offer(Codec.ZSTD, compress(data, PAYLOAD_LEVEL))
-    planes = try_planes and mode in ("planes", "auto") and bool(flags & RequiredFlag.PLANES)
     exponent = encode_exponent(sym, dtype, runs) if mode in ("exponent", "auto") and Codec.EXPONENT in payload_codecs(flags, dtype) else None
+    planes = (try_planes or exponent is None) and mode in ("planes", "auto") and bool(flags & RequiredFlag.PLANES)
     if planes:
         # codec 2 is kept only if no larger than codec 3 (a tie keeps 2) and smaller than the best so far,
         # so its coding stops as soon as it is known to be more than that (the same bytes when not)
