@@ -176,34 +176,37 @@ def test_each_parts_estimate_is_its_blocks_costs() -> None:
     assert cuts == population_cuts(sym, "float32", runs, 100_000) and est is not None and len(est) == len(cuts) - 1
     blocks = parts._even_cuts(runs, 0, len(sym), len(sym) // POPULATION_BLOCK)  # the estimate's blocks (white box)
     costs = parts._block_costs(sym, "float32", blocks)
+    labels = parts._labels(*costs)
     assert any(lo not in blocks for lo in cuts)  # some part ends inside a block
     for (lo, hi), e in zip(zip(cuts, cuts[1:]), est):
-        by_hand = [0.0, 0.0]
+        by_hand, labelled = [0.0, 0.0], False
         for b, (a, z) in enumerate(zip(blocks, blocks[1:])):
             inside = max(0, min(z, hi) - max(a, lo))
+            labelled |= inside > 0 and labels[b] == 2
             for k in (0, 1):
                 by_hand[k] += costs[k][b] * inside / (z - a)
-        assert (e.planes, e.exponent) == pytest.approx(by_hand, rel=1e-9)
+        assert (e.planes, e.exponent) == pytest.approx(by_hand, rel=1e-9) and e.planes_block == labelled
     assert est[0].planes < est[0].exponent and est[-1].planes > est[-1].exponent
     assert est[0].planes_block and not est[-1].planes_block  # the low-precision rows' blocks are labelled codec 2
     assert population_plan(sym[: 2 * COLS], "float32", [(2 * COLS, COLS)], 100_000)[1] is None  # under 2 estimate blocks
 
 
 def test_auto_skips_codec_2_where_the_estimate_rules_it_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At a margin of 2% (the full-precision rows' estimate is about 3% over codec 3) and at the
-    writer's own, the payload's bytes do not change but codec 2 is tried on fewer parts; at a
-    margin below -1 only the parts over blocks labelled codec 2 (the low-precision rows) try it,
-    and they still take it; None: every part tries it."""
+    """At a margin of 2% (the full-precision rows' estimate is about 3% over codec 3) the
+    payload's bytes do not change but codec 2 is tried on fewer parts; at the writer's own
+    margin the bytes do not change either; at a margin below -1 only the parts over blocks
+    labelled codec 2 (the low-precision rows) try it, and they still take it; None: every part
+    tries it."""
     prog, data = _two_populations()
     tried: list[int] = []
     real = payload.encode_planes
     monkeypatch.setattr(payload, "encode_planes", lambda sym, *a, **k: tried.append(len(sym)) or real(sym, *a, **k))
-    by_margin = {}
+    by_margin = []
     for margin in (None, 0.02, payload.PLANES_SKIP_MARGIN, -2.0):
         monkeypatch.setattr(payload, "PLANES_SKIP_MARGIN", margin)
         tried.clear()
-        by_margin[margin] = code_payload(prog, data, "auto", ALL, part_symbols=100_000), len(tried)
-    (every, n_every), (tight, n_tight), (writer, n_writer), (labelled, n_labelled) = by_margin.values()
+        by_margin.append((code_payload(prog, data, "auto", ALL, part_symbols=100_000), len(tried)))
+    (every, n_every), (tight, n_tight), (writer, n_writer), (labelled, n_labelled) = by_margin
     assert tight == every and writer == every and labelled == every
     assert 0 < n_labelled <= n_tight < n_every and n_labelled <= n_writer <= n_every
     assert read_parts(labelled[1], ROWS * COLS, 4, (0, 1, 2, 3))[0].codec == Codec.PLANES

@@ -204,11 +204,23 @@ def source(work: Path, dtype: str, preset: str) -> Path:
     return src
 
 
+def after_rev() -> str:
+    """This checkout's commit, "-dirty" where bbformat/ or tools/ differ from it ("unknown" outside git)."""
+    try:
+        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "bbformat", "tools"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return rev + ("-dirty" if dirty else "")
+
+
 def measure(a: argparse.Namespace) -> dict[str, Any]:
     work = a.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     old = before_tree(work, a.before)
     res: dict[str, Any] = {"run": {"machine": cpu_and_memory(), "software": python_and_numpy(), "before": a.before,
+                                   "after": after_rev(),
                                    "date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:],
                                    "preset": a.preset}, "dtypes": {}}
     for dtype in a.dtypes:
@@ -257,7 +269,8 @@ def render(res: dict[str, Any], notes: str = "") -> str:
     lines = [SECTION, "",
              f"Machine: {run['machine']}; {run['software']}. Run {run['date']}: `python tools/bench_host.py "
              f"{' '.join(run['argv'])}`. \"Before\" is {run['before']}, the commit before the compiled host path, "
-             "built in a worktree; each figure is the better of the alternating rounds.", "",
+             "built in a worktree" + (f"; \"after\" is {run['after']}" if "after" in run else "")
+             + "; each figure is the better of the alternating rounds.", "",
              "Input: the one-layer Llama-2-7B shape (`make_large.py --preset llama-2-7b --layers 1 --key-order tc`, random "
              "weights), packed with the defaults (symmetric, `--entropy auto`, format 1.5). Host seconds = wall time minus "
              "the linear algebra (rotation.linalg_clock, and the backends' matmul); \"replayed\" = the decode with the linear algebra looked up from a "

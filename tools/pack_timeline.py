@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""Where a pack's wall time goes outside its linear algebra (issue 39: pack's host work, as
-bench_host.py counts it: wall time minus the linear algebra).
+"""Where a pack's wall time goes outside its linear algebra (issue 39: pack's host work;
+bench_host.py counts it as wall time minus the summed linear algebra seconds of all threads,
+this tool as the wall time no linear algebra call covers, both reported).
 
     python tools/pack_timeline.py SRC [--interval 0.02] [--top 15] [--json OUT.json]
 
 Packs SRC (`pack`'s defaults) into a temporary file with rotation.linalg_clock on, and samples
 every thread's stack each `--interval` seconds. Afterwards each sample is classed by whether
 some linear algebra call (gram, eigh, rotate_axis, regenerate, and the reference backend's
-matmul, in any thread) was running at that moment. Reported: the wall time, the time covered by linear algebra calls, the rest (the
-host time on the critical path), and for the samples in that rest, per thread, the innermost
+matmul, in any thread) was running at that moment. Reported: the wall time, the summed seconds of the linear algebra calls and the
+time they cover (their union: a call on one thread overlapping one on another counts once),
+the rest (the host time on the critical path), the largest stretches without linear algebra
+with the main thread's commonest frames in each, and for the samples in the rest, per
+thread, the innermost
 bbformat frame: what the pack was doing while no linear algebra ran, in seconds = the share
 of those samples times the rest (the GIL delays samples; the share is what is measured). A
 thread blocked in a wait shows the frame that waits. Sampling adds a little time; the bytes are
@@ -74,16 +78,18 @@ def sample_pack(src: str, interval: float) -> tuple[float, list[tuple[float, flo
                     row["main" if ident == me else names.get(ident, str(ident))] = where
             samples.append((now, row))
 
-    inner = linalg.NumpyLinalg.matmul
-
-    def matmul(self: Any, a: Any, b: Any) -> Any:  # not on linalg_clock: timed as bench_host.py does
-        t = time.perf_counter()
-        out = inner(self, a, b)
-        record("matmul", time.perf_counter() - t)
-        return out
+    def timed(inner: Any) -> Any:
+        def matmul(self: Any, a: Any, b: Any) -> Any:  # not on linalg_clock: timed as bench_host.py does
+            t = time.perf_counter()
+            out = inner(self, a, b)
+            record("matmul", time.perf_counter() - t)
+            return out
+        return matmul
 
     s = threading.Thread(target=sampler, name="sampler", daemon=True)
-    with tempfile.TemporaryDirectory() as tmp, rotation.linalg_clock(record), mock.patch.object(linalg.NumpyLinalg, "matmul", matmul):
+    with tempfile.TemporaryDirectory() as tmp, rotation.linalg_clock(record), \
+            mock.patch.object(linalg.NumpyLinalg, "matmul", timed(linalg.NumpyLinalg.matmul)), \
+            mock.patch.object(linalg.TorchLinalg, "matmul", timed(linalg.TorchLinalg.matmul)):
         s.start()
         t0 = time.perf_counter()
         api.pack(src, Path(tmp) / "out.bb")
@@ -120,10 +126,14 @@ def report(wall: float, calls: list[tuple[float, float]], samples: list[tuple[fl
     for row in rest:
         for thread, where in row.items():
             by_thread.setdefault(thread, Counter())[where] += 1
-    gaps = [(a, b) for a, b in zip([0.0] + [b for _, b in merged], starts + [wall]) if b > a]
-    return {"wall_s": wall, "linalg_union_s": covered, "linalg_calls": len(calls), "rest_s": wall - covered,
-            "rest_samples": len(rest), "samples": len(samples),
-            "largest_gaps_s": [[round(a, 3), round(b - a, 3)] for a, b in sorted(gaps, key=lambda g: g[0] - g[1])[:top]],
+    gaps = sorted(((a, b) for a, b in zip([0.0] + [b for _, b in merged], starts + [wall]) if b > a), key=lambda g: g[0] - g[1])[:top]
+
+    def main_frames(a: float, b: float) -> list[tuple[str, int]]:
+        return Counter(row["main"] for t, row in samples if a <= t < b and "main" in row).most_common(3)
+
+    return {"wall_s": wall, "linalg_sum_s": sum(b - a for a, b in calls), "linalg_union_s": covered,
+            "linalg_calls": len(calls), "rest_s": wall - covered, "rest_samples": len(rest), "samples": len(samples),
+            "largest_gaps_s": [[round(a, 3), round(b - a, 3), main_frames(a, b)] for a, b in gaps],
             "rest_by_thread": {t: c.most_common(top) for t, c in sorted(by_thread.items(), key=lambda kv: -sum(kv[1].values()))}}
 
 
@@ -138,9 +148,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--interval must be above 0 and --top at least 1")
     r = report(*sample_pack(args.src, args.interval), args.top)
     r["argv"] = sys.argv[1:] if argv is None else argv
-    print(f"{args.src}: wall {r['wall_s']:.2f} s; linear algebra calls cover {r['linalg_union_s']:.2f} s; "
-          f"the rest {r['rest_s']:.2f} s ({r['rest_samples']} of {r['samples']} samples)")
-    print("  largest stretches without linear algebra (start s, length s):", r["largest_gaps_s"][:8])
+    print(f"{args.src}: wall {r['wall_s']:.2f} s; linear algebra calls sum to {r['linalg_sum_s']:.2f} s and cover "
+          f"{r['linalg_union_s']:.2f} s; the rest {r['rest_s']:.2f} s ({r['rest_samples']} of {r['samples']} samples)")
+    print("  largest stretches without linear algebra (start s, length s, main thread's frames by samples):")
+    for a, n, frames in r["largest_gaps_s"][:8]:
+        print(f"    {a:9.3f} {n:7.3f}  {frames}")
     for thread, rows in r["rest_by_thread"].items():
         print(f"  {thread}:")
         for where, n in rows:

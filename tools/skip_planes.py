@@ -7,8 +7,8 @@ host work; codec.payload.PLANES_SKIP_MARGIN).
 Packs each SRC (`pack`'s defaults, into a temporary file) and, for every payload whose parts
 may take codec 2 or 3, codes each part in both codecs whole (no pruning) beside the estimate
 the writer cut it by (codec.parts.population_plan). Per margin M: the parts whose estimated
-codec-2 bits pass their estimated codec-3 bits by more than M and that overlap no block
-labelled codec 2 (which auto no longer codes in codec 2), how many of them codec 2 would have stored smaller, and by how many bytes in all.
+codec-2 bits pass their estimated codec-3 bits by more than M, that overlap no block
+labelled codec 2 and that codec 3 can code (which auto no longer codes in codec 2), how many of them codec 2 would have stored smaller, and by how many bytes in all.
 The estimate's own bias is reported too: estimated / actual bits, per codec, over all parts,
 and the highest estimated codec 2:3 ratio of a part codec 2 stores smaller (such a part is lost
 at margin M only where that ratio passes 1 + M).
@@ -68,7 +68,8 @@ def summary(rows: list[dict[str, float]], margins: list[float]) -> dict[str, Any
         "margins": {},
     }
     for m in margins:
-        skipped = [r for r in rows if not r["planes_block"] and r["est_planes"] > r["est_exponent"] * (1 + m)]
+        skipped = [r for r in rows if not r["planes_block"] and r["exponent"] < float("inf")  # the writer's rule
+                   and r["est_planes"] > r["est_exponent"] * (1 + m)]
         lost = [r for r in skipped if r["planes"] <= r["exponent"] < float("inf")]
         out["margins"][str(m)] = {"skipped": len(skipped), "skipped_symbols": sum(r["symbols"] for r in skipped),
                                   "lost_parts": len(lost), "lost_bytes": sum(r["exponent"] - r["planes"] for r in lost) / 8}

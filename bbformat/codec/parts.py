@@ -87,7 +87,8 @@ def population_cuts(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]], pa
 def population_plan(sym: np.ndarray, dtype: str, runs: list[tuple[int, int]], part_symbols: int,
                     max_parts: int = WRITER_PARTS, run: Runner = in_turn) -> tuple[list[int], list[Estimate] | None]:
     """(population_cuts' bounds, each part's Estimate), the estimates None where the payload
-    has fewer than 2 estimate blocks (under 2 * POPULATION_BLOCK symbols)."""
+    makes fewer than 2 estimate blocks (under 2 * POPULATION_BLOCK symbols, or rows too long
+    for two)."""
     total = len(sym)
     even = part_cuts(runs, total, part_symbols, max_parts)
     blocks = _even_cuts(runs, 0, total, total // POPULATION_BLOCK)
