@@ -178,8 +178,11 @@ def child_main(argv: list[str]) -> None:
 
 # ----------------------------------------------------------------------------- parent side
 
-def run_child(tree: Path, *args: str) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=str(tree))
+HEAP_DEFAULT = {"BBFORMAT_HEAP": "default"}  # the "after" tree with glibc's malloc as it is (bbformat.heap off)
+
+
+def run_child(tree: Path, *args: str, env_extra: dict[str, str] | None = None) -> dict[str, float]:
+    env = dict(os.environ, PYTHONPATH=str(tree), **(env_extra or {}))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", *args]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
     for line in p.stdout.splitlines():
@@ -233,13 +236,16 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             for rnd in range(a.rounds if dtype in a.pack_dtypes else 0):
                 r.setdefault("pack_before", []).append(run_child(old, "pack", str(src), str(bb_old)))
                 r.setdefault("pack_after", []).append(run_child(ROOT, "pack", str(src), str(bb)))
-                print(f"  pack round {rnd}: before {r['pack_before'][-1]}, after {r['pack_after'][-1]}", flush=True)
+                r.setdefault("pack_heap_default", []).append(run_child(ROOT, "pack", str(src), str(bb), env_extra=HEAP_DEFAULT))
+                print(f"  pack round {rnd}: before {r['pack_before'][-1]}, after {r['pack_after'][-1]}, "
+                      f"heap default {r['pack_heap_default'][-1]}", flush=True)
             if not bb.exists():
                 run_child(ROOT, "pack", str(src), str(bb))
         r["file_bytes"], r["plain_bytes"] = bb.stat().st_size, weights.stat().st_size
         for rnd in range(a.rounds):
             r.setdefault("decode_before", []).append(run_child(old, "decode", str(bb), "cpu", "1", "1"))
             r.setdefault("decode_after", []).append(run_child(ROOT, "decode", str(bb), "cpu", "1", "1"))
+            r.setdefault("decode_heap_default", []).append(run_child(ROOT, "decode", str(bb), "cpu", "1", "1", env_extra=HEAP_DEFAULT))
         if dtype in a.torch_dtypes:
             r["decode_torch_before"] = run_child(old, "decode", str(bb), "torch:cpu", "1", "1")
             r["decode_torch_after"] = run_child(ROOT, "decode", str(bb), "torch:cpu", "1", "1")
@@ -274,11 +280,13 @@ def render(res: dict[str, Any], notes: str = "") -> str:
              "Input: the one-layer Llama-2-7B shape (`make_large.py --preset llama-2-7b --layers 1 --key-order tc`, random "
              "weights), packed with the defaults (symmetric, `--entropy auto`, format 1.5). Host seconds = wall time minus "
              "the linear algebra (rotation.linalg_clock, and the backends' matmul); \"replayed\" = the decode with the linear algebra looked up from a "
-             "first pass, so its wall time is the host's work alone.", "",
+             "first pass, so its wall time is the host's work alone. \"Heap default\": the after tree with "
+             "`BBFORMAT_HEAP=default` (bbformat.heap off: glibc's malloc as the process had it), alternating with \"after\".", "",
              "| dtype | file % of plain | ZipNN 1 thread s | decode host s, reference: before → after | × ZipNN (after) | "
-             "torch:cpu host s: before → after | replayed host s, 1 thread: before → after | 2 threads / 1 (after) | "
-             "decode peak RSS GiB: before → after | pack host s: before → after | pack after / before |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "decode host s, heap default | torch:cpu host s: before → after | replayed host s, 1 thread: before → after | "
+             "2 threads / 1 (after) | decode peak RSS GiB: before → after | pack host s: before → after | pack after / before | "
+             "pack host s, heap default |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     goals = []
     for dtype, r in res["dtypes"].items():
         z = r["zipnn"]["wall"]
@@ -288,6 +296,10 @@ def render(res: dict[str, Any], notes: str = "") -> str:
         torch_cell = f"{_host(tb):.2f} → {_host(ta):.2f}" if tb and ta else "not run"
         rb, ra = r["replay_before"], r["replay_after"]
         two = ra["host2"] / ra["host1"]
+        hd = r.get("decode_heap_default")
+        heap_cell = f"{_host(_best(hd)):.2f}" if hd else "not run"
+        ph = r.get("pack_heap_default")
+        pack_heap_cell = f"{_host(_best(ph)):.1f}" if ph else "not run"
         pb, pa = r.get("pack_before"), r.get("pack_after")
         pack_cell, pack_ratio = "not run", ""
         if pb and pa:
@@ -295,8 +307,8 @@ def render(res: dict[str, Any], notes: str = "") -> str:
             pack_cell, pack_ratio = f"{hb:.1f} → {ha:.1f}", f"{ha / hb:.2f}"
             goals.append(f"- pack's host work ≤ 1/4 of before, {dtype}: " + _goal(ha / hb <= 0.25, f"{ha / hb:.2f} of before"))
         lines.append(f"| {dtype} | {100 * r['file_bytes'] / r['plain_bytes']:.2f}% | {z:.2f} | {_host(db):.2f} → {_host(da):.2f} | "
-                     f"{ratio:.2f} | {torch_cell} | {rb['host1']:.2f} → {ra['host1']:.2f} | {two:.2f} | "
-                     f"{db['rss_gib']:.2f} → {da['rss_gib']:.2f} | {pack_cell} | {pack_ratio} |")
+                     f"{ratio:.2f} | {heap_cell} | {torch_cell} | {rb['host1']:.2f} → {ra['host1']:.2f} | {two:.2f} | "
+                     f"{db['rss_gib']:.2f} → {da['rss_gib']:.2f} | {pack_cell} | {pack_ratio} | {pack_heap_cell} |")
         goals.append(f"- decode host work ≤ 1.5× ZipNN's one-thread decompression, {dtype}: "
                      + _goal(ratio <= 1.5, f"{ratio:.2f}×, reference backend") + ("" if not ta else
                      f"; torch:cpu {_host(ta) / z:.2f}×"))
