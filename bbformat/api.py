@@ -20,7 +20,7 @@ from .codec.dtypes import RawTensor
 from .codec.payload import on_pool, part_threads
 from .codec.linalg import REFERENCE, Linalg, device_backend, torch_device_of
 from .codec.entropy import check_entropy_mode
-from . import heap, plaindir
+from . import plaindir
 from .constants import FORMAT_VERSIONS, PACK_SCHEMES, SIDE_FILES_MAX_BYTES, RequiredFlag, written_version
 from .container.framing import Header, check_format_version
 from .codec.encoder import EncodedChunk, Moments, SiteReport
@@ -281,7 +281,7 @@ def _encode_into(dst: str | os.PathLike[str], layout: ModelLayout, get: Callable
     # as it is written: the encoder holds one block, the worker at most PACK_QUEUE more.
     coding = "symmetric" if scheme == "none" else scheme  # no sites: no mode to choose
     spread = part_threads(threads)  # the encoder's element-wise steps on threads of their own (host_native.spread)
-    with heap.kept(), Writer(dst, scheme, len(layout.chunks), metadata, entropy=entropy, background_header=True,
+    with Writer(dst, scheme, len(layout.chunks), metadata, entropy=entropy, background_header=True,
                 format_version=format_version, overwrite=overwrite, threads=threads, dtypes=dtypes) as w, \
             BoundedWorker() as worker, la.threads(), ThreadPoolExecutor(spread, thread_name_prefix="bbformat-spread") as pool, \
             host_native.spread(on_pool(pool), spread):

@@ -21,7 +21,7 @@ import numpy as np
 
 from .constants import (ENTROPY_MODES, FORMAT_MAJOR, FORMAT_MINOR, FORMAT_VERSIONS, PACK_SCHEMES, ROTATION_SCHEMES, ExitStatus,
                         written_version)
-from . import __version__
+from . import __version__, heap
 from .codec import host_native
 from .codec.exponent import NATIVE_DECODER
 from .api import DeviceNote, InexactWarning, check_output_parent, pack, unpack, verify
@@ -561,7 +561,8 @@ def _main(argv: Sequence[str] | None) -> int:
         sys.stderr.write(parser.format_help())
         return EXIT_USAGE
     try:
-        status = int(args.func(args))
+        with heap.kept():  # this process's malloc keeps what a command frees, for its next blocks
+            status = int(args.func(args))
         _flush_stdout()  # here, so that a closed pipe or a full disk is met inside this handler
         return status
     except BrokenPipeError:

@@ -15,7 +15,6 @@ from typing import BinaryIO, Iterable, Iterator
 import numpy as np
 
 from .codec.dtypes import RawTensor
-from . import heap
 from .codec import host_native, scratch
 from .codec.payload import OutputBuffers, PartPool
 from .codec.decoder import decode_program
@@ -490,10 +489,8 @@ class Reader:
         (max_block_bytes): a block is started only while the declared working sets (SPEC.md
         11.5) of the blocks being decoded, waiting, and the one the caller holds (until it asks
         for the next) fit in the budget together; one block is always under way. So memory is
-        bounded by the budget, whatever `workers` is. During the pass the C library keeps the
-        memory the decode frees, for the next blocks (bbformat.heap); when the pass ends, the
-        reader and the C library let go of the memory kept for reuse, but for what the caller
-        still holds.
+        bounded by the budget, whatever `workers` is. When the pass ends, the reader lets go of
+        the memory it kept for reuse, but for what the caller still holds.
         Chunks are independent and the linear algebra releases the GIL, so one worker's host work
         (reading, entropy decoding, corrections, digests) overlaps another's linear algebra, on
         the CPU or a device. The reference runs BLAS on one thread in every worker, so the
@@ -507,8 +504,7 @@ class Reader:
         if workers < 1:
             raise InputError(f"workers must be at least 1, not {workers}")
         try:
-            with heap.kept():
-                yield from self._one_worker(idx, {}) if workers == 1 or len(idx) < 2 else self._workers(idx, workers, {})
+            yield from self._one_worker(idx, {}) if workers == 1 or len(idx) < 2 else self._workers(idx, workers, {})
         finally:  # the pass is over: its free buffers are not kept beside whatever the caller does next
             self._parts.buffers.release_free()
 

@@ -1,14 +1,17 @@
-"""bbformat.heap: glibc keeps the memory a decode or a pack frees, only while one runs."""
+"""bbformat.heap: glibc keeps the memory a command frees while it runs; the library leaves
+the process's malloc alone."""
 from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bbformat import heap
+from bbformat import cli, heap
 from bbformat.api import pack
 from bbformat.checkpoint.write import write_checkpoint
 from bbformat.reader import Reader
@@ -18,14 +21,15 @@ CONFORMANCE = Path(__file__).resolve().parents[1] / "conformance" / "valid"
 
 
 class FakeLibc:
-    """Records mallopt and malloc_trim calls."""
+    """Records mallopt and malloc_trim calls; `refuse` makes mallopt of the mmap threshold fail."""
 
-    def __init__(self) -> None:
+    def __init__(self, refuse: bool = False) -> None:
         self.calls: list[tuple[str, int, int]] = []
+        self.refuse = refuse
 
     def mallopt(self, param: int, value: int) -> int:
         self.calls.append(("mallopt", param, value))
-        return 1
+        return 0 if self.refuse and param == heap.M_MMAP_THRESHOLD else 1
 
     def malloc_trim(self, pad: int) -> int:
         self.calls.append(("trim", pad, 0))
@@ -38,17 +42,19 @@ LET_GO = [("mallopt", heap.M_MMAP_THRESHOLD, heap.AFTER_MMAP), ("mallopt", heap.
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeLibc:
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLibc]:
+    assert heap.depth() == 0
     libc = FakeLibc()
     monkeypatch.setattr(heap, "glibc", lambda: libc)
-    return libc
+    yield libc
+    assert heap.depth() == 0
 
 
 def test_only_the_outermost_block_sets_and_restores(fake: FakeLibc) -> None:
     with heap.kept():
-        assert fake.calls == HOLD
+        assert fake.calls == HOLD and heap.depth() == 1
         with heap.kept():
-            pass
+            assert heap.depth() == 2
         assert fake.calls == HOLD
     assert fake.calls == HOLD + LET_GO
     with pytest.raises(RuntimeError), heap.kept():
@@ -75,8 +81,16 @@ def test_blocks_on_two_threads_overlap(fake: FakeLibc) -> None:
     assert fake.calls == HOLD + LET_GO
 
 
-@pytest.mark.parametrize("env", [{"BBFORMAT_HEAP": "default"}, {"MALLOC_ARENA_MAX": "2"},
-                                 {"MALLOC_MMAP_THRESHOLD_": "1000000"}, {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}])
+def test_a_glibc_that_refuses_the_threshold_is_left_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    libc = FakeLibc(refuse=True)
+    monkeypatch.setattr(heap, "glibc", lambda: libc)
+    with heap.kept():
+        pass
+    assert libc.calls == HOLD[:1] and heap.depth() == 0  # refused: no trim threshold, nothing to restore
+
+
+@pytest.mark.parametrize("env", [{"BBFORMAT_HEAP": "default"}, {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}]
+                         + [{k: "1048576"} for k in heap.USER_SETTINGS])
 def test_the_environment_s_own_malloc_settings_are_left_alone(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -84,24 +98,49 @@ def test_the_environment_s_own_malloc_settings_are_left_alone(monkeypatch: pytes
     try:
         assert heap.glibc() is None
         with heap.kept():  # a no-op
-            pass
+            assert heap.depth() == 0
     finally:
         heap.glibc.cache_clear()
 
 
-def test_a_decode_pass_and_a_pack_hold_the_heap_while_they_run(fake: FakeLibc, tmp_path: Path) -> None:
-    src = CONFORMANCE / "chain_propagation.bb"
-    with Reader(src) as r:
-        blocks = r.iter_blocks()
-        next(blocks)
-        assert fake.calls == HOLD  # held between blocks: the next one reuses the memory
-        for _ in blocks:
+def test_other_tunables_do_not_turn_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in heap.USER_SETTINGS + ("BBFORMAT_HEAP",):
+        monkeypatch.delenv(k, raising=False)
+    heap.glibc.cache_clear()
+    try:
+        plain = heap.glibc()
+        heap.glibc.cache_clear()
+        monkeypatch.setenv("GLIBC_TUNABLES", "glibc.cpu.hwcaps=-AVX512F")
+        if plain is None:
+            pytest.skip("not glibc on 64-bit Linux")
+        assert heap.glibc() is not None
+    finally:
+        heap.glibc.cache_clear()
+
+
+def test_the_library_leaves_malloc_alone_and_the_command_holds_it(fake: FakeLibc, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A decode pass and a pack through the API change nothing; `bbformat verify` runs inside kept()."""
+    with Reader(CONFORMANCE / "chain_propagation.bb") as r:
+        for _ in r.iter_blocks():
             pass
-    assert fake.calls == HOLD + LET_GO
-    fake.calls.clear()
     ckpt = write_checkpoint(make_tiny_checkpoint("llama", seed=3, layers=1), tmp_path / "ckpt", "safetensors")
     pack(ckpt, tmp_path / "out.bb")
-    assert fake.calls == HOLD + LET_GO
+    assert fake.calls == []
+    seen: list[int] = []
+    real = heap.kept
+
+    @contextmanager
+    def watched() -> Iterator[None]:
+        with real():
+            seen.append(heap.depth())
+            yield
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(heap, "kept", watched)
+        assert cli.main(["verify", str(tmp_path / "out.bb")]) == 0
+    assert seen == [1] and fake.calls == HOLD + LET_GO
+    capsys.readouterr()
 
 
 class Mallinfo2(ctypes.Structure):
@@ -112,10 +151,11 @@ class Mallinfo2(ctypes.Structure):
 def test_glibc_serves_large_arrays_from_its_heap_inside_and_maps_them_after() -> None:
     """The real glibc, on this (main) thread: inside kept() a 96 MiB array comes from the heap
     (no new mapped block); after it, such an array is mapped on its own again."""
+    assert heap.depth() == 0
     heap.glibc.cache_clear()
     libc = heap.glibc()
     if libc is None or not hasattr(libc, "mallinfo2"):
-        pytest.skip("not glibc 2.33 or later, or malloc is set by the environment")
+        pytest.skip("not glibc 2.33 or later on 64-bit Linux, or malloc is set by the environment")
     libc.mallinfo2.restype = Mallinfo2
 
     def mapped() -> int:

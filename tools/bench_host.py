@@ -18,13 +18,16 @@ Every measurement runs in a child process (its peak RSS is its own), one at a ti
     2 x 2;
   * pack host seconds: `pack`'s wall time minus its linear algebra;
   * "before": the same, from a worktree of REV (the commit before the compiled host path),
-    alternating with "after" per dtype.
+    alternating with "after" per dtype;
+  * "heap.kept": the after tree's decode and pack inside bbformat.heap.kept(), as the bbformat
+    command runs them, alternating with "after"; its pack's bytes are compared with after's.
 ZipNN 0.5.4 compresses the safetensors' tensor bytes once; its one-thread decompression from
 memory is timed best of 3.
 """
 from __future__ import annotations
 
 import argparse
+import filecmp
 import json
 import os
 import resource
@@ -32,6 +35,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -71,11 +76,23 @@ def _clocked() -> tuple[Any, dict[str, float]]:
     return rot.linalg_clock(record), spent
 
 
-def child_decode(path: str, device: str, workers: int, threads: int) -> dict[str, float]:
+@contextmanager
+def _heap(kept: bool) -> Iterator[None]:
+    """Inside bbformat.heap.kept() where `kept` (the after tree only: as the bbformat command runs)."""
+    if not kept:
+        yield
+        return
+    from bbformat import heap
+
+    with heap.kept():
+        yield
+
+
+def child_decode(path: str, device: str, workers: int, threads: int, kept: bool = False) -> dict[str, float]:
     from bbformat.reader import Reader
 
     clock, spent = _clocked()
-    with clock, Reader(path, device=device, share_payload=True, threads=threads) as r:
+    with _heap(kept), clock, Reader(path, device=device, share_payload=True, threads=threads) as r:
         t = time.perf_counter()
         for block in r.iter_blocks(workers=workers):
             del block
@@ -137,12 +154,12 @@ def child_replay(path: str) -> dict[str, float]:
     return {"host1": min(out["host1"], out["host1b"]), "host2": min(out["host2"], out["host2b"])}
 
 
-def child_pack(src: str, dst: str) -> dict[str, float]:
+def child_pack(src: str, dst: str, kept: bool = False) -> dict[str, float]:
     from bbformat.api import pack
 
     clock, spent = _clocked()
     t = time.perf_counter()
-    with clock:
+    with _heap(kept), clock:
         pack(src, dst, overwrite=True, entropy="auto")
     return {"wall": time.perf_counter() - t, "linalg": sum(spent.values())}
 
@@ -169,8 +186,9 @@ def child_zipnn(src: str, dtype: str) -> dict[str, float]:
 
 def child_main(argv: list[str]) -> None:
     kind, *args = argv
-    fn = {"decode": lambda: child_decode(args[0], args[1], int(args[2]), int(args[3])), "replay": lambda: child_replay(args[0]),
-          "pack": lambda: child_pack(args[0], args[1]), "zipnn": lambda: child_zipnn(args[0], args[1])}[kind]
+    fn = {"decode": lambda: child_decode(args[0], args[1], int(args[2]), int(args[3]), args[4:] == ["kept"]),
+          "replay": lambda: child_replay(args[0]), "pack": lambda: child_pack(args[0], args[1], args[2:] == ["kept"]),
+          "zipnn": lambda: child_zipnn(args[0], args[1])}[kind]
     out = fn()
     out["rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print("RESULT " + json.dumps(out))
@@ -178,11 +196,14 @@ def child_main(argv: list[str]) -> None:
 
 # ----------------------------------------------------------------------------- parent side
 
-HEAP_DEFAULT = {"BBFORMAT_HEAP": "default"}  # the "after" tree with glibc's malloc as it is (bbformat.heap off)
+# Settings that would change what the children measure (bbformat.heap): left out of their environment.
+MALLOC_ENV = ("BBFORMAT_HEAP", "GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
+              "MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX")
 
 
-def run_child(tree: Path, *args: str, env_extra: dict[str, str] | None = None) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=str(tree), **(env_extra or {}))
+def run_child(tree: Path, *args: str) -> dict[str, float]:
+    env = {k: v for k, v in os.environ.items() if k not in MALLOC_ENV}
+    env["PYTHONPATH"] = str(tree)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", *args]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
     for line in p.stdout.splitlines():
@@ -230,22 +251,24 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         src = source(work, dtype, a.preset)
         weights = next(src.glob("*.safetensors"))
         bb, bb_old = work / f"{a.preset}-{dtype}.bb", work / f"{a.preset}-{dtype}-before.bb"
+        bb_kept = work / f"{a.preset}-{dtype}-kept.bb"
         r: dict[str, Any] = res["dtypes"].setdefault(dtype, {})
         print(f"[{dtype}]", flush=True)
         if dtype in a.pack_dtypes or not bb.exists():
             for rnd in range(a.rounds if dtype in a.pack_dtypes else 0):
                 r.setdefault("pack_before", []).append(run_child(old, "pack", str(src), str(bb_old)))
                 r.setdefault("pack_after", []).append(run_child(ROOT, "pack", str(src), str(bb)))
-                r.setdefault("pack_heap_default", []).append(run_child(ROOT, "pack", str(src), str(bb), env_extra=HEAP_DEFAULT))
+                r.setdefault("pack_kept", []).append(run_child(ROOT, "pack", str(src), str(bb_kept), "kept"))
+                r["pack_kept_same_bytes"] = filecmp.cmp(bb, bb_kept, shallow=False)
                 print(f"  pack round {rnd}: before {r['pack_before'][-1]}, after {r['pack_after'][-1]}, "
-                      f"heap default {r['pack_heap_default'][-1]}", flush=True)
+                      f"heap.kept {r['pack_kept'][-1]}, same bytes {r['pack_kept_same_bytes']}", flush=True)
             if not bb.exists():
                 run_child(ROOT, "pack", str(src), str(bb))
         r["file_bytes"], r["plain_bytes"] = bb.stat().st_size, weights.stat().st_size
         for rnd in range(a.rounds):
             r.setdefault("decode_before", []).append(run_child(old, "decode", str(bb), "cpu", "1", "1"))
             r.setdefault("decode_after", []).append(run_child(ROOT, "decode", str(bb), "cpu", "1", "1"))
-            r.setdefault("decode_heap_default", []).append(run_child(ROOT, "decode", str(bb), "cpu", "1", "1", env_extra=HEAP_DEFAULT))
+            r.setdefault("decode_kept", []).append(run_child(ROOT, "decode", str(bb), "cpu", "1", "1", "kept"))
         if dtype in a.torch_dtypes:
             r["decode_torch_before"] = run_child(old, "decode", str(bb), "torch:cpu", "1", "1")
             r["decode_torch_after"] = run_child(ROOT, "decode", str(bb), "torch:cpu", "1", "1")
@@ -280,13 +303,14 @@ def render(res: dict[str, Any], notes: str = "") -> str:
              "Input: the one-layer Llama-2-7B shape (`make_large.py --preset llama-2-7b --layers 1 --key-order tc`, random "
              "weights), packed with the defaults (symmetric, `--entropy auto`, format 1.5). Host seconds = wall time minus "
              "the linear algebra (rotation.linalg_clock, and the backends' matmul); \"replayed\" = the decode with the linear algebra looked up from a "
-             "first pass, so its wall time is the host's work alone. \"Heap default\": the after tree with "
-             "`BBFORMAT_HEAP=default` (bbformat.heap off: glibc's malloc as the process had it), alternating with \"after\".", "",
+             "first pass, so its wall time is the host's work alone. \"heap.kept\": the after tree inside "
+             "`bbformat.heap.kept()`, as the `bbformat` command runs (glibc keeps freed memory for reuse), alternating "
+             "with \"after\" (the library's default: malloc as the process has it).", "",
              "| dtype | file % of plain | ZipNN 1 thread s | decode host s, reference: before → after | × ZipNN (after) | "
-             "decode host s, heap default | torch:cpu host s: before → after | replayed host s, 1 thread: before → after | "
-             "2 threads / 1 (after) | decode peak RSS GiB: before → after | pack host s: before → after | pack after / before | "
-             "pack host s, heap default |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "decode host s, heap.kept (× ZipNN) | torch:cpu host s: before → after | replayed host s, 1 thread: "
+             "before → after | 2 threads / 1 (after) | decode peak RSS GiB: before → after → heap.kept | "
+             "pack host s: before → after → heap.kept | pack after / before (heap.kept / before) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     goals = []
     for dtype, r in res["dtypes"].items():
         z = r["zipnn"]["wall"]
@@ -296,22 +320,30 @@ def render(res: dict[str, Any], notes: str = "") -> str:
         torch_cell = f"{_host(tb):.2f} → {_host(ta):.2f}" if tb and ta else "not run"
         rb, ra = r["replay_before"], r["replay_after"]
         two = ra["host2"] / ra["host1"]
-        hd = r.get("decode_heap_default")
-        heap_cell = f"{_host(_best(hd)):.2f}" if hd else "not run"
-        ph = r.get("pack_heap_default")
-        pack_heap_cell = f"{_host(_best(ph)):.1f}" if ph else "not run"
-        pb, pa = r.get("pack_before"), r.get("pack_after")
+        dk = _best(r["decode_kept"]) if r.get("decode_kept") else None
+        kept_cell = f"{_host(dk):.2f} ({_host(dk) / z:.2f})" if dk else "not run"
+        rss_cell = f"{db['rss_gib']:.2f} → {da['rss_gib']:.2f}" + (f" → {dk['rss_gib']:.2f}" if dk else "")
+        pb, pa, pk = r.get("pack_before"), r.get("pack_after"), r.get("pack_kept")
         pack_cell, pack_ratio = "not run", ""
         if pb and pa:
             hb, ha = _host(_best(pb)), _host(_best(pa))
             pack_cell, pack_ratio = f"{hb:.1f} → {ha:.1f}", f"{ha / hb:.2f}"
             goals.append(f"- pack's host work ≤ 1/4 of before, {dtype}: " + _goal(ha / hb <= 0.25, f"{ha / hb:.2f} of before"))
+            if pk:
+                hk = _host(_best(pk))
+                pack_cell, pack_ratio = pack_cell + f" → {hk:.1f}", pack_ratio + f" ({hk / hb:.2f})"
+                goals.append(f"- pack's host work ≤ 1/4 of before, {dtype}, inside heap.kept (as `bbformat pack`): "
+                             + _goal(hk / hb <= 0.25, f"{hk / hb:.2f} of before; the same bytes: "
+                                     f"{'yes' if r.get('pack_kept_same_bytes') else 'NO'}"))
         lines.append(f"| {dtype} | {100 * r['file_bytes'] / r['plain_bytes']:.2f}% | {z:.2f} | {_host(db):.2f} → {_host(da):.2f} | "
-                     f"{ratio:.2f} | {heap_cell} | {torch_cell} | {rb['host1']:.2f} → {ra['host1']:.2f} | {two:.2f} | "
-                     f"{db['rss_gib']:.2f} → {da['rss_gib']:.2f} | {pack_cell} | {pack_ratio} | {pack_heap_cell} |")
+                     f"{ratio:.2f} | {kept_cell} | {torch_cell} | {rb['host1']:.2f} → {ra['host1']:.2f} | {two:.2f} | "
+                     f"{rss_cell} | {pack_cell} | {pack_ratio} |")
         goals.append(f"- decode host work ≤ 1.5× ZipNN's one-thread decompression, {dtype}: "
                      + _goal(ratio <= 1.5, f"{ratio:.2f}×, reference backend") + ("" if not ta else
                      f"; torch:cpu {_host(ta) / z:.2f}×"))
+        if dk:
+            goals.append(f"- decode host work ≤ 1.5× ZipNN's one-thread decompression, {dtype}, inside heap.kept (as "
+                         "`bbformat verify`): " + _goal(_host(dk) / z <= 1.5, f"{_host(dk) / z:.2f}×, reference backend"))
         goals.append(f"- two threads ≤ 0.55× one, {dtype}: " + _goal(two <= 0.55, f"{two:.2f}, replayed"))
         goals.append(f"- nothing slower on the reference, {dtype}: " + _goal(_host(da) <= _host(db) * 1.05,
                      f"host {_host(db):.2f} → {_host(da):.2f} s"))
