@@ -36,8 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 from machine import cpu_and_memory, python_and_numpy  # noqa: E402
 from mdsection import write_section  # noqa: E402
+
+from bbformat.heap import USER_SETTINGS  # noqa: E402
 
 SECTION = "## 19. The host's work of a decode and a pack (tools/bench_host.py)"
 DTYPES = ("bfloat16", "float16", "float32")
@@ -77,16 +78,13 @@ def _clocked() -> tuple[Any, dict[str, float]]:
     return rot.linalg_clock(record), spent
 
 
-@contextmanager
-def _heap(kept: bool) -> Iterator[None]:
-    """Inside bbformat.heap.kept() where `kept` (the after tree only: as the bbformat command runs)."""
+def _heap(kept: bool) -> AbstractContextManager[None]:
+    """bbformat.heap.kept() where `kept` (the after tree only: as the bbformat command runs), else nothing."""
     if not kept:
-        yield
-        return
+        return nullcontext()
     from bbformat import heap
 
-    with heap.kept():
-        yield
+    return heap.kept()
 
 
 def child_decode(path: str, device: str, workers: int, threads: int, kept: bool = False) -> dict[str, float]:
@@ -198,8 +196,7 @@ def child_main(argv: list[str]) -> None:
 # ----------------------------------------------------------------------------- parent side
 
 # Settings that would change what the children measure (bbformat.heap): left out of their environment.
-MALLOC_ENV = ("BBFORMAT_HEAP", "GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
-              "MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX")
+MALLOC_ENV = ("BBFORMAT_HEAP", "GLIBC_TUNABLES", *USER_SETTINGS)
 
 
 def run_child(tree: Path, *args: str) -> dict[str, float]:
