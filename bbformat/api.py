@@ -8,6 +8,7 @@ import math
 import os
 import warnings
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -250,12 +251,10 @@ def _pack_checkpoint(ckpt: Checkpoint, dst: str | os.PathLike[str], scheme: str,
         metadata["rounding"] = "feedback"
         metadata["calibration_tokens"] = int(tokens.numel())
 
-    from .tensors import raw_dtype, torch_to_raw
+    from .tensors import raw_dtype, torch_view_raw
 
-    def get(name: str) -> RawTensor:
-        raw = torch_to_raw(ckpt.state_dict[name], name)
-        ckpt.release(name)
-        return raw
+    def get(name: str) -> RawTensor:  # read-only, uncopied; its pages released when it is dropped
+        return torch_view_raw(ckpt.state_dict[name], name, partial(ckpt.release, name))
 
     def describe(name: str) -> tuple[str, tuple[int, ...]]:
         t = ckpt.state_dict[name]

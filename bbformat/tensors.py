@@ -5,7 +5,8 @@ copy, a comparison) may turn bytes other than 0 and 1 into 1, so conversions her
 int8 before anything copies it."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 import numpy as np
@@ -42,6 +43,24 @@ def torch_to_raw(t: torch.Tensor, name: str = "") -> RawTensor:
     else:  # contiguous() made the one copy (a sliced view of a wider storage, as TC saves them), of the
         # integer view: a bool tensor's copy would turn bytes other than 0 and 1 into 1
         bits = src.view(tv).contiguous().numpy().view(nv)
+    return RawTensor(dtype, bits)
+
+
+def torch_view_raw(t: torch.Tensor, name: str, release: Callable[[], None]) -> RawTensor:
+    """torch_to_raw without the copy where t is a contiguous CPU tensor: a read-only view of its
+    memory (a mapped file's pages are read once, when the view is read), and `release()` runs
+    when the last view of it is gone (a mapped checkpoint drops those pages again). Other
+    tensors are copied as torch_to_raw does, and released at once."""
+    if t.device.type != "cpu" or not t.is_contiguous():
+        raw = torch_to_raw(t, name)
+        release()
+        return raw
+    dtype = raw_dtype(t, name)
+    tv, nv = _INT_VIEW[bits_of(dtype)]
+    owner = t.detach().view(tv).numpy()  # every view below refers to this array (numpy's base)
+    weakref.finalize(owner, release)
+    bits = owner.view(nv)
+    bits.flags.writeable = False
     return RawTensor(dtype, bits)
 
 

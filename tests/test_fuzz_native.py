@@ -250,6 +250,11 @@ for code, bits in ((0, np.uint16), (1, np.uint16), (2, np.uint32)):
     h.context_counts(b, w, 2, 3, np.zeros(0, np.uint8), np.zeros(8, np.int64))
     groups = tuple(b"\x00" * int(k) for k in np.bincount((b.astype(np.int64) >> 2) & 7, minlength=8))
     assert h.apply_residuals(b, b, np.zeros(0, np.uint8), w, 2, 3, groups, odd(bits, n, 0)) == 0
+    keep, deltas = odd(np.uint8, n, 1), odd(np.int64, n, 0)
+    h.ordinal_deltas(b, b[::-1].copy(), keep, w, deltas)
+    h.residual_sizes(b, deltas, keep, w, 2, 3, np.zeros(8, np.int64), np.zeros(8, np.int64))
+d = 67  # a tile and a part of one
+h.symmetric(odd(np.float64, d * (d + 1) // 2, 1.5), d, odd(np.float64, d * d, 0.0))
 print("ok")
 """
 

@@ -432,6 +432,98 @@ def test_upper_triangle_matches_reference(d):
         assert np.array_equal(f64_bits(reference(TORCH_CPU.block, torch.from_numpy(m))), f64_bits(want))
 
 
+@pytest.mark.parametrize("d", [0, 1, 2, 5, 63, 64, 65, 129, 257])
+def test_block_to_matrix_matches_reference_and_an_index_formula(d):
+    """rotation.block_to_matrix, compiled (row copies, then the mirror in 64 x 64 tiles, so sizes
+    around a tile's edge): the reference's bits, and X[i, j] = X[j, i] = the block's entry of
+    (i, j) by np.triu_indices; NaN payloads and -0.0 kept."""
+    from bbformat.codec.rotation import block_size, block_to_matrix, matrix_to_block
+
+    rng = np.random.default_rng(100 + d)
+    v = rng.normal(size=block_size(d))
+    v[rng.random(v.size) < 0.05] = -0.0
+    v[rng.random(v.size) < 0.02] = np.array([0x7FF8000000000123], np.uint64).view(np.float64)[0]
+    got = block_to_matrix(v, d)
+    want = reference(block_to_matrix, v, d)
+    assert got.shape == (d, d) and np.array_equal(f64_bits(got), f64_bits(want))
+    x = np.zeros((d, d))
+    x[np.diag_indices(d)] = v[:d]
+    rows, cols = np.triu_indices(d, 1)
+    x[rows, cols] = x[cols, rows] = v[d:]
+    assert np.array_equal(f64_bits(got), f64_bits(x))
+    assert np.array_equal(f64_bits(matrix_to_block(got)), f64_bits(v))
+
+
+def residual_groups_raw_size(approx: np.ndarray, values: np.ndarray, dtype: str, keep: np.ndarray | None) -> int:
+    """x_residuals with every group stored raw, sized by encoding it (independent of raw_size)."""
+    shift, nbits = {"float16": (10, 5), "bfloat16": (7, 8), "float32": (23, 8)}[dtype]
+    ctx = (approx.astype(np.int64) >> shift) & ((1 << nbits) - 1)
+    live = np.ones(approx.size, bool) if keep is None else keep
+    total = 0
+    for c in np.unique(ctx[live]):
+        raw = encode_varints(zigzag(values[live & (ctx == c)]))
+        total += len(encode_group(raw, compressor(3), zstd_above=1 << 62))
+    return total
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_residual_raw_size_and_deltas_match_reference_and_the_encoded_groups(dtype):
+    """The encoder's bound on x_residuals (section_kinds' residual choice and raw_size): the
+    compiled deltas and per-context sums equal the reference's, and the size equals the raw
+    groups as encoded, with values of every varint length (1 to 10 bytes) and with keep."""
+    from bbformat.codec.section_kinds import X_RESIDUALS, SiteContext, residual_deltas, residual_sizes
+
+    rng = np.random.default_rng(7)
+    w = 32 if dtype == "float32" else 16
+    for trial in range(40):
+        n = int(rng.integers(1, 3000))
+        approx = reference(f64_to_bits, rng.standard_normal(n) * 10.0 ** rng.integers(-3, 3, n), dtype)
+        true = approx.copy()
+        mask = rng.random(n) < 0.4
+        true[mask] = rng.integers(0, 1 << w, int(mask.sum()), dtype=np.uint64).astype(UINT[dtype])  # any pattern, either sign
+        deltas = host_native.ordinal_deltas(true, approx, mask, dtype)
+        assert np.array_equal(deltas, residual_deltas(true, approx, mask, w))
+        values = deltas.copy()
+        if trial % 4 == 0:  # every varint length
+            values[: min(n, 20)] = [(-1) ** k * ((1 << (3 * k)) - 1) for k in range(min(n, 20))]
+        keep = None if trial % 3 else rng.random(n) < 0.8
+        got = host_native.residual_sizes(approx, values, dtype, keep)
+        want = residual_sizes(approx, values, dtype, keep)
+        assert all(np.array_equal(a, b) and a.dtype == np.int64 for a, b in zip(got, want))
+        program = type("P", (), {"symbol_dtype": dtype})()
+        ctx = SiteContext(program, 0, approx=approx, keep=keep)  # type: ignore[arg-type]
+        size = residual_groups_raw_size(approx, values, dtype, keep)
+        assert X_RESIDUALS.raw_size(ctx, values) == size
+        assert reference(X_RESIDUALS.raw_size, ctx, values) == size
+
+
+def test_bits_to_ordinal_orders_like_the_values_on_every_16_bit_pattern():
+    """dtypes.bits_to_ordinal against its definition, independently: sorted by value (+0 after
+    -0), the float16 and bfloat16 patterns get consecutive ordinals with +0 at 0; every width
+    round-trips through ordinal_to_bits, including each width's extremes."""
+    from bbformat.codec.dtypes import bits_to_ordinal, ordinal_to_bits
+
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    for dtype in ("float16", "bfloat16"):
+        v = reference(bits_to_f64, bits, dtype)
+        finite = np.flatnonzero(np.isfinite(v))
+        order = finite[np.lexsort((~np.signbit(v[finite]), v[finite]))]  # -0 before +0
+        o = bits_to_ordinal(bits, 16)
+        assert np.array_equal(np.diff(o[order]), np.ones(order.size - 1, np.int64))
+        assert o[0] == 0 and o[0x8000] == -1
+    rng = np.random.default_rng(3)
+    for w in (8, 16, 32, 64):
+        u = np.dtype(f"uint{w}").type
+        top = (1 << w) - 1
+        b = np.concatenate([np.array([0, 1, top >> 1, (top >> 1) + 1, top], np.uint64),
+                            rng.integers(0, top, 1000, dtype=np.uint64, endpoint=True)]).astype(u)
+        o = bits_to_ordinal(b, w)
+        mag = (b.astype(np.uint64) & np.uint64(top >> 1)).astype(object)
+        want = [-int(m) - 1 if int(x) >> (w - 1) else int(m) for x, m in zip(b, mag)]
+        assert o.tolist() == want
+        assert np.array_equal(ordinal_to_bits(o, w), b)
+
+
 def test_all_finite_matches_numpy():
     """NumpyLinalg.all_finite: one NaN or infinity anywhere (both signs, any payload, in the
     vectorised runs or their tail) makes it false; zeros, subnormals and the largest finite

@@ -37,6 +37,27 @@ def test_rotate_rounded_blocks_is_the_rounded_product(small_blocks: None, dtype:
     assert np.all(np.abs(got.to_f64() - want.to_f64()) <= step + 1e-30)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_row_blocks_on_the_helper_thread_give_the_bits_of_one_block_at_a_time(small_blocks: None, dtype: str, axis: int) -> None:
+    """rotate_rounded_blocks widens and rounds on a helper thread beside the products: the bits
+    of the plain loop (widen, product, round, block by block), and canonical_rotation_of's
+    summed Gram is the loop's sum in the same order (the same eigenvectors, bit for bit)."""
+    rng = np.random.default_rng(3)
+    t = RawTensor.from_f64(rng.normal(0, 0.1, (100, 64) if axis == 1 else (64, 100)), dtype)
+    r = np.linalg.qr(rng.normal(size=(64, 64)))[0]
+    m = rot.axis_matrix(t.bits, axis)
+    step = encoder.BLOCK_F64_BYTES // (8 * 64)
+    rows = [RawTensor.from_f64(RawTensor(dtype, m[i : i + step]).to_f64() @ r, dtype).bits for i in range(0, m.shape[0], step)]
+    want = rot.from_axis_matrix(np.concatenate(rows), t.shape, axis)
+    assert len(rows) > 3 and np.array_equal(encoder.rotate_rounded_blocks(t, axis, r).bits, want)
+    g = None
+    for i in range(0, m.shape[0], step):
+        x = RawTensor(dtype, m[i : i + step]).to_f64()
+        g = x.T @ x if g is None else g + x.T @ x
+    assert np.array_equal(encoder.canonical_rotation_of(t, axis), np.linalg.eigh(g)[1])
+
+
 def test_blocked_gram_has_the_same_eigenvectors(small_blocks: None) -> None:
     rng = np.random.default_rng(2)
     t = RawTensor.from_f64(rng.normal(0, 0.1, (300, 48)) * np.linspace(2, 0.5, 48), "float32")

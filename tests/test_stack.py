@@ -10,22 +10,28 @@ from hypothesis import strategies as st
 from bbformat.codec.stack import SymbolStack
 from bbformat.errors import FormatError
 
-ops = st.lists(st.one_of(st.tuples(st.just("push"), st.lists(st.integers(0, 65535), max_size=40)),
-                         st.tuples(st.just("pop"), st.integers(0, 60))), max_size=40)
+ops = st.lists(st.one_of(st.tuples(st.just("push"), st.lists(st.integers(0, 65535), max_size=40), st.booleans()),
+                         st.tuples(st.just("pop"), st.integers(0, 60), st.just(False))), max_size=40)
 
 
 @given(initial=st.lists(st.integers(0, 65535), max_size=80), seq=ops, capacity=st.integers(0, 200), share=st.booleans())
 def test_stack_matches_a_list(initial: list[int], seq: list, capacity: int, share: bool) -> None:
     """Also with share=True: a pop that lies wholly in the payload is a view of it, and every
-    popped array keeps its values through all later pushes and pops."""
+    popped array keeps its values through all later pushes and pops. Pushes with adopt=True
+    (the stack may keep the array itself) of read-only arrays: the stack never writes to them,
+    and they keep their values."""
     payload = np.array(initial, np.uint16)
     payload.setflags(write=False)
     stack, model = SymbolStack(16, payload, capacity=capacity), list(initial)
     popped: list[tuple[np.ndarray, list[int]]] = []
+    pushed: list[tuple[np.ndarray, list[int]]] = []
     in_payload = len(initial)  # the model's bottom entries that are still the payload's
-    for kind, arg in seq:
+    for kind, arg, adopt in seq:
         if kind == "push":
-            stack.push(np.array(arg, np.uint16))
+            a = np.array(arg, np.uint16)
+            a.setflags(write=False)
+            stack.push(a, adopt=adopt)
+            pushed.append((a, list(arg)))
             model.extend(arg)
         elif arg > len(model):
             with pytest.raises(FormatError):
@@ -44,7 +50,21 @@ def test_stack_matches_a_list(initial: list[int], seq: list, capacity: int, shar
         assert stack.symbols().tolist() == model
     assert payload.tolist() == initial
     assert all(got.tolist() == want for got, want in popped)
+    assert all(a.tolist() == want for a, want in pushed)
     assert stack.take().tolist() == model and len(stack) == 0
+
+
+def test_a_push_that_fills_the_reserved_room_adopts_the_array_only_when_asked() -> None:
+    sym = np.arange(100, dtype=np.uint16)
+    for adopt in (False, True):
+        stack = SymbolStack(16, capacity=100)
+        stack.push(sym, adopt=adopt)
+        assert np.shares_memory(stack.take(), sym) == adopt
+    stack = SymbolStack(16, capacity=101)  # room for more: copied, so later pushes need no regrowth
+    stack.push(sym, adopt=True)
+    stack.push(np.array([7], np.uint16), adopt=True)
+    out = stack.take()
+    assert not np.shares_memory(out, sym) and out.tolist() == list(range(100)) + [7]
 
 
 def test_push_then_pop_restores_the_state() -> None:

@@ -1,8 +1,9 @@
 /* The host's per-value work between a block's linear algebra and its tensors, compiled, with
  * the GIL released: widening bit patterns to float64, rounding float64 to a dtype (SPEC.md 7.4),
  * the distance of a value to its dtype's nearest rounding boundary (SPEC.md 9 item 7, 12.6),
- * the x_residuals correction (SPEC.md 8.4), a regenerated block's upper triangle and a
- * finiteness test of float64 matrices. Each function is the exact counterpart of a
+ * the x_residuals correction (SPEC.md 8.4) and the raw size of its groups, a regenerated
+ * block's upper triangle, a popped block's symmetric matrix and a finiteness test of float64
+ * matrices. Each function is the exact counterpart of a
  * numpy function that stays the reference (codec/dtypes.py, band.py, varint.py,
  * section_kinds.py); tests/test_host_native.py proves the two give the same bits.
  *
@@ -26,7 +27,7 @@
 #define HAVE_AVX2 0
 #endif
 
-#define ABI 6
+#define ABI 7
 
 enum { F16 = 0, BF16 = 1, F32 = 2 };
 enum { RES_OK = 0, RES_COUNT = 1, RES_LONG = 2, RES_BIG = 3, RES_RANGE = 4 };
@@ -633,6 +634,86 @@ static PyObject *context_counts(PyObject *self, PyObject *args)
     return result;
 }
 
+/* ordinal_deltas(true, approx, mask, w, out): out[i] = ordinal(true[i]) - ordinal(approx[i])
+ * where mask[i], else 0 (the ordinals of dtypes.bits_to_ordinal: ~magnitude where the sign
+ * bit is set): the x_residuals values of section_kinds' residual choice. out: int64. */
+static inline int64_t ordinal_of(uint32_t b, int w)
+{
+    const int64_t mag = (int64_t)(b & ((1u << (w - 1)) - 1));
+    return (b >> (w - 1)) ? ~mag : mag;
+}
+
+static PyObject *ordinal_deltas(PyObject *self, PyObject *args)
+{
+    Py_buffer t, a, mask, out;
+    int w;
+    if (!PyArg_ParseTuple(args, "y*y*y*iw*", &t, &a, &mask, &w, &out))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = 0;
+    if (w != 16 && w != 32)
+        PyErr_SetString(PyExc_ValueError, "_host_native.ordinal_deltas: width must be 16 or 32");
+    else if ((n = a.len / (w / 8)), check_len(&a, n, w / 8, "approx") == 0 && check_len(&t, n, w / 8, "true") == 0 &&
+             check_len(&mask, n, 1, "mask") == 0 && check_len(&out, n, 8, "out") == 0) {
+        const uint8_t *m = mask.buf;
+        uint8_t *o = out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; ++i) {
+            const int64_t d = m[i] ? ordinal_of(load_sym(t.buf, w, i), w) - ordinal_of(load_sym(a.buf, w, i), w) : 0;
+            memcpy(o + 8 * i, &d, 8);
+        }
+        Py_END_ALLOW_THREADS
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&t);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&mask);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* residual_sizes(approx, value, keep, w, shift, nbits, counts, sizes): for every residual
+ * position (keep empty: all), counts[c] += 1 and sizes[c] += the length of zigzag(value)'s
+ * varint, c its context (SPEC.md 8.4): ResidualsSection.raw_size's sums. value: int64. */
+static PyObject *residual_sizes(PyObject *self, PyObject *args)
+{
+    Py_buffer approx, value, keep, counts, sizes;
+    int w, shift, nbits;
+    if (!PyArg_ParseTuple(args, "y*y*y*iiiw*w*", &approx, &value, &keep, &w, &shift, &nbits, &counts, &sizes))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = 0;
+    if ((w != 16 && w != 32) || nbits < 1 || nbits > 8 || shift < 0 || shift + nbits > w)
+        PyErr_SetString(PyExc_ValueError, "_host_native.residual_sizes: bad field");
+    else if ((n = approx.len / (w / 8)), check_len(&approx, n, w / 8, "approx") == 0 && check_len(&value, n, 8, "value") == 0 &&
+             (keep.len == 0 || check_len(&keep, n, 1, "keep") == 0) && check_len(&counts, (Py_ssize_t)1 << nbits, 8, "counts") == 0 &&
+             check_len(&sizes, (Py_ssize_t)1 << nbits, 8, "sizes") == 0) {
+        int64_t *c = counts.buf, *z = sizes.buf;
+        const uint8_t *k = keep.len ? keep.buf : NULL;
+        const uint8_t *v = value.buf;
+        uint32_t mask = (1u << nbits) - 1;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; ++i) {
+            if (k != NULL && !k[i])
+                continue;
+            int64_t x;
+            memcpy(&x, v + 8 * i, 8);
+            const uint64_t u = ((uint64_t)x << 1) ^ (uint64_t)(x >> 63); /* zigzag */
+            const uint32_t ctx = (load_sym(approx.buf, w, i) >> shift) & mask;
+            c[ctx] += 1;
+            z[ctx] += 1 + top_bit(u | 1) / 7;
+        }
+        Py_END_ALLOW_THREADS
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&approx);
+    PyBuffer_Release(&value);
+    PyBuffer_Release(&keep);
+    PyBuffer_Release(&counts);
+    PyBuffer_Release(&sizes);
+    return result;
+}
+
 /* the checks of varint.decode_varints: exactly `count` varints filling the bytes, none longer
  * than 10 bytes, none 2^64 or more */
 static int varints_ok(const uint8_t *b, size_t len, uint64_t count)
@@ -847,6 +928,41 @@ static PyObject *upper(PyObject *self, PyObject *args)
     return ok ? Py_NewRef(Py_None) : NULL;
 }
 
+/* symmetric(values, d, out): rotation.block_to_matrix, into a C-contiguous d x d float64
+ * matrix: the diagonal from values[:d], the strict upper triangle row by row from the rest,
+ * and the lower triangle its mirror (in 64 x 64 tiles). Copies only: the same bits. */
+static PyObject *symmetric(PyObject *self, PyObject *args)
+{
+    Py_buffer vals, out;
+    Py_ssize_t d;
+    if (!PyArg_ParseTuple(args, "y*nw*", &vals, &d, &out))
+        return NULL;
+    const int ok = d >= 0 && d <= (1 << 24) && vals.len == d * (d + 1) / 2 * 8 && out.len == d * d * 8;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        const uint8_t *v = vals.buf; /* bytes: either buffer may start at any byte */
+        uint8_t *x = out.buf;
+        const uint8_t *row = v + 8 * d;
+        for (Py_ssize_t i = 0; i < d; ++i) {
+            memcpy(x + 8 * (i * d + i), v + 8 * i, 8);
+            memcpy(x + 8 * (i * d + i + 1), row, (size_t)(d - 1 - i) * 8);
+            row += 8 * (d - 1 - i);
+        }
+        enum { T = 64 };
+        for (Py_ssize_t bi = 0; bi < d; bi += T)
+            for (Py_ssize_t bj = bi; bj < d; bj += T)
+                for (Py_ssize_t i = bi; i < bi + T && i < d; ++i)
+                    for (Py_ssize_t j = (bj > i + 1 ? bj : i + 1); j < bj + T && j < d; ++j)
+                        memcpy(x + 8 * (j * d + i), x + 8 * (i * d + j), 8);
+        Py_END_ALLOW_THREADS
+    } else {
+        PyErr_SetString(PyExc_ValueError, "_host_native.symmetric: inconsistent arguments");
+    }
+    PyBuffer_Release(&vals);
+    PyBuffer_Release(&out);
+    return ok ? Py_NewRef(Py_None) : NULL;
+}
+
 /* all_finite(x) -> whether every float64 of x is finite (its exponent field not all ones). */
 static PyObject *all_finite(PyObject *self, PyObject *args)
 {
@@ -878,6 +994,9 @@ static PyObject *all_finite(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"upper", upper, METH_VARARGS, "upper(x, d, out): the diagonal, then the strict upper triangle row by row."},
+    {"symmetric", symmetric, METH_VARARGS, "symmetric(values, d, out): upper's inverse, the symmetric d x d matrix."},
+    {"ordinal_deltas", ordinal_deltas, METH_VARARGS, "ordinal_deltas(true, approx, mask, w, out): ordinal differences where mask, else 0."},
+    {"residual_sizes", residual_sizes, METH_VARARGS, "residual_sizes(approx, value, keep, w, shift, nbits, counts, sizes): per-context positions and varint bytes."},
     {"all_finite", all_finite, METH_VARARGS, "all_finite(x) -> whether every float64 of x is finite."},
     {"nonfinite", nonfinite, METH_VARARGS, "nonfinite(bits, code) -> (NaN count, infinity count)."},
     {"map", map, METH_VARARGS, "map(kind, src, code, out, delta=0, simd=1): widen (0), round (1), distance (2) or in_band (3), per value; "

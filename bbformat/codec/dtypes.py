@@ -120,24 +120,30 @@ def f64_to_bits(x: np.ndarray, dtype: str) -> np.ndarray:
     raise InputError(f"unsupported element type {dtype!r}")
 
 
+# width -> the magnitude bits' mask, as an int64 value
+_MAGNITUDE = {w: (1 << (w - 1)) - 1 for w in (8, 16, 32, 64)}
+
+
 def bits_to_ordinal(bits: np.ndarray, width: int) -> np.ndarray:
-    """Map sign-magnitude bit patterns to integers that order like the values (+0 -> 0, -0 -> -1).
-    In place on one int64 array (a residual block's temporaries are 8 bytes a value, not 40)."""
+    """Map sign-magnitude bit patterns to integers that order like the values (+0 -> 0, -0 -> -1):
+    the magnitude, complemented (-magnitude - 1) where the sign bit is set. Without branches, on
+    one int64 array and one int64 temporary (the sign as 0 or -1)."""
     o = np.array(bits, dtype=np.int64)
-    sign = np.int64(1) << np.int64(width - 1)
-    neg = np.bitwise_and(o, sign) != 0
-    np.bitwise_and(o, sign - 1, out=o)
-    np.subtract(-1, o, out=o, where=neg)  # -magnitude - 1
+    neg = np.left_shift(o, np.int64(64 - width))  # the sign bit at the top, then
+    np.right_shift(neg, np.int64(63), out=neg)  # spread: -1 where set, else 0
+    np.bitwise_and(o, np.int64(_MAGNITUDE[width]), out=o)
+    np.bitwise_xor(o, neg, out=o)  # ~magnitude = -magnitude - 1 where negative
     return o
 
 
 def ordinal_to_bits(o: np.ndarray, width: int) -> np.ndarray:
-    """bits_to_ordinal's inverse, for ordinals in range (callers check)."""
+    """bits_to_ordinal's inverse, for ordinals in range (callers check): a negative ordinal's
+    complement is the magnitude, with the sign bit set."""
     b = np.array(o, dtype=np.int64)
-    sign = np.int64(1) << np.int64(width - 1)
-    neg = b < 0
-    np.subtract(-1, b, out=b, where=neg)
-    np.bitwise_or(b, sign, out=b, where=neg)
+    neg = np.right_shift(b, np.int64(63))  # -1 where negative, else 0
+    np.bitwise_xor(b, neg, out=b)
+    np.bitwise_and(neg, np.int64(~_MAGNITUDE[width]), out=neg)  # the sign bit (and, for width < 64, bits above it: cut below)
+    np.bitwise_or(b, neg, out=b)
     return b.astype(uint_dtype(width))
 
 

@@ -2,9 +2,11 @@
 store plainly any site that does not pay for itself."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from functools import partial
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
@@ -23,6 +25,7 @@ from .sections import Section, build_sections, build_site_sections, side_cost_bo
 from .stack import SymbolStack
 
 Rotations = dict[tuple[str, int], np.ndarray]
+T = TypeVar("T")
 # tensor name -> (axis, second moment E[x xᵀ] of that axis's inputs, in the input's basis)
 Moments = dict[str, tuple[int, np.ndarray]]
 
@@ -151,32 +154,55 @@ def _row_blocks(m: np.ndarray) -> range:
 
 
 def canonical_rotation_of(t: RawTensor, axis: int, la: Linalg = REFERENCE) -> np.ndarray:
-    """canonical_rotation of a stored tensor; a large one's Gram is summed over row blocks."""
+    """canonical_rotation of a stored tensor; a large one's Gram is summed over row blocks (each
+    block widened on a helper thread while the previous block's Gram runs)."""
     if not is_large(t):
         return canonical_rotation(la.widen(t), axis, la)
     m = rot.axis_matrix(t.bits, axis)
     g: Array = None
     step = _row_blocks(m).step
-    for i in _row_blocks(m):
-        part = la.gram(la.widen(RawTensor(t.dtype, m[i : i + step])))
-        if g is None:
-            g = part
-        else:
-            g += part  # in place: the same sums as g + part, without a fresh D x D array each block
+    with ThreadPoolExecutor(1, thread_name_prefix="bbformat-rows") as helper:
+        for x in _ahead(helper, [partial(la.widen, RawTensor(t.dtype, m[i : i + step])) for i in _row_blocks(m)]):
+            part = la.gram(x)
+            if g is None:
+                g = part
+            else:
+                g += part  # in place: the same sums as g + part, without a fresh D x D array each block
     _, u0 = la.eigh(g)
     return la.host(u0)
 
 
 def rotate_rounded_blocks(t: RawTensor, axis: int, r: np.ndarray, la: Linalg = REFERENCE) -> RawTensor:
-    """fp(t rotated by r on `axis`) for a large 2-D tensor, a row block of its axis matrix at a time."""
+    """fp(t rotated by r on `axis`) for a large 2-D tensor, a row block of its axis matrix at a
+    time. A helper thread widens the next block and rounds the last while this one's product
+    runs (the same steps on the same values: the same bits)."""
     m = rot.axis_matrix(t.bits, axis)
     out = np.empty(t.bits.shape, t.bits.dtype)
     om = rot.axis_matrix(out, axis)  # a view: rows written through it land in `out`
-    step = _row_blocks(m).step
+    rows = _row_blocks(m)
+    step = rows.step
     rd = la.asarray(r)
-    for i in _row_blocks(m):
-        f64_to_bits_into(la.host(la.matmul(la.widen(RawTensor(t.dtype, m[i : i + step])), rd)), t.dtype, om[i : i + step])
+    with ThreadPoolExecutor(1, thread_name_prefix="bbformat-rows") as helper:
+        rounding: Future[None] | None = None
+        for i, x in zip(rows, _ahead(helper, [partial(la.widen, RawTensor(t.dtype, m[i : i + step])) for i in rows])):
+            y = la.host(la.matmul(x, rd))
+            if rounding is not None:
+                rounding.result()
+            rounding = helper.submit(f64_to_bits_into, y, t.dtype, om[i : i + step])
+        if rounding is not None:
+            rounding.result()
     return RawTensor(t.dtype, out)
+
+
+def _ahead(helper: ThreadPoolExecutor, jobs: list[Callable[[], T]]) -> Iterator[T]:
+    """The jobs' results in order, each next job started on `helper` before the last result is
+    used (one result held ahead)."""
+    nxt = helper.submit(jobs[0]) if jobs else None
+    for k in range(len(jobs)):
+        assert nxt is not None
+        got = nxt.result()
+        nxt = helper.submit(jobs[k + 1]) if k + 1 < len(jobs) else None
+        yield got
 
 
 def _rotate(la: Linalg, x: Array, rots: list[tuple[int, np.ndarray]]) -> Array:
@@ -431,7 +457,7 @@ def _run_forward(ctx: _ChunkContext, plain: dict[int, str]) -> _Forward:
             fw.anchor_rot[s_idx] = fw.follower_rot[s_idx] = ctx.canonical[s.name]
     for op in ctx.ops:
         if op.kind == OpKind.PUSH:
-            fw.stack.push(symbols_view(_final_value(ctx, fw, ctx.layout.tensors[op.index]), w))
+            fw.stack.push(symbols_view(_final_value(ctx, fw, ctx.layout.tensors[op.index]), w), adopt=True)  # never changed after
         else:
             _forward_site(ctx, fw, op.index)
     return fw

@@ -5,7 +5,8 @@ released inside each call, so decoding threads run them side by side.
 
 Each function here is the counterpart of a numpy function that stays the reference
 (dtypes.bits_to_f64 and f64_to_bits, band.boundary_distance, in_band and min_distance,
-section_kinds' residual decoding); those call in here when `active()` and compute in numpy
+section_kinds' residual decoding and the residual groups' raw size, rotation's block and
+matrix conversions); those call in here when `active()` and compute in numpy
 otherwise. tests/test_host_native.py proves both give the same bits and the same errors.
 
 `compiled` is None where the extension was not built (no C compiler at install), was built
@@ -32,7 +33,7 @@ from . import scratch
 from .native import load
 from .runner import Runner
 
-ABI = 6  # the compiled module's functions and argument lists that this file passes
+ABI = 7  # the compiled module's functions and argument lists that this file passes
 
 compiled = load("_host_native", ABI)
 
@@ -114,6 +115,9 @@ def widen(bits: np.ndarray, dtype: str) -> np.ndarray:
 def round_to(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.ndarray:
     """dtypes.f64_to_bits: float64 rounded to dtype (SPEC.md 7.4), as bit patterns in x's shape;
     written into `out` where given (a C-contiguous array of x's size and the dtype's width)."""
+    if out is None and isinstance(x, np.ndarray) and x.ndim > 1 and x.dtype == np.float64 and x.flags.f_contiguous \
+            and not x.flags.c_contiguous:
+        return round_to(x.T, dtype).T  # a rotated axis-0 view: rounded in its own order, not copied to C order first
     src = _f64(x)
     if out is None:
         out = np.empty(src.shape, _UINT[dtype])
@@ -156,6 +160,15 @@ def upper(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def symmetric(values: np.ndarray, d: int) -> np.ndarray:
+    """rotation.block_to_matrix: the symmetric d x d matrix of a block (the diagonal, then the
+    strict upper triangle row by row)."""
+    src = _f64(values).reshape(-1)
+    out = scratch.empty((d, d), np.float64)
+    _lib().symmetric(src, d, out)
+    return out
+
+
 def all_finite(x: np.ndarray) -> bool:
     """Whether every value of a float64 array is finite (np.isfinite(x).all())."""
     src = _f64(x)
@@ -187,6 +200,27 @@ def context_counts(approx: np.ndarray, dtype: str, keep: np.ndarray | None = Non
     counts = np.zeros(1 << nbits, np.int64)
     _lib().context_counts(a, a.itemsize * 8, shift, nbits, _keep_bytes(keep), counts)
     return counts
+
+
+def ordinal_deltas(true: np.ndarray, approx: np.ndarray, mask: np.ndarray, dtype: str) -> np.ndarray:
+    """bits_to_ordinal(true) - bits_to_ordinal(approx) where mask, else 0 (int64, flat)."""
+    t = np.ascontiguousarray(true, dtype=_UINT[dtype]).reshape(-1)
+    a = np.ascontiguousarray(approx, dtype=_UINT[dtype]).reshape(-1)
+    m = np.ascontiguousarray(mask, dtype=np.bool_).reshape(-1).view(np.uint8)
+    out = np.empty(a.size, np.int64)
+    _lib().ordinal_deltas(t, a, m, a.itemsize * 8, out)
+    return out
+
+
+def residual_sizes(approx: np.ndarray, value: np.ndarray, dtype: str, keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, varint bytes of zigzag(value)) of every context's residual positions (SPEC.md
+    8.4), each indexed by context: the sums ResidualsSection.raw_size makes of the groups."""
+    shift, nbits = EXPONENT_FIELD[dtype]
+    a = np.ascontiguousarray(approx, dtype=_UINT[dtype]).reshape(-1)
+    v = np.ascontiguousarray(value, dtype=np.int64).reshape(-1)
+    counts, sizes = np.zeros(1 << nbits, np.int64), np.zeros(1 << nbits, np.int64)
+    _lib().residual_sizes(a, v, _keep_bytes(keep), a.itemsize * 8, shift, nbits, counts, sizes)
+    return counts, sizes
 
 
 def varints_ok(raw: bytes | bytearray | memoryview, count: int) -> bool:

@@ -41,7 +41,7 @@ from ..zstdframe import Buffer, decompress, frame_content_size, section_compress
 from . import host_native
 from .dtypes import bits_to_ordinal, ordinal_to_bits, uint_dtype
 from .simulate import SiteFix
-from .varint import decode_varints, encode_group, encode_varint, encode_varints, unzigzag, varint_bytes, zigzag
+from .varint import decode_varints, encode_group, encode_varint, encode_varints, unzigzag, varint_bytes, varint_lengths, zigzag
 
 Array = npt.NDArray[Any]
 V = TypeVar("V")
@@ -180,6 +180,28 @@ def context_groups(approx_bits: Array, dtype: str, keep: Array | None = None) ->
     return [(int(c), order[ends[c] - counts[c] : ends[c]]) for c in np.flatnonzero(counts)]
 
 
+def residual_deltas(true: Array, approx: Array, mask: Array, width: int) -> Array:
+    """true - approx in ordinal steps where mask, else 0: a block's x_residuals values."""
+    deltas = bits_to_ordinal(true, width)
+    deltas -= bits_to_ordinal(approx, width)
+    deltas *= np.asarray(mask, np.bool_).reshape(deltas.shape)
+    return deltas
+
+
+def residual_sizes(approx_bits: Array, value: Array, dtype: str, keep: Array | None = None) -> tuple[Array, Array]:
+    """(positions, varint bytes of zigzag(value)) of every context's residual positions, each
+    indexed by context (the groups of context_groups, summed without gathering them)."""
+    approx, value = np.asarray(approx_bits).reshape(-1), np.asarray(value).reshape(-1)
+    if keep is not None:
+        where = np.flatnonzero(keep)
+        approx, value = approx[where], value[where]
+    contexts = residual_contexts(approx, dtype)
+    n = 1 << EXPONENT_FIELD[dtype][1]
+    counts = np.bincount(contexts, minlength=n)
+    sizes = np.bincount(contexts, weights=varint_lengths(zigzag(value)), minlength=n)  # exact: sums below 2^53
+    return counts, sizes.astype(np.int64)
+
+
 def read_residual_groups(data: Buffer, counts: list[int], per_value: int, take: Callable[[int, Buffer], None]) -> None:
     """Read an x_residuals section's groups, one per count (the contexts in ascending order),
     with SPEC.md 8.4's checks in its order: take(j, decoded bytes) checks group j's varints
@@ -271,10 +293,18 @@ class ResidualsSection(ResidualsRules, SectionCodec[Array]):
         return decode_residuals(data, ctx.approx, ctx.program.symbol_dtype, ctx.keep)
 
     def raw_size(self, ctx: SiteContext, value: Array) -> int:
+        """Each group's raw bytes and header, from per-context sums of the varints' lengths
+        (the groups' sizes without gathering them: the encoder's bound, side_cost_bound)."""
+        assert ctx.approx is not None, "x_residuals needs the block before correction"
+        dtype = ctx.program.symbol_dtype
+        if host_native.active() and dtype in host_native.DTYPE_CODES:
+            counts, sizes = host_native.residual_sizes(ctx.approx, value, dtype, ctx.keep)
+        else:
+            counts, sizes = residual_sizes(ctx.approx, value, dtype, ctx.keep)
         total = 0
-        for _, where in self._groups(ctx):
-            n = varint_bytes(zigzag(value[where]))
-            total += varint_bytes(np.array([n], np.uint64)) + 1 + n
+        for c in np.flatnonzero(counts):
+            n = int(sizes[c])
+            total += len(encode_varint(n)) + 1 + n
         return total
 
     def tally(self, ctx: SiteContext, data: Buffer) -> Tally:
@@ -441,7 +471,11 @@ def _residual_choice(at: SiteContext, fix: SiteFix) -> list[PlannedSection]:
     assert fix.x_mask is not None and fix.x_true is not None and fix.x_approx is not None
     w = at.program.symbol_bits
     band = fix.x_band if fix.x_band is not None and fix.x_band.any() else None
-    deltas = np.where(fix.x_mask, bits_to_ordinal(fix.x_true, w) - bits_to_ordinal(fix.x_approx, w), 0)
+    dtype = at.program.symbol_dtype
+    if host_native.active() and dtype in host_native.DTYPE_CODES:
+        deltas = host_native.ordinal_deltas(fix.x_true, fix.x_approx, fix.x_mask, dtype).reshape(np.shape(fix.x_true))
+    else:
+        deltas = residual_deltas(fix.x_true, fix.x_approx, fix.x_mask, w)
     residuals = PlannedSection(X_RESIDUALS, replace(at, approx=fix.x_approx, keep=None if band is None else ~band), deltas)
     if band is None:
         return [residuals]

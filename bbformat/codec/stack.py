@@ -29,8 +29,15 @@ class SymbolStack:
     def __len__(self) -> int:
         return self._nbase + self._ntop
 
-    def push(self, symbols: np.ndarray) -> None:
+    def push(self, symbols: np.ndarray, adopt: bool = False) -> None:
+        """Append the symbols (copied). adopt: the caller never changes `symbols` afterwards, so
+        a push onto an empty top that fills all the room reserved takes a C-contiguous array of
+        the symbol dtype as it is (a chunk of one tensor: its payload is that tensor); the
+        stack never writes into it, and a later push copies it out."""
         s = np.asarray(symbols).reshape(-1)
+        if adopt and not self._ntop and s.size and s.size >= self._reserve and s.dtype == self._dtype and s.flags.c_contiguous:
+            self._top, self._ntop = s, s.size
+            return
         need = self._ntop + s.size
         if need > self._top.size:
             grown = scratch.empty(max(need, self._reserve, 2 * self._ntop, 1024), self._dtype)

@@ -29,11 +29,19 @@ def unzigzag(u: np.ndarray) -> np.ndarray:
 
 def varint_bytes(u: np.ndarray) -> int:
     """len(encode_varints(u)), without encoding."""
+    return int(varint_lengths(u).sum(dtype=np.int64))
+
+
+def varint_lengths(u: np.ndarray) -> np.ndarray:
+    """The length in bytes of each value's varint (1 to MAX_VARINT_BYTES), as int64: one
+    pass per byte beyond the first that some value needs."""
     u = np.asarray(u, dtype=np.uint64).reshape(-1)
-    n = u.size
-    for k in range(1, MAX_VARINT_BYTES):
-        n += int(np.count_nonzero(u >> np.uint64(7 * k)))
-    return n
+    out = np.ones(u.size, dtype=np.int64)
+    t = u >> np.uint64(7)
+    while t.size and np.any(t):
+        out += t != 0
+        t >>= np.uint64(7)
+    return out
 
 
 def encode_varint(v: int) -> bytes:
@@ -53,11 +61,7 @@ def encode_varints(u: np.ndarray) -> bytes:
     u = np.asarray(u, dtype=np.uint64).reshape(-1)
     if u.size == 0:
         return b""
-    nbytes = np.ones(u.size, dtype=np.int64)
-    t = u >> np.uint64(7)
-    while np.any(t):
-        nbytes += (t != 0)
-        t = t >> np.uint64(7)
+    nbytes = varint_lengths(u)
     ends = np.cumsum(nbytes)
     starts = ends - nbytes
     out = np.zeros(int(ends[-1]), dtype=np.uint8)
