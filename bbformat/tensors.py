@@ -48,9 +48,10 @@ def torch_to_raw(t: torch.Tensor, name: str = "") -> RawTensor:
 
 def torch_view_raw(t: torch.Tensor, name: str, release: Callable[[], None]) -> RawTensor:
     """torch_to_raw without the copy where t is a contiguous CPU tensor: a read-only view of its
-    memory (a mapped file's pages are read once, when the view is read), and `release()` runs
-    when the last view of it is gone (a mapped checkpoint drops those pages again). Other
-    tensors are copied as torch_to_raw does, and released at once."""
+    memory (a mapped file's pages come in when the view is read), and `release()` runs when
+    the last array viewing it is gone (a mapped checkpoint drops those pages again; each call
+    makes a view and a release of its own). Other tensors are copied as torch_to_raw does,
+    and released at once."""
     if t.device.type != "cpu" or not t.is_contiguous():
         raw = torch_to_raw(t, name)
         release()

@@ -145,6 +145,7 @@ def test_varint_bytes_is_the_encoded_length(values: list[int]) -> None:
 
     u = np.array(values, dtype=np.uint64)
     assert varint_bytes(u) == len(encode_varints(u))
+    assert varint_bytes(u) == sum(max(1, -(-int(v).bit_length() // 7)) for v in u)  # LEB128: 7 bits a byte
 
 
 @given(st.binary(max_size=24), st.integers(0, 3))
@@ -204,3 +205,29 @@ def test_raw_to_torch_bits_and_sharing(dtype: str) -> None:
         t = raw_to_torch(RawTensor(dtype, odd), copy=False)
         assert np.array_equal(as_bits(t), odd)
         assert not np.shares_memory(as_bits(t), odd)
+
+
+def test_bits_to_ordinal_orders_like_the_values_on_every_16_bit_pattern() -> None:
+    """dtypes.bits_to_ordinal against its definition, independently: sorted by value (+0 after
+    -0), the float16 and bfloat16 patterns get consecutive ordinals with +0 at 0; every width
+    round-trips through ordinal_to_bits, including each width's extremes."""
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    for dtype in ("float16", "bfloat16"):
+        v = bits_to_f64(bits, dtype)
+        finite = np.flatnonzero(np.isfinite(v))
+        order = finite[np.lexsort((~np.signbit(v[finite]), v[finite]))]  # -0 before +0
+        o = bits_to_ordinal(bits, 16)
+        assert np.array_equal(np.diff(o[order]), np.ones(order.size - 1, np.int64))
+        assert o[0] == 0 and o[0x8000] == -1
+    rng = np.random.default_rng(3)
+    for w in (8, 16, 32, 64):
+        u = np.dtype(f"uint{w}").type
+        top = (1 << w) - 1
+        b = np.concatenate([np.array([0, 1, top >> 1, (top >> 1) + 1, top], np.uint64),
+                            rng.integers(0, top, 1000, dtype=np.uint64, endpoint=True)]).astype(u)
+        o = bits_to_ordinal(b, w)
+        mag = (b.astype(np.uint64) & np.uint64(top >> 1)).astype(object)
+        want = [-int(m) - 1 if int(x) >> (w - 1) else int(m) for x, m in zip(b, mag)]
+        assert o.tolist() == want
+        assert np.array_equal(ordinal_to_bits(o, w), b)
+    assert bits_to_ordinal(np.uint16(0x8001), 16).shape == () and int(ordinal_to_bits(np.int64(-2), 16)) == 0x8001  # 0-d

@@ -66,3 +66,30 @@ def test_release_never_touches_memory_outside_the_mapping(big: Path) -> None:
         assert ranges, "the weights file is mapped"
         release_mapped(ranges, anon.ctypes.data, anon.ctypes.data + anon.nbytes)
     assert np.all(anon == 7)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.bool])
+def test_pack_reads_a_tensor_as_a_read_only_view_released_when_the_last_view_goes(dtype: torch.dtype) -> None:
+    """tensors.torch_view_raw (pack's `get`): a contiguous tensor's bits are a read-only view of
+    its memory, equal to torch_to_raw's copy; `release` runs once, only after the view and
+    every array derived from it are gone. A non-contiguous tensor is copied and released at once."""
+    import gc
+
+    from bbformat.tensors import torch_to_raw, torch_view_raw
+
+    t = (torch.arange(600, dtype=torch.float32).reshape(20, 30) % 7 - 3).to(dtype)
+    calls: list[str] = []
+    raw = torch_view_raw(t, "w", lambda: calls.append("w"))
+    assert not raw.bits.flags.writeable and raw.bits.__array_interface__["data"][0] == t.data_ptr()
+    assert raw.equal(torch_to_raw(t, "w"))
+    with pytest.raises(ValueError):
+        raw.bits[0, 0] = 1
+    derived = raw.bits.reshape(-1)[5:]
+    del raw
+    gc.collect()
+    assert calls == []  # `derived` still reads the tensor's memory
+    del derived
+    gc.collect()
+    assert calls == ["w"]
+    sliced = torch_view_raw(t[:, ::2], "s", lambda: calls.append("s"))
+    assert calls == ["w", "s"] and sliced.bits.flags.writeable and sliced.equal(torch_to_raw(t[:, ::2], "s"))

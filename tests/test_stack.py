@@ -65,6 +65,14 @@ def test_a_push_that_fills_the_reserved_room_adopts_the_array_only_when_asked() 
     stack.push(np.array([7], np.uint16), adopt=True)
     out = stack.take()
     assert not np.shares_memory(out, sym) and out.tolist() == list(range(100)) + [7]
+    for pop, more in ((1, [9]), (40, [9, 9, 9]), (0, [])):  # after a pop, a push must not land in the adopted array
+        mine = np.arange(100, dtype=np.uint16)  # writable: a write into it would go unnoticed
+        stack = SymbolStack(16, capacity=100)
+        stack.push(mine, adopt=True)
+        stack.pop(pop)
+        stack.push(np.array(more, np.uint16), adopt=True)
+        assert mine.tolist() == list(range(100))
+        assert stack.take().tolist() == list(range(100 - pop)) + more
 
 
 def test_push_then_pop_restores_the_state() -> None:

@@ -5,7 +5,7 @@
  * block's upper triangle, a popped block's symmetric matrix and a finiteness test of float64
  * matrices. Each function is the exact counterpart of a
  * numpy function that stays the reference (codec/dtypes.py, band.py, varint.py,
- * section_kinds.py); tests/test_host_native.py proves the two give the same bits.
+ * section_kinds.py, rotation.py); tests/test_host_native.py proves the two give the same bits.
  *
  * Dtype codes: 0 float16, 1 bfloat16, 2 float32. Arrays are C-contiguous, native byte order;
  * host_native.py checks shapes and types before calling, so a call here cannot read or write

@@ -36,8 +36,9 @@ class RawTensor:
         return bits_to_f64(self.bits, self.dtype)
 
     @classmethod
-    def from_f64(cls, x: np.ndarray, dtype: str) -> "RawTensor":
-        return cls(dtype, f64_to_bits(x, dtype))
+    def from_f64(cls, x: np.ndarray, dtype: str, keep_order: bool = False) -> "RawTensor":
+        """x rounded to dtype; keep_order: the bits may keep x's memory order (f64_to_bits)."""
+        return cls(dtype, f64_to_bits(x, dtype, keep_order))
 
     def little_endian(self) -> np.ndarray:
         """The bits as a C-ordered little-endian array (no copy where they already are)."""
@@ -98,11 +99,13 @@ def f64_to_bits_into(x: np.ndarray, dtype: str, out: np.ndarray) -> None:
         out[...] = f64_to_bits(x, dtype)
 
 
-def f64_to_bits(x: np.ndarray, dtype: str) -> np.ndarray:
+def f64_to_bits(x: np.ndarray, dtype: str, keep_order: bool = False) -> np.ndarray:
     """Round float64 values to `dtype` (IEEE round-to-nearest-even), returning bit patterns.
-    Compiled where host_native is active; the numpy below is the reference."""
+    Compiled where host_native is active; the numpy below is the reference. keep_order: an
+    F-ordered x gives F-ordered bits without a C-ordered copy first (else the compiled path's
+    bits are C-ordered)."""
     if dtype in host_native.DTYPE_CODES and host_native.active():
-        return host_native.round_to(x, dtype)
+        return host_native.round_to(x, dtype, keep_order=keep_order)
     x = np.asarray(x, dtype=np.float64)
     if dtype == "float16":
         with np.errstate(over="ignore", invalid="ignore"):
@@ -128,23 +131,23 @@ def bits_to_ordinal(bits: np.ndarray, width: int) -> np.ndarray:
     """Map sign-magnitude bit patterns to integers that order like the values (+0 -> 0, -0 -> -1):
     the magnitude, complemented (-magnitude - 1) where the sign bit is set. Without branches, on
     one int64 array and one int64 temporary (the sign as 0 or -1)."""
-    o = np.array(bits, dtype=np.int64)
+    o = np.array(bits, dtype=np.int64, ndmin=1)
     neg = np.left_shift(o, np.int64(64 - width))  # the sign bit at the top, then
     np.right_shift(neg, np.int64(63), out=neg)  # spread: -1 where set, else 0
     np.bitwise_and(o, np.int64(_MAGNITUDE[width]), out=o)
     np.bitwise_xor(o, neg, out=o)  # ~magnitude = -magnitude - 1 where negative
-    return o
+    return o.reshape(np.shape(bits))
 
 
 def ordinal_to_bits(o: np.ndarray, width: int) -> np.ndarray:
     """bits_to_ordinal's inverse, for ordinals in range (callers check): a negative ordinal's
     complement is the magnitude, with the sign bit set."""
-    b = np.array(o, dtype=np.int64)
+    b = np.array(o, dtype=np.int64, ndmin=1)
     neg = np.right_shift(b, np.int64(63))  # -1 where negative, else 0
     np.bitwise_xor(b, neg, out=b)
     np.bitwise_and(neg, np.int64(~_MAGNITUDE[width]), out=neg)  # the sign bit (and, for width < 64, bits above it: cut below)
     np.bitwise_or(b, neg, out=b)
-    return b.astype(uint_dtype(width))
+    return b.astype(uint_dtype(width)).reshape(np.shape(o))
 
 
 def symbols_view(t: RawTensor, symbol_bits: int) -> np.ndarray:

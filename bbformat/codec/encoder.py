@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import copy_context
 from dataclasses import dataclass, field
 from functools import partial
 from typing import NamedTuple, TypeVar
@@ -175,7 +176,8 @@ def canonical_rotation_of(t: RawTensor, axis: int, la: Linalg = REFERENCE) -> np
 def rotate_rounded_blocks(t: RawTensor, axis: int, r: np.ndarray, la: Linalg = REFERENCE) -> RawTensor:
     """fp(t rotated by r on `axis`) for a large 2-D tensor, a row block of its axis matrix at a
     time. A helper thread widens the next block and rounds the last while this one's product
-    runs (the same steps on the same values: the same bits)."""
+    runs (the same steps on the same values: the same bits), in this thread's context (a
+    pack's host_native.spread)."""
     m = rot.axis_matrix(t.bits, axis)
     out = np.empty(t.bits.shape, t.bits.dtype)
     om = rot.axis_matrix(out, axis)  # a view: rows written through it land in `out`
@@ -188,7 +190,7 @@ def rotate_rounded_blocks(t: RawTensor, axis: int, r: np.ndarray, la: Linalg = R
             y = la.host(la.matmul(x, rd))
             if rounding is not None:
                 rounding.result()
-            rounding = helper.submit(f64_to_bits_into, y, t.dtype, om[i : i + step])
+            rounding = helper.submit(copy_context().run, f64_to_bits_into, y, t.dtype, om[i : i + step])
         if rounding is not None:
             rounding.result()
     return RawTensor(t.dtype, out)
@@ -196,12 +198,13 @@ def rotate_rounded_blocks(t: RawTensor, axis: int, r: np.ndarray, la: Linalg = R
 
 def _ahead(helper: ThreadPoolExecutor, jobs: list[Callable[[], T]]) -> Iterator[T]:
     """The jobs' results in order, each next job started on `helper` before the last result is
-    used (one result held ahead)."""
-    nxt = helper.submit(jobs[0]) if jobs else None
+    used (one result held ahead). Each runs in a copy of the caller's context (host_native's
+    spread, like every ContextVar, is the caller's there too)."""
+    nxt = helper.submit(copy_context().run, jobs[0]) if jobs else None
     for k in range(len(jobs)):
         assert nxt is not None
         got = nxt.result()
-        nxt = helper.submit(jobs[k + 1]) if k + 1 < len(jobs) else None
+        nxt = helper.submit(copy_context().run, jobs[k + 1]) if k + 1 < len(jobs) else None
         yield got
 
 
@@ -322,7 +325,7 @@ class _ChunkContext:
 
 def tensor_entry(tensors: Mapping[str, RawTensor], name: str) -> TensorEntry:
     """A tensor's record. From the mapping's describe(name) where it has one (packing's
-    LazyTensors: each access reads and copies the tensor, which a record does not need)."""
+    LazyTensors: each access reads the tensor, which a record does not need)."""
     describe = getattr(tensors, "describe", None)
     if describe is not None:
         dtype, shape = describe(name)
@@ -369,7 +372,7 @@ def round_rotated(name: str, x: np.ndarray, rots: list[tuple[int, np.ndarray]], 
     second moment in `moments`, else nearest. `rots` are the rotations x has had in this
     chunk; the feedback rounding is cached under them."""
     if name not in moments:
-        return RawTensor.from_f64(x, dtype)
+        return RawTensor.from_f64(x, dtype, keep_order=True)  # pushed as symbols: any order does
     ax, h = moments[name]
     # the rounding depends on every rotation of the tensor, on any axis
     key = (name, b"".join(a.to_bytes(1, "little") + np.ascontiguousarray(r).tobytes() for a, r in rots))

@@ -112,12 +112,14 @@ def widen(bits: np.ndarray, dtype: str) -> np.ndarray:
     return out.reshape(np.shape(bits))
 
 
-def round_to(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.ndarray:
+def round_to(x: np.ndarray, dtype: str, out: np.ndarray | None = None, keep_order: bool = False) -> np.ndarray:
     """dtypes.f64_to_bits: float64 rounded to dtype (SPEC.md 7.4), as bit patterns in x's shape;
-    written into `out` where given (a C-contiguous array of x's size and the dtype's width)."""
-    if out is None and isinstance(x, np.ndarray) and x.ndim > 1 and x.dtype == np.float64 and x.flags.f_contiguous \
-            and not x.flags.c_contiguous:
-        return round_to(x.T, dtype).T  # a rotated axis-0 view: rounded in its own order, not copied to C order first
+    written into `out` where given (a C-contiguous array of x's size and the dtype's width).
+    keep_order: an F-ordered x (an axis-0 rotation's result) is rounded in its own order, not
+    copied to C order first, and the bits come back F-ordered."""
+    if keep_order and out is None and isinstance(x, np.ndarray) and x.ndim > 1 and x.dtype == np.float64 \
+            and x.flags.f_contiguous and not x.flags.c_contiguous:
+        return round_to(x.T, dtype).T
     src = _f64(x)
     if out is None:
         out = np.empty(src.shape, _UINT[dtype])

@@ -24,6 +24,7 @@ class SymbolStack:
         self._nbase = self._base.size
         self._top = np.zeros(0, self._dtype)
         self._ntop = 0
+        self._adopted = False  # _top is a caller's array (push(adopt=True)): never written, copied out on the next push
         self._reserve = max(0, capacity - self._nbase)
 
     def __len__(self) -> int:
@@ -35,14 +36,16 @@ class SymbolStack:
         the symbol dtype as it is (a chunk of one tensor: its payload is that tensor); the
         stack never writes into it, and a later push copies it out."""
         s = np.asarray(symbols).reshape(-1)
-        if adopt and not self._ntop and s.size and s.size >= self._reserve and s.dtype == self._dtype and s.flags.c_contiguous:
-            self._top, self._ntop = s, s.size
+        if not s.size:
+            return
+        if adopt and not self._ntop and s.size >= self._reserve and s.dtype == self._dtype and s.flags.c_contiguous:
+            self._top, self._ntop, self._adopted = s, s.size, True
             return
         need = self._ntop + s.size
-        if need > self._top.size:
+        if need > self._top.size or self._adopted:
             grown = scratch.empty(max(need, self._reserve, 2 * self._ntop, 1024), self._dtype)
             grown[: self._ntop] = self._top[: self._ntop]
-            self._top = grown
+            self._top, self._adopted = grown, False
         self._top[self._ntop : need] = s
         self._ntop = need
 
@@ -86,5 +89,5 @@ class SymbolStack:
         else:
             out = self.symbols()
         self._base, self._nbase = np.zeros(0, self._dtype), 0
-        self._top, self._ntop = np.zeros(0, self._dtype), 0
+        self._top, self._ntop, self._adopted = np.zeros(0, self._dtype), 0, False
         return out
