@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import copy_context
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -143,7 +144,7 @@ def encode_chunks(chain: EncodeChain) -> Iterator[tuple[ChunkLayout, EncodedChun
         if ci < len(layout.chunks):
             for s in layout.chunks[ci].sites:
                 if s.anchor.tensor in independent and s.name not in ahead:
-                    ahead[s.name] = pool.submit(input_canonical, chain.get, s.anchor, chain.la)
+                    ahead[s.name] = pool.submit(copy_context().run, input_canonical, chain.get, s.anchor, chain.la)  # the caller's spread
 
     with ThreadPoolExecutor(1, thread_name_prefix="bbformat-canonical") as pool:
         for ci in range(CANONICAL_AHEAD):

@@ -608,3 +608,13 @@ def test_pack_spreads_its_steps_and_writes_the_bytes_of_one_thread(tmp_path, mon
         bbformat.pack(tmp_path / "src", tmp_path / f"m{threads}.bb", threads=threads)
         out[threads] = ((tmp_path / f"m{threads}.bb").read_bytes(), any(cut))
     assert out[1][0] == out[2][0] and out[1][1] is False and out[2][1] is True
+
+
+def test_rounding_keeps_an_f_order_only_when_asked():
+    """f64_to_bits of an F-ordered array (an axis-0 rotation's result): C-ordered bits by
+    default (what decoders hand over as a model's memory), F-ordered with keep_order (the
+    encoder's rounded rotations), the same values either way."""
+    x = np.asfortranarray(np.random.default_rng(9).normal(size=(40, 30)))
+    plain, kept = f64_to_bits(x, "bfloat16"), f64_to_bits(x, "bfloat16", keep_order=True)
+    assert plain.flags.c_contiguous and kept.flags.f_contiguous and not kept.flags.c_contiguous
+    assert np.array_equal(plain, kept) and np.array_equal(plain, reference(f64_to_bits, x, "bfloat16"))

@@ -74,3 +74,33 @@ def test_pack_with_every_tensor_large_is_exact(small_blocks: None, tmp_path: Pat
     assert rep.container_bytes > 0
     out = bbformat.read_tensors(tmp_path / "m.bb")
     assert list(out) == list(ckpt.state_dict)
+
+
+def test_row_block_jobs_run_in_the_callers_context(small_blocks: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The helper thread's widening and rounding see the caller's ContextVars (a pack's
+    host_native.spread): a ContextVar set here is read back inside every job."""
+    import contextvars
+
+    from bbformat.codec import dtypes
+
+    mark: contextvars.ContextVar[str] = contextvars.ContextVar("mark", default="unset")
+    seen: list[str] = []
+    widen, into = dtypes.bits_to_f64, dtypes.f64_to_bits_into
+
+    def seen_widen(*a, **k):  # type: ignore[no-untyped-def]
+        seen.append(mark.get())
+        return widen(*a, **k)
+
+    def seen_into(*a, **k):  # type: ignore[no-untyped-def]
+        seen.append(mark.get())
+        return into(*a, **k)
+
+    monkeypatch.setattr(dtypes, "bits_to_f64", seen_widen)
+    monkeypatch.setattr(encoder, "f64_to_bits_into", seen_into)
+    rng = np.random.default_rng(4)
+    t = RawTensor.from_f64(rng.normal(0, 0.1, (100, 64)), "bfloat16")
+    r = np.linalg.qr(rng.normal(size=(64, 64)))[0]
+    mark.set("caller")
+    encoder.rotate_rounded_blocks(t, 1, r)
+    encoder.canonical_rotation_of(t, 1)
+    assert len(seen) > 10 and set(seen) == {"caller"}

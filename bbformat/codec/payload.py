@@ -72,7 +72,7 @@ class OutputBuffers:
     pool, while the free buffers it keeps sit beside the linear algebra's own arrays until the
     pass ends (release_free). A one-thread decode's peak RSS rises by 0.33 GiB on the one-layer
     Llama-2-7B shape (three chunks of different sizes) and by 0.10 GiB on six layers at hidden
-    2048 (BENCHMARKS.md 19). A pass that ends while another runs on the same reader drops the
+    2048 (by hand, with commit 293160c's BENCHMARKS.md 19 run). A pass that ends while another runs on the same reader drops the
     free buffers that one would have reused: it costs the other pass time, never memory."""
 
     SLACK = 8  # a free buffer fits a payload of at least 1/SLACK less than its size

@@ -42,8 +42,9 @@ class SymbolStack:
             self._top, self._ntop, self._adopted = s, s.size, True
             return
         need = self._ntop + s.size
-        if need > self._top.size or self._adopted:
-            grown = scratch.empty(max(need, self._reserve, 2 * self._ntop, 1024), self._dtype)
+        if need > self._top.size or self._adopted:  # an adopted array is copied out into room for what was reserved
+            grown = scratch.empty(max(need, self._reserve, 1024) if self._adopted else max(need, self._reserve, 2 * self._ntop, 1024),
+                                  self._dtype)
             grown[: self._ntop] = self._top[: self._ntop]
             self._top, self._adopted = grown, False
         self._top[self._ntop : need] = s
@@ -80,8 +81,8 @@ class SymbolStack:
         return np.concatenate((self._base[: self._nbase], self._top[: self._ntop]))
 
     def take(self) -> np.ndarray:
-        """The symbols, handed over without a copy where they are in one part; the stack is
-        empty afterwards."""
+        """The symbols, handed over without a copy where they are in one part (an adopted array
+        itself, read-only if it was); the stack is empty afterwards."""
         if not self._nbase:
             out = self._top[: self._ntop]
         elif not self._ntop:
