@@ -180,8 +180,12 @@ def context_groups(approx_bits: Array, dtype: str, keep: Array | None = None) ->
     return [(int(c), order[ends[c] - counts[c] : ends[c]]) for c in np.flatnonzero(counts)]
 
 
-def residual_deltas(true: Array, approx: Array, mask: Array, width: int) -> Array:
-    """true - approx in ordinal steps where mask, else 0: a block's x_residuals values."""
+def residual_deltas(true: Array, approx: Array, mask: Array, dtype: str) -> Array:
+    """true - approx in ordinal steps where mask, else 0, in true's shape: a block's x_residuals
+    values. Compiled where host_native is active; the numpy below is the reference."""
+    if host_native.active() and dtype in host_native.DTYPE_CODES:
+        return host_native.ordinal_deltas(true, approx, mask, dtype).reshape(np.shape(true))
+    width = bits_of(dtype)
     deltas = bits_to_ordinal(true, width)
     deltas -= bits_to_ordinal(approx, width)
     deltas *= np.asarray(mask, np.bool_).reshape(deltas.shape)
@@ -190,7 +194,10 @@ def residual_deltas(true: Array, approx: Array, mask: Array, width: int) -> Arra
 
 def residual_sizes(approx_bits: Array, value: Array, dtype: str, keep: Array | None = None) -> tuple[Array, Array]:
     """(positions, varint bytes of zigzag(value)) of every context's residual positions, each
-    indexed by context (the groups of context_groups, summed without gathering them)."""
+    indexed by context (the groups of context_groups, summed without gathering them).
+    Compiled where host_native is active; the numpy below is the reference."""
+    if host_native.active() and dtype in host_native.DTYPE_CODES:
+        return host_native.residual_sizes(approx_bits, value, dtype, keep)
     approx, value = np.asarray(approx_bits).reshape(-1), np.asarray(value).reshape(-1)
     if keep is not None:
         where = np.flatnonzero(keep)
@@ -296,11 +303,7 @@ class ResidualsSection(ResidualsRules, SectionCodec[Array]):
         """Each group's raw bytes and header, from per-context sums of the varints' lengths
         (the groups' sizes without gathering them: the encoder's bound, side_cost_bound)."""
         assert ctx.approx is not None, "x_residuals needs the block before correction"
-        dtype = ctx.program.symbol_dtype
-        if host_native.active() and dtype in host_native.DTYPE_CODES:
-            counts, sizes = host_native.residual_sizes(ctx.approx, value, dtype, ctx.keep)
-        else:
-            counts, sizes = residual_sizes(ctx.approx, value, dtype, ctx.keep)
+        counts, sizes = residual_sizes(ctx.approx, value, ctx.program.symbol_dtype, ctx.keep)
         total = 0
         for c in np.flatnonzero(counts):
             n = int(sizes[c])
@@ -469,13 +472,8 @@ def _residual_choice(at: SiteContext, fix: SiteFix) -> list[PlannedSection]:
     """x_residuals, preceded by x_patches of the band's values if there are any (SPEC.md 8.4,
     MIXED_CORRECTIONS): a value in the band is stored, never given a residual."""
     assert fix.x_mask is not None and fix.x_true is not None and fix.x_approx is not None
-    w = at.program.symbol_bits
     band = fix.x_band if fix.x_band is not None and fix.x_band.any() else None
-    dtype = at.program.symbol_dtype
-    if host_native.active() and dtype in host_native.DTYPE_CODES:
-        deltas = host_native.ordinal_deltas(fix.x_true, fix.x_approx, fix.x_mask, dtype).reshape(np.shape(fix.x_true))
-    else:
-        deltas = residual_deltas(fix.x_true, fix.x_approx, fix.x_mask, w)
+    deltas = residual_deltas(fix.x_true, fix.x_approx, fix.x_mask, at.program.symbol_dtype)
     residuals = PlannedSection(X_RESIDUALS, replace(at, approx=fix.x_approx, keep=None if band is None else ~band), deltas)
     if band is None:
         return [residuals]

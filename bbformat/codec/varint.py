@@ -38,7 +38,7 @@ def varint_lengths(u: np.ndarray) -> np.ndarray:
     u = np.asarray(u, dtype=np.uint64).reshape(-1)
     out = np.ones(u.size, dtype=np.int64)
     t = u >> np.uint64(7)
-    while t.size and np.any(t):
+    while np.any(t):
         out += t != 0
         t >>= np.uint64(7)
     return out
